@@ -1,0 +1,34 @@
+"""graphpool.pool: a bounded, memory-honest pool of CUDA graphs for any decode step.
+
+Imports nothing from graphpool.engine, graphpool.model or graphpool.server.
+"""
+
+from graphpool.pool.buckets import BucketLadder
+from graphpool.pool.config import DEFAULT_MISS_POLICY, PoolConfig
+from graphpool.pool.policy import (
+    Action,
+    AdmitFrequent,
+    CaptureOnMiss,
+    Decision,
+    MissContext,
+    MissPolicy,
+    ResidencyBook,
+    make_policy,
+)
+from graphpool.pool.stats import FallbackReason, PoolStats
+
+__all__ = [
+    "DEFAULT_MISS_POLICY",
+    "Action",
+    "AdmitFrequent",
+    "BucketLadder",
+    "CaptureOnMiss",
+    "Decision",
+    "FallbackReason",
+    "MissContext",
+    "MissPolicy",
+    "PoolConfig",
+    "PoolStats",
+    "ResidencyBook",
+    "make_policy",
+]

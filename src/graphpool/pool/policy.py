@@ -1,0 +1,210 @@
+"""What to do on a miss (pluggable miss policies) and which graphs stay resident (LRU, pins, byte budget)."""
+
+from __future__ import annotations
+
+import enum
+from collections import Counter, OrderedDict, deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from graphpool.pool.config import PoolConfig
+from graphpool.pool.stats import FallbackReason
+
+
+class Action(enum.Enum):
+    CAPTURE = "capture"  # capture a graph for the bucket (evicting LRU graphs if needed)
+    SERVE_WITH = "serve_with"  # replay a resident larger graph, padding further
+    EAGER = "eager"  # run the step eagerly
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Action
+    size: int | None = None  # SERVE_WITH: the resident graph size
+    reason: FallbackReason | None = None  # EAGER: why
+
+    @classmethod
+    def capture(cls) -> Decision:
+        return cls(Action.CAPTURE)
+
+    @classmethod
+    def serve_with(cls, size: int) -> Decision:
+        return cls(Action.SERVE_WITH, size=size)
+
+    @classmethod
+    def eager(cls, reason: FallbackReason) -> Decision:
+        return cls(Action.EAGER, reason=reason)
+
+
+@dataclass(frozen=True)
+class MissContext:
+    """What a miss policy sees: the missing bucket and the pool's residency, read-only."""
+
+    bucket: int
+    resident: tuple[int, ...]  # least recently used first
+    has_room: bool  # capturing needs no eviction (count and byte budget)
+    victim: int | None  # the first graph a capture would evict (None if none needed or none evictable)
+
+
+@runtime_checkable
+class MissPolicy(Protocol):
+    def observe(self, bucket: int) -> None:
+        """Called for every graph-eligible step (hit or miss), before any decision."""
+
+    def on_miss(self, ctx: MissContext) -> Decision:
+        """Decide what to do when ``ctx.bucket`` has no resident graph."""
+
+
+class CaptureOnMiss:
+    """The seed's behaviour: every miss captures, evicting the least recently used graph."""
+
+    def observe(self, bucket: int) -> None:
+        pass
+
+    def on_miss(self, ctx: MissContext) -> Decision:
+        return Decision.capture()
+
+
+class AdmitFrequent:
+    """Capture freely while there is room; once full, do not let a miss stall the step.
+
+    With room (no eviction needed) a miss captures: nothing can thrash. Without room, a size is admitted
+    (captured, evicting the LRU graph) only if it was requested at least ``admit_after`` times within the
+    last ``admit_window`` steps AND more often than the graph it would evict (a TinyLFU-style guard, so a
+    working set larger than the pool keeps its most frequent sizes instead of rotating through all of them).
+    Otherwise the miss is served by the smallest resident larger graph within ``max_padding_ratio``, or
+    eagerly (``not_admitted``).
+    """
+
+    def __init__(self, max_padding_ratio: float = 0.5, admit_after: int = 3, admit_window: int = 128) -> None:
+        if max_padding_ratio < 0 or admit_after < 1 or admit_window < admit_after:
+            raise ValueError(
+                "AdmitFrequent needs max_padding_ratio >= 0, admit_after >= 1, admit_window >= admit_after; got "
+                f"{max_padding_ratio}, {admit_after}, {admit_window}"
+            )
+        self.max_padding_ratio = max_padding_ratio
+        self.admit_after = admit_after
+        self._window: deque[int] = deque(maxlen=admit_window)
+        self._counts: Counter[int] = Counter()
+
+    def observe(self, bucket: int) -> None:
+        if len(self._window) == self._window.maxlen:
+            old = self._window[0]
+            self._counts[old] -= 1
+            if self._counts[old] == 0:
+                del self._counts[old]
+        self._window.append(bucket)
+        self._counts[bucket] += 1
+
+    def frequency(self, bucket: int) -> int:
+        return self._counts.get(bucket, 0)
+
+    def on_miss(self, ctx: MissContext) -> Decision:
+        if ctx.has_room:
+            return Decision.capture()
+        freq = self.frequency(ctx.bucket)
+        if freq >= self.admit_after and (ctx.victim is None or freq > self.frequency(ctx.victim)):
+            return Decision.capture()
+        larger = nearest_larger(ctx.resident, ctx.bucket, self.max_padding_ratio)
+        if larger is not None:
+            return Decision.serve_with(larger)
+        return Decision.eager(FallbackReason.NOT_ADMITTED)
+
+
+def nearest_larger(resident: Iterable[int], bucket: int, max_padding_ratio: float) -> int | None:
+    """The smallest resident size s with bucket < s <= bucket * (1 + ratio), or None."""
+    limit = bucket * (1.0 + max_padding_ratio)
+    fits = [s for s in resident if bucket < s <= limit]
+    return min(fits) if fits else None
+
+
+def make_policy(config: PoolConfig) -> MissPolicy:
+    if config.miss_policy == "capture":
+        return CaptureOnMiss()
+    return AdmitFrequent(config.max_padding_ratio, config.admit_after, config.admit_window)
+
+
+class ResidencyBook:
+    """LRU order, pinned sizes, and the bytes each resident graph holds. Pure bookkeeping, no CUDA.
+
+    Bounds: at most ``capacity`` graphs, and (if ``budget`` is set) at most ``budget`` bytes in all.
+    Pinned sizes are never chosen as victims.
+    """
+
+    def __init__(self, capacity: int, budget: int | None = None, pinned: Iterable[int] = ()) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {capacity}")
+        self.capacity = capacity
+        self.budget = budget
+        self.pinned = frozenset(pinned)
+        self._lru: OrderedDict[int, int] = OrderedDict()  # size -> bytes, least recently used first
+        self._seen: dict[int, int] = {}  # size -> largest footprint ever measured (survives eviction)
+        self.total_bytes = 0
+
+    def __contains__(self, size: object) -> bool:
+        return size in self._lru
+
+    def __len__(self) -> int:
+        return len(self._lru)
+
+    def sizes(self) -> tuple[int, ...]:
+        return tuple(self._lru)
+
+    def bytes_of(self, size: int) -> int:
+        return self._lru[size]
+
+    def touch(self, size: int) -> None:
+        self._lru.move_to_end(size)
+
+    def add(self, size: int, nbytes: int) -> None:
+        if size in self._lru:
+            raise ValueError(f"size {size} is already resident")
+        self._lru[size] = nbytes
+        self.total_bytes += nbytes
+        self._seen[size] = max(nbytes, self._seen.get(size, 0))
+
+    def remove(self, size: int) -> int:
+        nbytes = self._lru.pop(size)
+        self.total_bytes -= nbytes
+        return nbytes
+
+    def estimate(self, size: int) -> int:
+        """Expected footprint of a graph of ``size``: the largest measured at a size >= it, else the
+        footprint of the nearest smaller size measured (a lower bound, corrected after capture), else 0."""
+        at_or_above = [b for s, b in self._seen.items() if s >= size]
+        if at_or_above:
+            return max(at_or_above)
+        below = [s for s in self._seen if s < size]
+        return self._seen[max(below)] if below else 0
+
+    def _over(self, count: int, nbytes: int) -> bool:
+        return count > self.capacity or (self.budget is not None and nbytes > self.budget)
+
+    def victims_for(self, new_bytes: int) -> list[int] | None:
+        """LRU-first evictable sizes to drop so that one more graph of ``new_bytes`` fits, or None if it
+        cannot fit even after evicting every unpinned graph."""
+        count, nbytes = len(self._lru) + 1, self.total_bytes + new_bytes
+        victims: list[int] = []
+        for size, b in self._lru.items():
+            if not self._over(count, nbytes):
+                break
+            if size in self.pinned:
+                continue
+            victims.append(size)
+            count, nbytes = count - 1, nbytes - b
+        return None if self._over(count, nbytes) else victims
+
+    def victims_over_budget(self, keep: int) -> list[int] | None:
+        """LRU-first evictable sizes (never ``keep``) to drop so the resident set fits its bounds again,
+        or None if that is impossible."""
+        count, nbytes = len(self._lru), self.total_bytes
+        victims: list[int] = []
+        for size, b in self._lru.items():
+            if not self._over(count, nbytes):
+                break
+            if size in self.pinned or size == keep:
+                continue
+            victims.append(size)
+            count, nbytes = count - 1, nbytes - b
+        return None if self._over(count, nbytes) else victims
