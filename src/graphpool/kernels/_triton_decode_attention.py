@@ -1,0 +1,238 @@
+"""Triton flash-decoding kernel for paged decode attention (imported lazily: triton is a GPU-only dependency).
+
+Work split: the program grid is ``(bs, num_kv_heads, num_splits)``; each program reads one chunk of
+``split_len`` context tokens of one (sequence, kv head) once and serves all ``group`` query heads that share
+it, with an fp32 online softmax. A second small kernel merges the splits of each (sequence, query head)
+with their log-sum-exp. ``num_splits`` comes from host ints only (batch size, kv heads, the length bound),
+so the grid is fixed at capture time; splits that start past a sequence's length exit at once and the merge
+reads only the splits that hold tokens. With a single split the first kernel writes the output directly.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from graphpool.kernels.decode_attention import _check_inputs, effective_len_bound
+
+# NOTE: these shape the grid, not correctness; bench_decode_attention is where to tune them.
+BLOCK_N = 64  # context tokens per inner-loop tile
+MAX_SPLITS = 64  # caps the merge kernel's tile ([MAX_SPLITS, head_dim] fp32)
+PROGRAMS_PER_SM = 2  # target occupancy of the split kernel's grid
+DEFAULT_NUM_SMS = 132  # used when there is no CUDA device (interpreter runs)
+
+
+@functools.cache
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def device_num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return DEFAULT_NUM_SMS
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _num_sms(index)
+
+
+def choose_split_len(batch_size: int, num_kv_heads: int, len_bound: int, num_sms: int) -> int:
+    """Tokens per split: enough splits to fill the GPU, at most MAX_SPLITS, a multiple of BLOCK_N."""
+    programs = max(1, batch_size * num_kv_heads)
+    target_splits = max(1, min(MAX_SPLITS, -(-PROGRAMS_PER_SM * num_sms // programs)))
+    split_len = max(BLOCK_N, -(-len_bound // target_splits))
+    split_len = max(split_len, -(-len_bound // MAX_SPLITS))
+    return -(-split_len // BLOCK_N) * BLOCK_N
+
+
+@triton.jit
+def _decode_split_kernel(
+    q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, out_ptr, po_ptr, plse_ptr,
+    scale_log2, split_len,
+    stride_qb, stride_qh, stride_qd,
+    stride_kb, stride_ko, stride_kh, stride_kd,
+    stride_vb, stride_vo, stride_vh, stride_vd,
+    stride_btb, stride_bts,
+    stride_ob, stride_oh,
+    stride_pob, stride_poh, stride_pos,
+    stride_lb, stride_lh,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+    DIRECT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    ctx = tl.load(lens_ptr + b)
+    start = split * split_len
+    end = tl.minimum(start + split_len, ctx)
+
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_n = tl.arange(0, BLOCK_N)
+    heads = kvh * GROUP + offs_g
+    g_mask = offs_g < GROUP
+    d_mask = offs_d < HEAD_DIM
+    if not DIRECT:  # noqa: SIM102 (a constexpr test, resolved at compile time)
+        # NOTE: an empty split writes nothing; the merge kernel never reads it.
+        if start >= ctx:
+            return
+
+    # NOTE: padded query rows (g >= GROUP) are zeros; tl.dot needs at least 16 rows.
+    q = tl.load(
+        q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd,
+        mask=g_mask[:, None] & d_mask[None, :],
+        other=0.0,
+    )  # [G, D]
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    kv_base_k = k_ptr + kvh * stride_kh
+    kv_base_v = v_ptr + kvh * stride_vh
+    for t0 in range(start, end, BLOCK_N):
+        t = t0 + offs_n
+        t_mask = t < end
+        blk = tl.load(bt_ptr + b * stride_btb + (t // BLOCK_SIZE) * stride_bts, mask=t_mask, other=0)
+        blk = blk.to(tl.int64)
+        off = t % BLOCK_SIZE
+        kv_mask = t_mask[:, None] & d_mask[None, :]
+        k = tl.load(
+            kv_base_k + blk[:, None] * stride_kb + off[:, None] * stride_ko + offs_d[None, :] * stride_kd,
+            mask=kv_mask,
+            other=0.0,
+        )  # [N, D]
+        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2  # [G, N]
+        qk = tl.where(t_mask[None, :], qk, float("-inf"))
+        # NOTE: every tile holds at least one valid token (t0 < end), so m_new is finite.
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(qk - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(
+            kv_base_v + blk[:, None] * stride_vb + off[:, None] * stride_vo + offs_d[None, :] * stride_vd,
+            mask=kv_mask,
+            other=0.0,
+        )  # [N, D]
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+
+    out_mask = g_mask[:, None] & d_mask[None, :]
+    if DIRECT:
+        # NOTE: a row with no context (l_i == 0) yields zeros, as the reference does.
+        res = tl.where(l_i[:, None] > 0, acc / l_i[:, None], 0.0)
+        tl.store(
+            out_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
+            res.to(out_ptr.dtype.element_ty),
+            mask=out_mask,
+        )
+    else:
+        tl.store(
+            po_ptr + b * stride_pob + heads[:, None] * stride_poh + split * stride_pos + offs_d[None, :],
+            acc / l_i[:, None],
+            mask=out_mask,
+        )
+        tl.store(plse_ptr + b * stride_lb + heads * stride_lh + split, m_i + tl.log2(l_i), mask=g_mask)
+
+
+@triton.jit
+def _decode_merge_kernel(
+    po_ptr, plse_ptr, lens_ptr, out_ptr,
+    split_len, num_splits,
+    stride_pob, stride_poh, stride_pos,
+    stride_lb, stride_lh,
+    stride_ob, stride_oh,
+    HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    ctx = tl.load(lens_ptr + b)
+    n_valid = tl.minimum(tl.cdiv(ctx, split_len), num_splits)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    s_mask = offs_s < n_valid
+    d_mask = offs_d < HEAD_DIM
+    lse = tl.load(plse_ptr + b * stride_lb + h * stride_lh + offs_s, mask=s_mask, other=float("-inf"))
+    m = tl.max(lse, 0)
+    w = tl.where(s_mask, tl.exp2(lse - m), 0.0)  # [S]
+    o = tl.load(
+        po_ptr + b * stride_pob + h * stride_poh + offs_s[:, None] * stride_pos + offs_d[None, :],
+        mask=s_mask[:, None] & d_mask[None, :],
+        other=0.0,
+    )  # [S, D]
+    denom = tl.sum(w, 0)
+    res = tl.sum(w[:, None] * o, 0)
+    res = tl.where(denom > 0, res / denom, 0.0)
+    tl.store(out_ptr + b * stride_ob + h * stride_oh + offs_d, res.to(out_ptr.dtype.element_ty), mask=d_mask)
+
+
+def paged_decode_attention_triton(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+    max_len_bound: int,
+    *,
+    out: torch.Tensor | None = None,
+    split_len: int | None = None,
+) -> torch.Tensor:
+    """Launch the split + merge kernels. ``split_len`` overrides the heuristic (tests, benchmarks)."""
+    _check_inputs(q, k_cache, v_cache, block_tables, context_lens)
+    bs, num_heads, head_dim = q.shape
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    group = num_heads // num_kv_heads
+    if k_cache.dtype != q.dtype:
+        raise ValueError(f"the Triton kernel needs the cache in q's dtype: {k_cache.dtype} vs {q.dtype}")
+    if out is None:
+        out = torch.empty(bs, num_heads, head_dim, dtype=q.dtype, device=q.device)
+    elif out.shape != q.shape or out.dtype != q.dtype or out.stride(-1) != 1:
+        raise ValueError(f"out must be {tuple(q.shape)} {q.dtype} with a unit last stride")
+    if bs == 0:
+        return out
+
+    bound = effective_len_bound(max_len_bound, block_tables.shape[1], block_size)
+    if split_len is None:
+        split_len = choose_split_len(bs, num_kv_heads, bound, device_num_sms(q.device))
+    elif split_len <= 0:
+        raise ValueError(f"split_len must be positive, got {split_len}")
+    num_splits = -(-bound // split_len)
+    direct = num_splits == 1
+    # NOTE: scratch sized from host ints only, so this is capturable; a graph keeps it in its private pool.
+    if direct:
+        part_out = out
+        part_lse = out
+    else:
+        part_out = torch.empty(bs, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
+        part_lse = torch.empty(bs, num_heads, num_splits, dtype=torch.float32, device=q.device)
+
+    block_d = triton.next_power_of_2(head_dim)
+    _decode_split_kernel[(bs, num_kv_heads, num_splits)](
+        q, k_cache, v_cache, block_tables, context_lens, out, part_out, part_lse,
+        scale * math.log2(math.e), split_len,
+        q.stride(0), q.stride(1), q.stride(2),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), k_cache.stride(3),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), v_cache.stride(3),
+        block_tables.stride(0), block_tables.stride(1),
+        out.stride(0), out.stride(1),
+        part_out.stride(0), part_out.stride(1), part_out.stride(2) if not direct else 0,
+        part_lse.stride(0), part_lse.stride(1),
+        GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
+        BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d, BLOCK_N=BLOCK_N,
+        DIRECT=direct, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=4,
+    )  # fmt: skip
+    if not direct:
+        _decode_merge_kernel[(bs, num_heads)](
+            part_out, part_lse, context_lens, out,
+            split_len, num_splits,
+            part_out.stride(0), part_out.stride(1), part_out.stride(2),
+            part_lse.stride(0), part_lse.stride(1),
+            out.stride(0), out.stride(1),
+            HEAD_DIM=head_dim,
+            BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d,
+            num_warps=4,
+        )  # fmt: skip
+    return out
