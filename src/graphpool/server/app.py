@@ -1,0 +1,144 @@
+"""The FastAPI application: routes, OpenAI-style errors, /health and /metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import JSONResponse, Response
+
+from graphpool.server.async_engine import AsyncEngine, EngineDeadError
+from graphpool.server.metrics import ServerMetrics, read_snapshot
+from graphpool.server.prompts import PromptBuilder
+from graphpool.server.protocol import APIError, ChatCompletionRequest, CompletionRequest, error_body
+from graphpool.server.serving import OpenAIServing
+
+logger = logging.getLogger(__name__)
+
+METRICS_SNAPSHOT_TIMEOUT_S = 5.0
+
+
+def build_app(engine: AsyncEngine, metrics: ServerMetrics, served_model_name: str | None = None) -> FastAPI:
+    """An app serving ``engine`` (an AsyncEngine around an LLMEngine); the lifespan starts and stops its loop.
+
+    ``metrics`` must be the AsyncEngine's observer, so that step histograms and finish reasons are recorded.
+    """
+    model_name = served_model_name or engine.engine.model_name
+    builder = PromptBuilder(engine.engine.tokenizer, engine.engine.max_model_len, [model_name])
+    serving = OpenAIServing(engine, builder, metrics, model_name)
+    created = int(time.time())
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        engine.start()
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(engine.shutdown)
+
+    app = FastAPI(title="graphpool", lifespan=lifespan)
+    app.state.engine = engine
+    app.state.metrics = metrics
+
+    def refuse(status: int, body: dict[str, Any]) -> JSONResponse:
+        metrics.requests_refused.labels(str(status)).inc()
+        return JSONResponse(body, status_code=status)
+
+    @app.exception_handler(APIError)
+    async def api_error(_: Request, e: APIError) -> JSONResponse:
+        return refuse(e.status_code, e.body())
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, e: RequestValidationError) -> JSONResponse:
+        message, param = _describe_validation(e.errors())
+        return refuse(400, error_body(message, param=param))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, e: StarletteHTTPException) -> JSONResponse:
+        return refuse(e.status_code, error_body(str(e.detail)))
+
+    @app.exception_handler(EngineDeadError)
+    async def engine_dead(_: Request, e: EngineDeadError) -> JSONResponse:
+        return refuse(503, error_body(str(e), type="server_error"))
+
+    @app.get("/health")
+    async def health() -> Response:
+        if engine.is_alive:
+            return JSONResponse({"status": "ok"})
+        return JSONResponse({"status": "error", "error": repr(engine.error)}, status_code=503)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        card = {
+            "id": model_name,
+            "object": "model",
+            "created": created,
+            "owned_by": "graphpool",
+            "max_model_len": builder.max_model_len,
+        }
+        return {"object": "list", "data": [card]}
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        snapshot = None
+        if engine.is_alive:
+            try:
+                snapshot = await asyncio.wait_for(engine.call(read_snapshot), METRICS_SNAPSHOT_TIMEOUT_S)
+            except asyncio.TimeoutError:
+                logger.warning(
+                    "engine busy for %.0f s; /metrics reports the previous snapshot",
+                    METRICS_SNAPSHOT_TIMEOUT_S,
+                )
+        return Response(metrics.render(snapshot), media_type=CONTENT_TYPE_LATEST)
+
+    @app.post("/v1/completions")
+    async def completions(req: CompletionRequest, raw: Request) -> Response:
+        return await serving.completions(req, raw)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(req: ChatCompletionRequest, raw: Request) -> Response:
+        return await serving.chat(req, raw)
+
+    return app
+
+
+def _describe_validation(errors: Any) -> tuple[str, str | None]:
+    """FastAPI's 422 details -> one readable message and the offending parameter."""
+    if not errors:
+        return "invalid request", None
+    first = errors[0]
+    if first.get("type") == "json_invalid":
+        ctx = first.get("ctx", {}).get("error", "")
+        return f"Invalid JSON body: {ctx}".rstrip(": "), None
+    params = [_join_loc([str(p) for p in err.get("loc", ()) if p != "body"]) for err in errors]
+    param = params[0] or None
+    message = first.get("msg", "invalid value")
+    if param:
+        message = f"{param}: {message}"
+    if len(errors) > 1 and len(set(params)) == 1:
+        message += " (no accepted type matches)"
+    elif len(set(params)) > 1:
+        message += f" (and {len(set(params)) - 1} more invalid fields)"
+    return message, param
+
+
+def _join_loc(loc: list[str]) -> str:
+    out = ""
+    for part in loc:
+        if part.isdigit():
+            out += f"[{part}]"
+        elif not out:
+            out = part
+        elif part in ("str", "int", "list[str]", "list[int]", "list[list[int]]") or "[" in part:
+            continue  # union-branch names pydantic adds to the location
+        else:
+            out += f".{part}"
+    return out

@@ -1,0 +1,157 @@
+"""Prometheus metrics of the server, the engine and the graph pool (own CollectorRegistry).
+
+NOTE: the pool's and the engine's counters are owned by them; a custom collector reports the values read
+from ``engine.graph_stats()`` / ``engine.stats()`` at scrape time (nothing is counted twice). Only what
+the engine does not keep (step latency and batch size histograms, finished requests by reason, request
+latencies) is observed here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+PREFIX = "graphpool"
+STEP_SECONDS_BUCKETS = (
+    0.0005, 0.001, 0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0, 2.5,
+)  # fmt: skip
+BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 384, 512)
+REQUEST_SECONDS_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+
+
+@dataclass(frozen=True)
+class EngineSnapshot:
+    """What the collector reports: read on the engine thread, between two steps."""
+
+    stats: Any  # graphpool.engine EngineStats
+    graph: Any | None  # graphpool.pool.PoolStats; None when graphs are off
+
+
+def read_snapshot(engine: Any) -> EngineSnapshot:
+    return EngineSnapshot(stats=engine.stats(), graph=engine.graph_stats())
+
+
+def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+    return CounterMetricFamily(f"{PREFIX}_{name}", doc, value=value)
+
+
+def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(f"{PREFIX}_{name}", doc, value=value)
+
+
+class EngineCollector(Collector):
+    """Reports the last snapshot (refreshed by the /metrics handler just before it renders)."""
+
+    def __init__(self) -> None:
+        self.snapshot: EngineSnapshot | None = None
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self.snapshot
+        if snap is None:
+            return
+        yield from self._engine(snap.stats)
+        yield _gauge(
+            "graph_enabled", "1 when decode steps may run through CUDA graphs", snap.graph is not None
+        )
+        if snap.graph is not None:
+            yield from self._pool(snap.graph)
+
+    @staticmethod
+    def _engine(s: Any) -> Iterator[Metric]:
+        yield _gauge("requests_running", "Requests in the running batch", s.running)
+        yield _gauge("requests_waiting", "Requests waiting to be scheduled", s.waiting)
+        yield _gauge("kv_blocks_free", "Free KV cache blocks", s.num_free_kv_blocks)
+        yield _gauge("kv_blocks_total", "KV cache blocks in all", s.num_kv_blocks)
+        yield _counter("prompt_tokens", "Prompt tokens prefilled", s.prompt_tokens_total)
+        yield _counter("generation_tokens", "Tokens generated", s.generation_tokens_total)
+        yield _counter("preemptions", "Requests preempted to free KV blocks", s.preemptions_total)
+
+    @staticmethod
+    def _pool(g: Any) -> Iterator[Metric]:
+        yield _counter("graph_hits", "Decode steps replayed from a graph of their own size", g.hits)
+        yield _counter(
+            "graph_padded_hits", "Decode steps replayed from a larger resident graph", g.padded_hits
+        )
+        yield _counter("graph_misses", "Decode steps whose bucket had no resident graph", g.misses)
+        yield _counter("graph_captures", "Graphs captured", g.captures)
+        yield _counter("graph_capture_failures", "Graph captures that failed", g.capture_failures)
+        yield _counter("graph_evictions", "Graphs evicted from the pool", g.evictions)
+        yield _counter("graph_eager_steps", "Decode steps run eagerly", g.eager_steps)
+        fallbacks = CounterMetricFamily(
+            f"{PREFIX}_graph_fallbacks", "Eager decode steps by reason", labels=["reason"]
+        )
+        for reason, count in sorted(g.fallbacks.items(), key=lambda kv: str(kv[0])):
+            fallbacks.add_metric([str(getattr(reason, "value", reason))], count)
+        yield fallbacks
+        yield _gauge("graph_resident", "Graphs resident in the pool", g.resident_graphs)
+        yield _gauge("graph_resident_bytes", "Device memory held by resident graphs", g.resident_bytes)
+        yield _counter("graph_capture_seconds", "Time spent capturing graphs", g.capture_seconds_total)
+        yield _gauge("graph_capture_seconds_max", "Longest single graph capture", g.capture_seconds_max)
+
+
+class ServerMetrics:
+    """All metrics of one server; also the engine loop's step observer."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.collector = EngineCollector()
+        r.register(self.collector)
+        self.step_seconds = Histogram(
+            f"{PREFIX}_step_seconds",
+            "Engine step latency by kind (prefill|decode) and mode (graph|eager)",
+            ["kind", "mode"],
+            buckets=STEP_SECONDS_BUCKETS,
+            registry=r,
+        )
+        self.step_batch_size = Histogram(
+            f"{PREFIX}_step_batch_size",
+            "Sequences per engine step by kind",
+            ["kind"],
+            buckets=BATCH_SIZE_BUCKETS,
+            registry=r,
+        )
+        self.requests_finished = Counter(
+            f"{PREFIX}_requests_finished", "Requests finished by reason", ["reason"], registry=r
+        )
+        self.requests_refused = Counter(
+            f"{PREFIX}_requests_refused", "Requests refused with an error status", ["status"], registry=r
+        )
+        self.time_to_first_token = Histogram(
+            f"{PREFIX}_time_to_first_token_seconds",
+            "From request arrival to its first generated token",
+            buckets=REQUEST_SECONDS_BUCKETS,
+            registry=r,
+        )
+        self.request_seconds = Histogram(
+            f"{PREFIX}_request_seconds",
+            "From request arrival to its last token",
+            buckets=REQUEST_SECONDS_BUCKETS,
+            registry=r,
+        )
+        self._last_step: object | None = None
+
+    # ---- StepObserver (engine thread) ----
+    def on_step(self, engine: Any, outputs: list[Any]) -> None:
+        info = engine.last_step
+        if info is not None and info is not self._last_step:
+            self._last_step = info
+            mode = "graph" if info.graph else "eager"
+            self.step_seconds.labels(info.kind, mode).observe(info.seconds)
+            self.step_batch_size.labels(info.kind).observe(info.batch_size)
+        for out in outputs:
+            if out.finished:
+                self.requests_finished.labels(out.finish_reason or "unknown").inc()
+
+    def on_abort(self, request_id: str) -> None:
+        self.requests_finished.labels("abort").inc()
+
+    def render(self, snapshot: EngineSnapshot | None) -> bytes:
+        if snapshot is not None:
+            self.collector.snapshot = snapshot
+        return generate_latest(self.registry)

@@ -1,0 +1,171 @@
+"""From an OpenAI request to the engine's input: prompt, token count and SamplingParams (or an APIError)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from graphpool.engine.sampling import SamplingParams
+from graphpool.server.protocol import APIError, ChatCompletionRequest, ChatMessage, CompletionRequest
+
+
+@dataclass(frozen=True)
+class EngineInput:
+    prompt: str | list[int]  # what engine.add_request gets
+    prompt_text: str  # for echo
+    num_prompt_tokens: int
+    params: SamplingParams
+
+
+class PromptBuilder:
+    """Checks a request against the model (name, context length) and builds the engine's input."""
+
+    def __init__(self, tokenizer: Any, max_model_len: int, served_model_names: list[str]) -> None:
+        self.tokenizer = tokenizer
+        self.max_model_len = max_model_len
+        self.served_model_names = served_model_names
+
+    # ---- per endpoint ----
+    def completion(self, req: CompletionRequest) -> EngineInput:
+        self._common_checks(req)
+        if req.logprobs is not None:
+            raise APIError("logprobs are not supported by this server", param="logprobs")
+        if req.best_of is not None and req.best_of != 1:
+            raise APIError("best_of > 1 is not supported by this server", param="best_of")
+        if req.suffix:
+            raise APIError("suffix is not supported by this server", param="suffix")
+        prompt = self._single_prompt(req.prompt)
+        if isinstance(prompt, str):
+            ids = self._encode(prompt)
+            text = prompt
+        else:
+            ids = prompt
+            text = self._decode(prompt) if req.echo else ""
+        max_tokens = 16 if req.max_tokens is None else req.max_tokens
+        params = self._params(req, len(ids), max_tokens)
+        return EngineInput(prompt=prompt, prompt_text=text, num_prompt_tokens=len(ids), params=params)
+
+    def chat(self, req: ChatCompletionRequest) -> EngineInput:
+        self._common_checks(req)
+        if req.logprobs or req.top_logprobs:
+            raise APIError("logprobs are not supported by this server", param="logprobs")
+        if req.tools:
+            raise APIError("tools are not supported by this server", param="tools")
+        if req.response_format is not None and req.response_format.get("type", "text") != "text":
+            raise APIError("only response_format type 'text' is supported", param="response_format")
+        text = self.render_chat([_message_dict(m, i) for i, m in enumerate(req.messages)])
+        ids = self._encode(text)
+        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        if max_tokens is None:  # NOTE: OpenAI's chat default: as many tokens as the context leaves
+            max_tokens = max(self.max_model_len - len(ids), 1)
+        params = self._params(req, len(ids), max_tokens)
+        return EngineInput(prompt=text, prompt_text=text, num_prompt_tokens=len(ids), params=params)
+
+    # ---- pieces ----
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model not in self.served_model_names:
+            raise APIError(
+                f"The model `{model}` does not exist; this server serves {self.served_model_names}",
+                param="model",
+                code="model_not_found",
+            )
+
+    def _common_checks(self, req: CompletionRequest | ChatCompletionRequest) -> None:
+        self.check_model(req.model)
+        if req.n is not None and req.n != 1:
+            raise APIError(f"n > 1 is not supported by this server (got n={req.n})", param="n")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(req, name):
+                raise APIError(f"{name} is not supported by this server (only 0)", param=name)
+        if req.logit_bias:
+            raise APIError("logit_bias is not supported by this server", param="logit_bias")
+
+    def _single_prompt(self, prompt: Any) -> str | list[int]:
+        if isinstance(prompt, str):
+            return prompt
+        if len(prompt) == 0:
+            raise APIError("prompt must not be empty", param="prompt")
+        if all(isinstance(t, int) for t in prompt):
+            return list(prompt)
+        if len(prompt) != 1:
+            raise APIError(
+                f"batched prompts are not supported: send one prompt per request (got {len(prompt)})",
+                param="prompt",
+            )
+        return self._single_prompt(prompt[0])
+
+    def _params(
+        self, req: CompletionRequest | ChatCompletionRequest, num_prompt_tokens: int, max_tokens: int
+    ) -> SamplingParams:
+        chat = isinstance(req, ChatCompletionRequest)
+        name = "max_completion_tokens" if chat and req.max_completion_tokens is not None else "max_tokens"
+        prompt_param = "messages" if chat else "prompt"
+        if num_prompt_tokens == 0:
+            raise APIError("prompt must not be empty", param=prompt_param)
+        if max_tokens < 1:
+            raise APIError(f"{name} must be at least 1, got {max_tokens}", param=name)
+        if num_prompt_tokens > self.max_model_len:
+            raise APIError(
+                f"The prompt has {num_prompt_tokens} tokens, more than this model's maximum context "
+                f"length of {self.max_model_len} tokens",
+                param=prompt_param,
+                code="context_length_exceeded",
+            )
+        if num_prompt_tokens + max_tokens > self.max_model_len:
+            raise APIError(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
+                f"{num_prompt_tokens + max_tokens} tokens ({num_prompt_tokens} in the prompt, {max_tokens} "
+                f"in the completion). Please reduce the prompt or {name}.",
+                param=name,
+                code="context_length_exceeded",
+            )
+        stop = [req.stop] if isinstance(req.stop, str) else (req.stop or None)
+        try:
+            return SamplingParams(
+                temperature=1.0 if req.temperature is None else req.temperature,
+                top_p=1.0 if req.top_p is None else req.top_p,
+                top_k=0 if req.top_k is None or req.top_k < 0 else req.top_k,
+                max_tokens=max_tokens,
+                seed=req.seed,
+                stop=stop,
+                stop_token_ids=req.stop_token_ids or None,
+                ignore_eos=req.ignore_eos,
+            )
+        except ValueError as e:
+            raise APIError(str(e)) from None
+
+    # ---- tokenizer ----
+    def _need_tokenizer(self) -> Any:
+        if self.tokenizer is None:
+            raise APIError(
+                "this model has no tokenizer: send the prompt as a list of token ids", param="prompt"
+            )
+        return self.tokenizer
+
+    def _encode(self, text: str) -> list[int]:
+        return list(self._need_tokenizer().encode(text))
+
+    def _decode(self, ids: list[int]) -> str:
+        return self._need_tokenizer().decode(ids) if self.tokenizer is not None else ""
+
+    def render_chat(self, messages: list[dict[str, str]]) -> str:
+        tok = self._need_tokenizer()
+        return tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def _message_dict(m: ChatMessage, index: int) -> dict[str, str]:
+    if m.content is None:
+        content = ""
+    elif isinstance(m.content, str):
+        content = m.content
+    else:
+        parts = []
+        for part in m.content:
+            if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise APIError(
+                    f"messages[{index}].content: only text parts are supported, got type {part.get('type')!r}",
+                    param=f"messages[{index}].content",
+                )
+            parts.append(part["text"])
+        content = "".join(parts)
+    return {"role": m.role, "content": content}

@@ -1,0 +1,208 @@
+"""Server pieces against a small fake engine that follows the engine contract (fast; no model).
+
+The real-engine tests are in test_server_openai.py; these cover what the real engine cannot easily show:
+pool stats with fallbacks by reason, a step that raises, and the engine-thread handover.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from dataclasses import dataclass, field
+
+import pytest
+from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
+
+from graphpool.engine.sampling import SamplingParams
+from graphpool.pool.stats import FallbackReason, PoolStats
+from graphpool.server.app import build_app
+from graphpool.server.async_engine import AsyncEngine
+from graphpool.server.metrics import ServerMetrics
+
+
+class CharTokenizer:
+    def encode(self, text: str) -> list[int]:
+        return [ord(c) for c in text]
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(chr(i) for i in ids)
+
+    def apply_chat_template(self, messages: list[dict[str, str]], **_: object) -> str:
+        return "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"
+
+
+@dataclass
+class Out:
+    request_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    new_token_ids: list[int]
+    text: str
+    delta_text: str
+    finished: bool
+    finish_reason: str | None
+
+
+@dataclass
+class Stats:
+    running: int
+    waiting: int
+    num_free_kv_blocks: int
+    num_kv_blocks: int
+    prompt_tokens_total: int
+    generation_tokens_total: int
+    preemptions_total: int
+
+
+@dataclass
+class Step:
+    kind: str
+    batch_size: int
+    seconds: float
+    graph: bool
+
+
+@dataclass
+class FakeEngine:
+    """Each step: every request gets the letter 'a' + step % 26; finishes at max_tokens ('length')."""
+
+    model_name: str = "fake"
+    max_model_len: int = 64
+    tokenizer: CharTokenizer = field(default_factory=CharTokenizer)
+    fail_on_step: bool = False
+    requests: dict[str, tuple[list[int], SamplingParams, list[int]]] = field(default_factory=dict)
+    steps: int = 0
+    prompt_total: int = 0
+    gen_total: int = 0
+    last_step: Step | None = None
+    thread_ids: set[int] = field(default_factory=set)
+
+    def _touch(self) -> None:
+        self.thread_ids.add(threading.get_ident())
+
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams) -> None:
+        self._touch()
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        if request_id in self.requests:
+            raise ValueError(f"duplicate request id {request_id}")
+        if "REFUSE" in self.tokenizer.decode(ids):
+            raise ValueError("the fake engine refuses this prompt")
+        self.requests[request_id] = (ids, params, [])
+        self.prompt_total += len(ids)
+
+    def abort_request(self, request_id: str) -> None:
+        self._touch()
+        self.requests.pop(request_id, None)
+
+    def has_unfinished_requests(self) -> bool:
+        self._touch()
+        return bool(self.requests)
+
+    def step(self) -> list[Out]:
+        self._touch()
+        if self.fail_on_step:
+            raise RuntimeError("boom")
+        self.steps += 1
+        tok = ord("a") + self.steps % 26
+        outs = []
+        for rid, (ids, params, gen) in list(self.requests.items()):
+            gen.append(tok)
+            self.gen_total += 1
+            done = len(gen) >= params.max_tokens
+            text = self.tokenizer.decode(gen)
+            outs.append(Out(rid, ids, list(gen), [tok], text, chr(tok), done, "length" if done else None))
+            if done:
+                del self.requests[rid]
+        self.last_step = Step("decode", len(outs), 0.003, True)
+        return outs
+
+    def stats(self) -> Stats:
+        self._touch()
+        n = len(self.requests)
+        return Stats(n, 0, 100 - n, 100, self.prompt_total, self.gen_total, 0)
+
+    def graph_stats(self) -> PoolStats:
+        self._touch()
+        return PoolStats(
+            steps=self.steps, hits=self.steps, misses=1, captures=1, resident_graphs=1, resident_bytes=4096,
+            fallbacks={FallbackReason.BATCH_TOO_LARGE: 2}, eager_steps=2,
+            capture_seconds_total=0.5, capture_seconds_max=0.5, resident_sizes=(8,),
+        )  # fmt: skip
+
+
+def make_client(engine: FakeEngine) -> tuple[TestClient, AsyncEngine]:
+    metrics = ServerMetrics()
+    async_engine = AsyncEngine(engine, observer=metrics)
+    return TestClient(build_app(async_engine, metrics)), async_engine
+
+
+def metric_values(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def test_completion_stream_and_metrics_with_fake_engine() -> None:
+    engine = FakeEngine()
+    client, _ = make_client(engine)
+    with client:
+        r = client.post("/v1/completions", json={"model": "fake", "prompt": "hi", "max_tokens": 3})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["choices"][0]["finish_reason"] == "length"
+        assert body["usage"] == {"prompt_tokens": 2, "completion_tokens": 3, "total_tokens": 5}
+        assert len(body["choices"][0]["text"]) == 3
+
+        with client.stream("POST", "/v1/chat/completions", json={
+            "messages": [{"role": "user", "content": "x"}], "max_tokens": 4, "stream": True,
+            "stream_options": {"include_usage": True},
+        }) as s:  # fmt: skip
+            lines = [ln for ln in s.iter_lines() if ln]
+        assert lines[-1] == "data: [DONE]"
+        import json
+
+        chunks = [json.loads(ln[len("data: ") :]) for ln in lines[:-1]]
+        assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+        assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"]) != ""
+        assert chunks[-2]["choices"][0]["finish_reason"] == "length"
+        assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 4
+
+        values = metric_values(client.get("/metrics").text)
+        assert values[("graphpool_graph_fallbacks_total", (("reason", "batch_too_large"),))] == 2
+        assert values[("graphpool_graph_resident_bytes", ())] == 4096
+        assert values[("graphpool_generation_tokens_total", ())] == 7
+        assert values[("graphpool_requests_finished_total", (("reason", "length"),))] == 2
+        assert values[("graphpool_step_batch_size_count", (("kind", "decode"),))] == engine.steps
+    # NOTE: all engine calls on one thread, and not the test's.
+    assert len(engine.thread_ids) == 1 and threading.get_ident() not in engine.thread_ids
+
+
+def test_engine_value_error_is_a_400_and_a_failed_step_is_a_503() -> None:
+    engine = FakeEngine()
+    client, async_engine = make_client(engine)
+    with client:
+        r = client.post("/v1/completions", json={"prompt": "REFUSE me", "max_tokens": 2})
+        assert r.status_code == 400
+        assert r.json()["error"]["message"] == "the fake engine refuses this prompt"
+        assert client.get("/health").status_code == 200
+        engine.fail_on_step = True
+        r = client.post("/v1/completions", json={"prompt": "hello", "max_tokens": 2})
+        assert r.status_code == 503 and "boom" in r.json()["error"]["message"]
+        assert client.get("/health").status_code == 503
+        assert isinstance(async_engine.error, RuntimeError)
+
+
+def test_async_engine_call_runs_on_the_engine_thread() -> None:
+    engine = FakeEngine()
+    async_engine = AsyncEngine(engine)
+    async_engine.start()
+    try:
+        ident = asyncio.run(async_engine.call(lambda e: threading.get_ident()))
+        assert ident != threading.get_ident()
+        with pytest.raises(ZeroDivisionError):
+            asyncio.run(async_engine.call(lambda e: 1 / 0))
+    finally:
+        async_engine.shutdown()
