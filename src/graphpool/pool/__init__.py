@@ -4,6 +4,7 @@ Imports nothing from graphpool.engine, graphpool.model or graphpool.server.
 """
 
 from graphpool.pool.buckets import BucketLadder
+from graphpool.pool.capture import CAPTURE_ERRORS, CapturedGraph, Capturer, CudaGraphCapturer
 from graphpool.pool.config import DEFAULT_MISS_POLICY, PoolConfig
 from graphpool.pool.policy import (
     Action,
@@ -15,16 +16,23 @@ from graphpool.pool.policy import (
     ResidencyBook,
     make_policy,
 )
+from graphpool.pool.pool import GraphPool, InputSpec
 from graphpool.pool.stats import FallbackReason, PoolStats
 
 __all__ = [
+    "CAPTURE_ERRORS",
     "DEFAULT_MISS_POLICY",
     "Action",
     "AdmitFrequent",
     "BucketLadder",
     "CaptureOnMiss",
+    "CapturedGraph",
+    "Capturer",
+    "CudaGraphCapturer",
     "Decision",
     "FallbackReason",
+    "GraphPool",
+    "InputSpec",
     "MissContext",
     "MissPolicy",
     "PoolConfig",

@@ -170,11 +170,13 @@ class ResidencyBook:
         return nbytes
 
     def estimate(self, size: int) -> int:
-        """Expected footprint of a graph of ``size``: the largest measured at a size >= it, else the
-        footprint of the nearest smaller size measured (a lower bound, corrected after capture), else 0."""
+        """Expected footprint of a graph of ``size`` (an upper bound): the largest measured at a size >= it,
+        else ``lower_estimate``."""
         at_or_above = [b for s, b in self._seen.items() if s >= size]
-        if at_or_above:
-            return max(at_or_above)
+        return max(at_or_above) if at_or_above else self.lower_estimate(size)
+
+    def lower_estimate(self, size: int) -> int:
+        """A lower bound: the footprint last measured at the nearest smaller size, else 0."""
         below = [s for s in self._seen if s < size]
         return self._seen[max(below)] if below else 0
 

@@ -1,0 +1,330 @@
+"""GraphPool: replay a decode step through a bounded pool of CUDA graphs, one graph per bucket size."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from graphpool.pool.capture import CAPTURE_ERRORS, CapturedGraph, Capturer, CudaGraphCapturer
+from graphpool.pool.config import PoolConfig
+from graphpool.pool.policy import Action, MissContext, MissPolicy, ResidencyBook, make_policy
+from graphpool.pool.stats import FallbackReason, PoolStats, StatsCounters
+
+logger = logging.getLogger(__name__)
+
+Batch = Mapping[str, torch.Tensor]
+Progress = Callable[[int, int, int], None]  # (done, total, size)
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """A batch-first static input: each step passes a tensor ``[bs, *trailing_shape]`` of ``dtype``; rows
+    added by padding take ``pad_value``."""
+
+    name: str
+    trailing_shape: tuple[int, ...] = ()
+    dtype: torch.dtype = torch.int64
+    pad_value: float | int | bool = 0
+
+
+class _EvictionLog:
+    """Logs the first few evictions one by one, then one summary line every ``every`` evictions."""
+
+    def __init__(self, first: int = 8, every: int = 100) -> None:
+        self.first, self.every, self.count = first, every, 0
+
+    def note(self, size: int, nbytes: int, why: str) -> None:
+        self.count += 1
+        if self.count <= self.first:
+            logger.info("graph pool: evicted bs=%d (%s, %.1f MiB)", size, why, nbytes / 2**20)
+        elif self.count % self.every == 0:
+            logger.info("graph pool: %d evictions so far (latest bs=%d, %s)", self.count, size, why)
+
+
+def _slice(out: Any, rows: int, clone: bool) -> Any:
+    if isinstance(out, torch.Tensor):
+        return out[:rows].clone() if clone else out[:rows]
+    return tuple(_slice(o, rows, clone) for o in out)
+
+
+class GraphPool:
+    """A bounded pool of captured graphs over ``step``. See docs/architecture.md for the contract.
+
+    ``step(*microbatches)`` takes one mapping of static tensors per microbatch and returns, per microbatch,
+    a batch-first tensor or tuple of tensors (with two microbatches: a pair of those). Thread-safe: one
+    RLock (``pool.lock``) guards pool state and the copy+replay; hold it yourself across ``run`` and the use
+    of its outputs if other threads may run the pool meanwhile (or pass ``clone=True``).
+    """
+
+    def __init__(
+        self,
+        step: Callable[..., Any],
+        specs: Iterable[InputSpec],
+        config: PoolConfig | None = None,
+        device: torch.device | str = "cuda",
+        capturer: Capturer | None = None,
+        *,
+        miss_policy: MissPolicy | None = None,
+    ) -> None:
+        self.config = config = config if config is not None else PoolConfig()
+        self.step = step
+        self.specs = tuple(specs)
+        if not self.specs:
+            raise ValueError("GraphPool needs at least one InputSpec")
+        if len({s.name for s in self.specs}) != len(self.specs):
+            raise ValueError(f"InputSpec names must be distinct: {[s.name for s in self.specs]}")
+        self.device = torch.device(device)
+        self.ladder = config.ladder()
+        self.policy = miss_policy if miss_policy is not None else make_policy(config)
+        self.lock = threading.RLock()
+        self._book = ResidencyBook(config.max_graph_pool_size, config.graph_memory_budget, config.pinned)
+        self._graphs: dict[int, CapturedGraph] = {}
+        self._blocked: dict[int, FallbackReason] = {}  # sizes never replayed again
+        self._counters = StatsCounters()
+        self._evictions = _EvictionLog()
+        self._closed = False
+        self._off: FallbackReason | None = None
+        if not config.enabled:
+            self._off = FallbackReason.DISABLED
+        elif capturer is None and self.device.type != "cuda":
+            self._off = FallbackReason.NO_CUDA
+        self._capturer: Capturer | None = None
+        self._static: list[dict[str, torch.Tensor]] = []
+        if self._off is None:
+            self._capturer = capturer if capturer is not None else CudaGraphCapturer(self.device, config.mempool)
+            top = self.ladder.max_size
+            self._static = [
+                {
+                    s.name: torch.full((top, *s.trailing_shape), s.pad_value, dtype=s.dtype, device=self.device)
+                    for s in self.specs
+                }
+                for _ in range(config.num_microbatches)
+            ]
+
+    # ---- queries -------------------------------------------------------------------------------------
+    def can_run(self, batch_size: int, max_len_in_batch: int = 0) -> bool:
+        """Whether a step of this (per-microbatch) batch size and length may use a graph at all."""
+        return (
+            not self._closed
+            and self._off is None
+            and 1 <= batch_size <= self.ladder.max_size
+            and max_len_in_batch <= self.config.max_len_in_batch
+        )
+
+    def resident_sizes(self) -> tuple[int, ...]:
+        """Resident graph sizes, least recently used first."""
+        with self.lock:
+            return self._book.sizes()
+
+    def stats(self) -> PoolStats:
+        with self.lock:
+            return self._counters.snapshot(self._book.sizes(), self._book.total_bytes)
+
+    # ---- the step ------------------------------------------------------------------------------------
+    def run(self, inputs: Batch | Sequence[Batch], max_len_in_batch: int = 0, *, clone: bool = False) -> Any:
+        """Run one step: replay a graph if one serves this batch, else ``step`` eagerly on the live inputs.
+
+        Graph outputs are views of the graph's static outputs, sliced to the live rows of each microbatch,
+        valid until the next ``run`` (``clone=True`` returns copies instead).
+        """
+        mbs = self._as_microbatches(inputs)
+        rows = [self._rows(mb) for mb in mbs]
+        bs = max(rows)
+        if bs < 1:
+            raise ValueError("run() got an empty batch")
+        reason = self._static_reason(bs, max_len_in_batch)
+        with self.lock:
+            self._counters.steps += 1
+            if reason is None:
+                graph, reason = self._acquire(self.ladder.find_closest(bs), mbs, rows)  # type: ignore[arg-type]
+                if graph is not None:
+                    self._write(mbs, rows, graph.size)
+                    self._capturer.replay(graph)  # type: ignore[union-attr]
+                    outs = [graph.outputs] if len(mbs) == 1 else list(graph.outputs)
+                    sliced = [_slice(o, r, clone) for o, r in zip(outs, rows, strict=True)]
+                    return sliced[0] if len(mbs) == 1 else tuple(sliced)
+            self._counters.fallback(reason)  # type: ignore[arg-type]
+        return self.step(*mbs)
+
+    def _as_microbatches(self, inputs: Batch | Sequence[Batch]) -> list[Batch]:
+        mbs = [inputs] if isinstance(inputs, Mapping) else list(inputs)
+        if len(mbs) != self.config.num_microbatches:
+            raise ValueError(f"run() expects {self.config.num_microbatches} microbatch(es), got {len(mbs)}")
+        return mbs
+
+    def _rows(self, mb: Batch) -> int:
+        if len(mb) != len(self.specs):
+            raise ValueError(f"inputs have keys {sorted(mb)}, expected {[s.name for s in self.specs]}")
+        rows = -1
+        for s in self.specs:
+            t = mb[s.name]
+            if rows < 0:
+                rows = t.shape[0]
+            if t.shape[0] != rows or t.shape[1:] != s.trailing_shape:
+                raise ValueError(
+                    f"input {s.name!r} has shape {tuple(t.shape)}, expected [{rows}, *{s.trailing_shape}]"
+                )
+        return rows
+
+    def _static_reason(self, bs: int, max_len_in_batch: int) -> FallbackReason | None:
+        if self._closed:
+            raise RuntimeError("GraphPool.run() after close()")
+        if self._off is not None:
+            return self._off
+        if bs > self.ladder.max_size:
+            return FallbackReason.BATCH_TOO_LARGE
+        if max_len_in_batch > self.config.max_len_in_batch:
+            return FallbackReason.LEN_TOO_LARGE
+        return None
+
+    def _write(self, mbs: Sequence[Batch], rows: Sequence[int], size: int) -> None:
+        """Copy each microbatch into its static buffers, padding rows ``[live, size)`` with pad values."""
+        for static, mb, r in zip(self._static, mbs, rows, strict=True):
+            for s in self.specs:
+                buf = static[s.name]
+                if r:
+                    buf[:r].copy_(mb[s.name], non_blocking=True)
+                if r < size:
+                    buf[r:size].fill_(s.pad_value)
+
+    def _write_padding(self, size: int) -> None:
+        for static in self._static:
+            for s in self.specs:
+                static[s.name][:size].fill_(s.pad_value)
+
+    # ---- hits, misses, capture -----------------------------------------------------------------------
+    def _acquire(
+        self, bucket: int, mbs: Sequence[Batch], rows: Sequence[int]
+    ) -> tuple[CapturedGraph | None, FallbackReason | None]:
+        self.policy.observe(bucket)
+        graph = self._graphs.get(bucket)
+        if graph is not None:
+            self._book.touch(bucket)
+            self._counters.hits += 1
+            return graph, None
+        self._counters.misses += 1
+        blocked = self._blocked.get(bucket)
+        if blocked is not None:
+            return None, blocked
+        if bucket not in self._book.pinned:
+            victims = self._book.victims_for(self._book.estimate(bucket))
+            ctx = MissContext(
+                bucket=bucket,
+                resident=self._book.sizes(),
+                has_room=victims == [],
+                victim=victims[0] if victims else None,
+            )
+            decision = self.policy.on_miss(ctx)
+            if decision.action is Action.EAGER:
+                return None, decision.reason or FallbackReason.NOT_ADMITTED
+            if decision.action is Action.SERVE_WITH:
+                size = decision.size
+                if size is None or size < bucket or size not in self._graphs:
+                    raise ValueError(f"miss policy chose to serve bs={bucket} with non-resident size {size}")
+                self._book.touch(size)
+                self._counters.padded_hits += 1
+                return self._graphs[size], None
+        self._write(mbs, rows, bucket)
+        return self._capture(bucket, may_evict=True)
+
+    def _capture(self, size: int, may_evict: bool) -> tuple[CapturedGraph | None, FallbackReason | None]:
+        """Capture ``size`` from the static inputs as they are now, keeping the pool within its bounds."""
+        def blocked(victims: list[int] | None) -> bool:
+            return victims is None or (bool(victims) and not may_evict)
+
+        victims = self._book.victims_for(self._book.estimate(size))
+        if blocked(victims):
+            # The upper-bound estimate does not fit: try the lower bound; the real footprint is checked after.
+            victims = self._book.victims_for(self._book.lower_estimate(size))
+            if blocked(victims):
+                return None, FallbackReason.OVER_BUDGET
+        assert victims is not None
+        for v in victims:
+            self._evict(v, "lru" if len(self._book) >= self._book.capacity else "budget")
+        views = [{s.name: static[s.name][:size] for s in self.specs} for static in self._static]
+        try:
+            graph = self._capturer.capture(size, lambda: self.step(*views))  # type: ignore[union-attr]
+        except CAPTURE_ERRORS as e:
+            self._counters.capture_failures += 1
+            self._blocked[size] = FallbackReason.CAPTURE_FAILED
+            logger.warning("graph pool: capture of bs=%d failed (%s: %s); it will run eagerly", size, type(e).__name__, e)
+            return None, FallbackReason.CAPTURE_FAILED
+        self._counters.captured(graph.seconds)
+        self._graphs[size] = graph
+        self._book.add(size, graph.footprint)
+        budget = self._book.budget
+        if budget is not None and graph.footprint > budget:
+            self._blocked[size] = FallbackReason.OVER_BUDGET
+            logger.warning("graph pool: bs=%d needs %d bytes, more than the whole budget %d", size, graph.footprint, budget)
+            self._evict(size, "alone over budget")
+            return None, FallbackReason.OVER_BUDGET
+        victims = self._book.victims_over_budget(keep=size)
+        if victims is None or (victims and not may_evict):
+            self._evict(size, "over budget")
+            return None, FallbackReason.OVER_BUDGET
+        for v in victims:
+            self._evict(v, "budget")
+        return graph, None
+
+    def _evict(self, size: int, why: str) -> None:
+        graph = self._graphs.pop(size)
+        nbytes = self._book.remove(size)
+        self._capturer.release(graph)  # type: ignore[union-attr]
+        self._counters.evictions += 1
+        self._evictions.note(size, nbytes, why)
+
+    # ---- management ----------------------------------------------------------------------------------
+    def default_warmup_sizes(self) -> list[int]:
+        """Pinned sizes, then a padding cover of the ladder (every size within max_padding_ratio of one),
+        at most ``max_graph_pool_size`` of them, largest first."""
+        cover = [s for s in self.ladder.padding_cover(self.config.max_padding_ratio) if s not in self.config.pinned]
+        chosen = list(self.config.pinned) + cover[: max(0, self._book.capacity - len(self.config.pinned))]
+        return sorted(chosen, reverse=True)
+
+    def warmup(self, sizes: Iterable[int] | None = None, progress: Progress | None = None) -> list[int]:
+        """Capture ``sizes`` (default: ``default_warmup_sizes()``) largest first on all-padding inputs,
+        never evicting: sizes that do not fit the count or byte bound are skipped. Returns those captured."""
+        order = sorted(set(self.default_warmup_sizes() if sizes is None else sizes), reverse=True)
+        for s in order:
+            if s not in self.ladder:
+                raise ValueError(f"warmup size {s} is not a ladder size")
+        captured: list[int] = []
+        with self.lock:
+            if self._closed or self._off is not None:
+                return captured
+            for i, s in enumerate(order):
+                if s not in self._graphs and s not in self._blocked:
+                    self._write_padding(s)
+                    graph, _ = self._capture(s, may_evict=False)
+                    if graph is not None:
+                        captured.append(s)
+                if progress is not None:
+                    progress(i + 1, len(order), s)
+        return captured
+
+    def evict(self, size: int) -> bool:
+        """Drop the graph of ``size`` (pinned or not). False if none was resident."""
+        with self.lock:
+            if size not in self._graphs:
+                return False
+            self._evict(size, "requested")
+            return True
+
+    def evict_all(self) -> int:
+        with self.lock:
+            sizes = self._book.sizes()
+            for s in sizes:
+                self._evict(s, "evict_all")
+            return len(sizes)
+
+    def close(self) -> None:
+        """Release every graph and the static buffers; ``run`` raises afterwards."""
+        with self.lock:
+            self.evict_all()
+            self._static = []
+            self._closed = True

@@ -1,0 +1,64 @@
+"""Test doubles for the pool, usable by any part's CPU tests."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+
+from graphpool.pool.capture import CapturedGraph
+
+
+def copy_outputs(dst: Any, src: Any) -> None:
+    """Copy a step's outputs (a tensor, or a nested tuple/list of tensors) into same-shaped static ones."""
+    if isinstance(dst, torch.Tensor):
+        dst.copy_(src)
+        return
+    for d, s in zip(dst, src, strict=True):
+        copy_outputs(d, s)
+
+
+class EagerCapturer:
+    """A capturer without CUDA: "capture" runs the step twice (warm-up, then the run whose outputs become the
+    static outputs); "replay" runs it again and copies the result into those outputs, so replay semantics
+    (static inputs in, the same output tensors overwritten) match a real graph's.
+
+    ``footprint``: fake bytes per graph, a constant or a function of the size.
+    ``fail_sizes``: sizes whose capture raises ``error(message)`` (mutable: tests may change it).
+    """
+
+    def __init__(
+        self,
+        footprint: int | Callable[[int], int] = 0,
+        fail_sizes: Iterable[int] = (),
+        error: Callable[[str], BaseException] = torch.OutOfMemoryError,
+        seconds: float = 0.0,
+    ) -> None:
+        self.footprint = footprint
+        self.fail_sizes = set(fail_sizes)
+        self.error = error
+        self.seconds = seconds
+        self.captured: list[int] = []  # sizes, in capture order
+        self.released: list[int] = []
+        self.replays = 0
+
+    def capture(self, size: int, fn: Callable[[], Any]) -> CapturedGraph:
+        fn()  # warm-up, as the real capturer does
+        if size in self.fail_sizes:
+            raise self.error(f"EagerCapturer: induced capture failure at size {size}")
+        outputs = fn()
+        nbytes = self.footprint(size) if callable(self.footprint) else self.footprint
+        self.captured.append(size)
+        return CapturedGraph(size=size, outputs=outputs, footprint=nbytes, seconds=self.seconds, native=fn)
+
+    def replay(self, graph: CapturedGraph) -> None:
+        self.replays += 1
+        copy_outputs(graph.outputs, graph.native())
+
+    def release(self, graph: CapturedGraph) -> None:
+        if graph.native is None:
+            return
+        self.released.append(graph.size)
+        graph.native = None
+        graph.outputs = None
