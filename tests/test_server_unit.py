@@ -28,8 +28,8 @@ class CharTokenizer:
     def decode(self, ids: list[int]) -> str:
         return "".join(chr(i) for i in ids)
 
-    def apply_chat_template(self, messages: list[dict[str, str]], **_: object) -> str:
-        return "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"
+    def apply_chat_template(self, messages: list[dict[str, str]]) -> list[int]:
+        return self.encode("".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>")
 
 
 @dataclass

@@ -5,14 +5,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import jinja2
+
 from graphpool.engine.sampling import SamplingParams
 from graphpool.server.protocol import APIError, ChatCompletionRequest, ChatMessage, CompletionRequest
 
 
 @dataclass(frozen=True)
 class EngineInput:
-    prompt: str | list[int]  # what engine.add_request gets
-    prompt_text: str  # for echo
+    prompt: list[int]  # what engine.add_request gets
+    prompt_text: str  # for echo (completions only)
     num_prompt_tokens: int
     params: SamplingParams
 
@@ -43,7 +45,8 @@ class PromptBuilder:
             text = self._decode(prompt) if req.echo else ""
         max_tokens = 16 if req.max_tokens is None else req.max_tokens
         params = self._params(req, len(ids), max_tokens)
-        return EngineInput(prompt=prompt, prompt_text=text, num_prompt_tokens=len(ids), params=params)
+        # NOTE: token ids, tokenized exactly as engine.encode does (the model tokenizer's default special tokens).
+        return EngineInput(prompt=ids, prompt_text=text, num_prompt_tokens=len(ids), params=params)
 
     def chat(self, req: ChatCompletionRequest) -> EngineInput:
         self._common_checks(req)
@@ -53,13 +56,12 @@ class PromptBuilder:
             raise APIError("tools are not supported by this server", param="tools")
         if req.response_format is not None and req.response_format.get("type", "text") != "text":
             raise APIError("only response_format type 'text' is supported", param="response_format")
-        text = self.render_chat([_message_dict(m, i) for i, m in enumerate(req.messages)])
-        ids = self._encode(text)
+        ids = self.render_chat([_message_dict(m, i) for i, m in enumerate(req.messages)])
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         if max_tokens is None:  # NOTE: OpenAI's chat default: as many tokens as the context leaves
             max_tokens = max(self.max_model_len - len(ids), 1)
         params = self._params(req, len(ids), max_tokens)
-        return EngineInput(prompt=text, prompt_text=text, num_prompt_tokens=len(ids), params=params)
+        return EngineInput(prompt=ids, prompt_text="", num_prompt_tokens=len(ids), params=params)
 
     # ---- pieces ----
     def check_model(self, model: str | None) -> None:
@@ -82,6 +84,8 @@ class PromptBuilder:
 
     def _single_prompt(self, prompt: Any) -> str | list[int]:
         if isinstance(prompt, str):
+            if not prompt:
+                raise APIError("prompt must not be empty", param="prompt")
             return prompt
         if len(prompt) == 0:
             raise APIError("prompt must not be empty", param="prompt")
@@ -148,9 +152,13 @@ class PromptBuilder:
     def _decode(self, ids: list[int]) -> str:
         return self._need_tokenizer().decode(ids) if self.tokenizer is not None else ""
 
-    def render_chat(self, messages: list[dict[str, str]]) -> str:
+    def render_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        """The conversation through the model's chat template (with the generation prompt), as LLM.chat does."""
         tok = self._need_tokenizer()
-        return tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        try:
+            return list(tok.apply_chat_template(messages))
+        except (ValueError, jinja2.TemplateError) as e:
+            raise APIError(f"cannot apply the chat template: {e}", param="messages") from None
 
 
 def _message_dict(m: ChatMessage, index: int) -> dict[str, str]:

@@ -1,0 +1,103 @@
+"""`graphpool serve` / `python -m graphpool.server`: load the engine, log what it holds, run uvicorn."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+from typing import Any
+
+logger = logging.getLogger("graphpool.server")
+
+MiB = 1 << 20
+
+
+def add_server_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("server")
+    group.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: all interfaces)")
+    group.add_argument("--port", type=int, default=8000)
+    group.add_argument(
+        "--served-model-name", default=None, help="the model name clients send (default: the engine's)"
+    )
+    group.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from graphpool.cli import add_engine_args
+
+    parser = argparse.ArgumentParser(
+        prog="python -m graphpool.server", description="OpenAI-compatible server for graphpool"
+    )
+    add_server_args(parser)
+    add_engine_args(parser)
+    return parser
+
+
+def describe_startup(engine: Any, config: Any, load_seconds: float) -> list[str]:
+    """What the start-up log says: model, device, KV cache and what the graph pool captured and holds."""
+    stats = engine.stats()
+    lines = [
+        f"model {engine.model_name} on {config.torch_device} ({str(config.torch_dtype).removeprefix('torch.')}), "
+        f"loaded in {load_seconds:.1f} s; max_model_len {engine.max_model_len}",
+        f"KV cache: {stats.num_kv_blocks} blocks of {config.block_size} tokens "
+        f"({stats.num_kv_blocks * config.block_size} token slots), {stats.num_free_kv_blocks} free",
+    ]
+    graphs = engine.graph_stats()
+    if graphs is None or not config.graphs_enabled:
+        why = "--disable-cudagraph" if config.disable_cudagraph else f"device {config.torch_device}"
+        lines.append(f"CUDA graphs: off ({why}); decode steps run eagerly")
+        return lines
+    budget = config.graph_memory_budget
+    bound = f"max_graph_pool_size {config.max_graph_pool_size}, " + (
+        f"graph_memory_budget {budget / MiB:.0f} MiB" if budget else "no byte budget"
+    )
+    if graphs.captures:
+        lines.append(
+            f"CUDA graphs: warm-up captured {graphs.captures} graphs in {graphs.capture_seconds_total:.2f} s "
+            f"(slowest {graphs.capture_seconds_max:.3f} s, {graphs.capture_failures} failed); "
+            f"resident {graphs.resident_graphs} graphs {list(graphs.resident_sizes)} holding "
+            f"{graphs.resident_bytes / MiB:.1f} MiB; {bound}"
+        )
+    else:
+        lines.append(
+            f"CUDA graphs: none captured at start-up (warm-up '{config.graph_warmup}'); lazy capture, {bound}"
+        )
+    return lines
+
+
+def make_server(
+    engine: Any, host: str, port: int, served_model_name: str | None = None, log_level: str = "info"
+):
+    """A uvicorn.Server for ``engine`` (an LLMEngine); ``server.run()`` blocks, ``should_exit`` stops it."""
+    import uvicorn
+
+    from graphpool.server.app import build_app
+    from graphpool.server.async_engine import AsyncEngine
+    from graphpool.server.metrics import ServerMetrics
+
+    metrics = ServerMetrics()
+    app = build_app(AsyncEngine(engine, observer=metrics), metrics, served_model_name)
+    return uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False))
+
+
+def serve(args: argparse.Namespace) -> None:
+    from graphpool.cli import engine_config_from_args
+    from graphpool.engine.engine import LLMEngine
+
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    config = engine_config_from_args(args)
+    start = time.perf_counter()
+    engine = LLMEngine(config)
+    for line in describe_startup(engine, config, time.perf_counter() - start):
+        logger.info(line)
+    server = make_server(engine, args.host, args.port, args.served_model_name, args.log_level)
+    logger.info(
+        "serving %s on http://%s:%d/v1", args.served_model_name or engine.model_name, args.host, args.port
+    )
+    server.run()
+
+
+def main(argv: list[str] | None = None) -> None:
+    serve(build_parser().parse_args(argv))

@@ -1,0 +1,313 @@
+"""The server on the real default model (SmolLM2-135M-Instruct, CPU), queried over HTTP on 127.0.0.1.
+
+One server per module: greedy references come from `LLM.generate` / `LLM.chat` on the same engine before
+the server takes it over (afterwards only the server's engine thread touches it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from graphpool import LLM, SamplingParams
+from graphpool.server.main import make_server
+
+MAX_MODEL_LEN = 256
+PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time"]
+CHAT = [
+    [{"role": "user", "content": "What is 2 + 2?"}],
+    [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name a colour."}],
+]
+MAX_TOKENS = 12
+
+
+@dataclass
+class Served:
+    base_url: str
+    model: str
+    completions: dict[str, str]  # prompt -> greedy text
+    chats: list[str]  # greedy reply per CHAT conversation
+    app: Any
+
+    def client(self) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.base_url}/v1", api_key="none", max_retries=0)
+
+    def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        text = httpx.get(f"{self.base_url}/metrics").text
+        return {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+        }
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[Served]:
+    llm = LLM(device="cpu", max_model_len=MAX_MODEL_LEN, max_num_seqs=64)
+    greedy = SamplingParams(temperature=0, max_tokens=MAX_TOKENS)
+    # NOTE: one prompt at a time, as the server tests send them, so batch composition cannot differ.
+    completions = {p: llm.generate(p, greedy, use_tqdm=False)[0].text for p in PROMPTS}
+    chats = [llm.chat(c, greedy, use_tqdm=False)[0].text for c in CHAT]
+    assert all(completions.values()) and all(chats)
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = make_server(llm.engine, "127.0.0.1", port, log_level="warning")
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.05)
+    try:
+        yield Served(f"http://127.0.0.1:{port}", llm.engine.model_name, completions, chats, server.config.app)
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        sock.close()
+
+
+def test_models_and_health(served: Served) -> None:
+    assert [m.id for m in served.client().models.list().data] == [served.model]
+    assert httpx.get(f"{served.base_url}/health").json() == {"status": "ok"}
+
+
+def test_completion_equals_llm_generate(served: Served) -> None:
+    client = served.client()
+    for prompt, expected in served.completions.items():
+        r = client.completions.create(model=served.model, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0)
+        assert r.choices[0].text == expected
+        assert r.object == "text_completion"
+        assert r.usage is not None and r.usage.completion_tokens <= MAX_TOKENS
+        assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+    echoed = client.completions.create(
+        model=served.model, prompt=PROMPTS[0], max_tokens=MAX_TOKENS, temperature=0, echo=True
+    )
+    assert echoed.choices[0].text == PROMPTS[0] + served.completions[PROMPTS[0]]
+
+
+def test_chat_equals_llm_chat(served: Served) -> None:
+    client = served.client()
+    for messages, expected in zip(CHAT, served.chats, strict=True):
+        r = client.chat.completions.create(
+            model=served.model, messages=messages, max_tokens=MAX_TOKENS, temperature=0
+        )
+        assert r.choices[0].message.role == "assistant"
+        assert r.choices[0].message.content == expected
+        assert r.choices[0].finish_reason in ("stop", "length")
+
+
+def test_streaming_equals_llm(served: Served) -> None:
+    client = served.client()
+    prompt = PROMPTS[1]
+    chunks = list(
+        client.completions.create(
+            model=served.model, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0, stream=True
+        )
+    )
+    assert "".join(c.choices[0].text for c in chunks) == served.completions[prompt]
+    assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+    assert all(c.choices[0].finish_reason is None for c in chunks[:-1])
+
+    chat_chunks = list(
+        client.chat.completions.create(
+            model=served.model,
+            messages=CHAT[0],
+            max_tokens=MAX_TOKENS,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert chat_chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chat_chunks if c.choices)
+    assert text == served.chats[0]
+    assert chat_chunks[-2].choices[0].finish_reason in ("stop", "length")
+    usage = chat_chunks[-1].usage
+    assert chat_chunks[-1].choices == [] and usage is not None and usage.completion_tokens >= 1
+
+
+def test_32_concurrent_streams_all_complete(served: Served) -> None:
+    n, max_tokens = 32, 8
+    before = served.metrics()
+
+    async def one(client: openai.AsyncOpenAI, i: int) -> tuple[str, str | None, int]:
+        stream = await client.completions.create(
+            model=served.model,
+            prompt=f"Request number {i}: the weather today is",
+            max_tokens=max_tokens,
+            temperature=0.8,
+            seed=i,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
+        )
+        text, reason, tokens = "", None, -1
+        async for chunk in stream:
+            if chunk.choices:
+                text += chunk.choices[0].text
+                reason = chunk.choices[0].finish_reason or reason
+            if chunk.usage is not None:
+                tokens = chunk.usage.completion_tokens
+        return text, reason, tokens
+
+    async def all_of_them() -> list[tuple[str, str | None, int]]:
+        async with openai.AsyncOpenAI(
+            base_url=f"{served.base_url}/v1", api_key="none", max_retries=0, timeout=120
+        ) as client:
+            return await asyncio.gather(*(one(client, i) for i in range(n)))
+
+    results = asyncio.run(all_of_them())
+    assert len(results) == n
+    assert [(reason, tokens) for _, reason, tokens in results] == [("length", max_tokens)] * n
+    assert all(text for text, _, _ in results)
+    after = served.metrics()
+    finished = ("graphpool_requests_finished_total", (("reason", "length"),))
+    assert after[finished] - before.get(finished, 0) >= n
+    # The engine batched them: some decode step held more than one sequence.
+    decode = (("kind", "decode"),)
+    steps = after[("graphpool_step_batch_size_count", decode)] - before.get(
+        ("graphpool_step_batch_size_count", decode), 0
+    )
+    rows = after[("graphpool_step_batch_size_sum", decode)] - before.get(
+        ("graphpool_step_batch_size_sum", decode), 0
+    )
+    assert rows == n * (max_tokens - 1)  # the first token of each comes from its prefill
+    assert steps < rows
+
+
+def _kv_idle(served: Served, timeout: float = 30.0) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    deadline = time.monotonic() + timeout
+    while True:
+        m = served.metrics()
+        idle = m[("graphpool_requests_running", ())] == 0 and m[("graphpool_requests_waiting", ())] == 0
+        if idle and m[("graphpool_kv_blocks_free", ())] == m[("graphpool_kv_blocks_total", ())]:
+            return m
+        assert time.monotonic() < deadline, f"KV blocks not freed: {m}"
+        time.sleep(0.05)
+
+
+def test_disconnecting_client_frees_its_kv_blocks(served: Served) -> None:
+    idle = _kv_idle(served)
+    aborted = ("graphpool_requests_finished_total", (("reason", "abort"),))
+    # NOTE: 200 tokens on CPU take many seconds; the abort must come long before the request could finish.
+    body = {"prompt": "Write a long story about a dragon.", "max_tokens": 200, "ignore_eos": True}
+    results: list[Any] = []
+
+    def other(prompt: str) -> None:
+        r = served.client().completions.create(
+            model=served.model,
+            prompt=prompt,
+            max_tokens=MAX_TOKENS,
+            temperature=0,
+            extra_body={"ignore_eos": True},
+        )
+        results.append((r.choices[0].finish_reason, r.usage.completion_tokens if r.usage else -1))
+
+    with httpx.Client(base_url=served.base_url, timeout=60) as http:
+        with http.stream("POST", "/v1/completions", json={**body, "stream": True}) as response:
+            assert response.status_code == 200
+            data_lines = 0
+            for line in response.iter_lines():
+                data_lines += line.startswith("data: ")
+                if data_lines == 3:
+                    break
+            others = [threading.Thread(target=other, args=(p,)) for p in PROMPTS]
+            for t in others:
+                t.start()
+            busy = served.metrics()
+            assert busy[("graphpool_kv_blocks_free", ())] < idle[("graphpool_kv_blocks_free", ())]
+        # Leaving the block closed the connection mid-stream. Now a non-streaming client that gives up:
+        with pytest.raises(httpx.ReadTimeout):
+            http.post("/v1/completions", json=body, timeout=1.0)
+        for t in others:
+            t.join(60)
+    after = _kv_idle(served)
+    assert after[("graphpool_kv_blocks_free", ())] == idle[("graphpool_kv_blocks_free", ())]
+    assert after[aborted] - idle.get(aborted, 0) == 2
+    # The other clients were unaffected.
+    assert results == [("length", MAX_TOKENS)] * len(PROMPTS)
+
+
+BAD_REQUESTS: list[tuple[str, str, Any, str | None]] = [
+    # (name, path, json body or raw bytes, offending param)
+    ("invalid json", "/v1/completions", b'{"prompt": "hi", ', None),
+    ("unknown model", "/v1/completions", {"model": "gpt-17", "prompt": "hi"}, "model"),
+    ("missing prompt", "/v1/completions", {"max_tokens": 4}, "prompt"),
+    ("missing messages", "/v1/chat/completions", {"max_tokens": 4}, "messages"),
+    ("empty messages", "/v1/chat/completions", {"messages": []}, "messages"),
+    ("empty prompt", "/v1/completions", {"prompt": ""}, "prompt"),
+    ("max_tokens 0", "/v1/completions", {"prompt": "hi", "max_tokens": 0}, "max_tokens"),
+    ("max_tokens negative", "/v1/chat/completions",
+     {"messages": [{"role": "user", "content": "hi"}], "max_tokens": -3}, "max_tokens"),
+    ("max_tokens beyond context", "/v1/completions", {"prompt": "hi", "max_tokens": MAX_MODEL_LEN}, "max_tokens"),
+    ("prompt too long", "/v1/completions", {"prompt": "hello " * (2 * MAX_MODEL_LEN), "max_tokens": 1}, "prompt"),
+    ("temperature too high", "/v1/completions", {"prompt": "hi", "temperature": 2.5}, "temperature"),
+    ("temperature negative", "/v1/chat/completions",
+     {"messages": [{"role": "user", "content": "hi"}], "temperature": -1}, "temperature"),
+    ("top_p zero", "/v1/completions", {"prompt": "hi", "top_p": 0}, "top_p"),
+    ("top_p above one", "/v1/completions", {"prompt": "hi", "top_p": 1.5}, "top_p"),
+    ("n > 1", "/v1/completions", {"prompt": "hi", "n": 2}, "n"),
+    ("logprobs", "/v1/completions", {"prompt": "hi", "logprobs": 2}, "logprobs"),
+    ("token id out of vocab", "/v1/completions", {"prompt": [1, 10**9]}, None),
+    ("batched prompts", "/v1/completions", {"prompt": ["a", "b"]}, "prompt"),
+    ("bad role", "/v1/chat/completions", {"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role"),
+    ("not an object", "/v1/completions", [1, 2, 3], None),
+]  # fmt: skip
+
+
+def test_bad_inputs_are_400_and_the_server_keeps_serving(served: Served) -> None:
+    before = served.metrics()
+    with httpx.Client(base_url=served.base_url, timeout=30) as http:
+        for name, path, body, param in BAD_REQUESTS:
+            if isinstance(body, bytes):
+                r = http.post(path, content=body, headers={"Content-Type": "application/json"})
+            else:
+                r = http.post(path, json=body)
+            assert r.status_code == 400, (name, r.status_code, r.text)
+            error = r.json()["error"]
+            assert set(error) == {"message", "type", "param", "code"}, name
+            assert error["type"] == "invalid_request_error", name
+            assert len(error["message"]) > 5, name
+            assert error["param"] == param, (name, error)
+        r = http.post(
+            "/v1/completions", json={"prompt": PROMPTS[0], "max_tokens": MAX_TOKENS, "temperature": 0}
+        )
+        assert r.status_code == 200 and r.json()["choices"][0]["text"] == served.completions[PROMPTS[0]]
+    after = served.metrics()
+    refused = ("graphpool_requests_refused_total", (("status", "400"),))
+    assert after[refused] - before.get(refused, 0) == len(BAD_REQUESTS)
+    with pytest.raises(openai.BadRequestError, match="n > 1"):
+        served.client().completions.create(model=served.model, prompt="hi", n=3)
+
+
+def test_metrics_move_as_requests_are_served(served: Served) -> None:
+    before = served.metrics()
+    served.client().completions.create(
+        model=served.model, prompt=PROMPTS[2], max_tokens=5, temperature=0, extra_body={"ignore_eos": True}
+    )
+    after = served.metrics()
+
+    def delta(name: str, labels: tuple[tuple[str, str], ...] = ()) -> float:
+        return after[(name, labels)] - before.get((name, labels), 0.0)
+
+    assert delta("graphpool_generation_tokens_total") == 5
+    assert delta("graphpool_prompt_tokens_total") >= 4
+    assert delta("graphpool_requests_finished_total", (("reason", "length"),)) == 1
+    assert delta("graphpool_step_seconds_count", (("kind", "prefill"), ("mode", "eager"))) >= 1
+    assert delta("graphpool_step_seconds_count", (("kind", "decode"), ("mode", "eager"))) == 4
+    assert delta("graphpool_time_to_first_token_seconds_count") == 1
+    assert delta("graphpool_request_seconds_count") == 1
+    assert after[("graphpool_graph_enabled", ())] == 0  # CPU: decode runs eagerly
+    assert after[("graphpool_kv_blocks_total", ())] > 0
