@@ -1,0 +1,151 @@
+"""Triton paged decode attention on the GPU: against the torch reference, in CUDA graphs, with padded rows."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from graphpool.kernels.decode_attention import paged_decode_attention, paged_decode_attention_ref
+
+TOL = {torch.bfloat16: 1e-2, torch.float16: 4e-3, torch.float32: 1e-4}
+
+
+def make_case(lens, hq, hkv, dim, block_size=16, dtype=torch.bfloat16, max_blocks=None, seed=0):
+    """Random q and caches on the GPU; each sequence gets distinct shuffled blocks (never block 0)."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    bs = len(lens)
+    max_blocks = max_blocks or max(-(-n // block_size) for n in lens) + 2
+    num_blocks = 1 + bs * max_blocks
+    q = torch.randn(bs, hq, dim, device="cuda", generator=gen).to(dtype)
+    k = torch.randn(num_blocks, block_size, hkv, dim, device="cuda", generator=gen).to(dtype)
+    v = torch.randn(num_blocks, block_size, hkv, dim, device="cuda", generator=gen).to(dtype)
+    perm = torch.randperm(num_blocks - 1, device="cuda", generator=gen)[: bs * max_blocks] + 1
+    bt = perm.view(bs, max_blocks).to(torch.int32)
+    cl = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    return q, k, v, bt, cl
+
+
+def oracle(q, k, v, bt, cl, scale, bound) -> torch.Tensor:
+    """The reference on fp32 copies of the inputs: no output rounding to compare against."""
+    return paged_decode_attention_ref(q.float(), k.float(), v.float(), bt, cl, scale, bound)
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((out.float() - ref).norm() / ref.norm())
+
+
+def random_lens(bs: int, bound: int, seed: int) -> list[int]:
+    gen = torch.Generator().manual_seed(seed)
+    lens = torch.randint(1, bound + 1, (bs,), generator=gen).tolist()
+    edge = [1, 16, 17, bound]
+    return [*edge[: min(bs, len(edge))], *lens[len(edge) :]][:bs]
+
+
+CASES = [
+    # bs, Hq, Hkv, D, block_size, bound, max length (<= bound), dtype
+    (1, 32, 8, 128, 16, 1024, 1000, torch.bfloat16),  # Llama-3-8B, one long row
+    (7, 32, 8, 64, 16, 4096, 2048, torch.bfloat16),  # Llama-3.2-1B, bound past every length
+    (33, 14, 2, 64, 16, 512, 512, torch.bfloat16),  # Qwen2.5-0.5B, group 7
+    (5, 9, 3, 64, 32, 300, 300, torch.float16),  # SmolLM2, block_size 32
+    (64, 32, 8, 128, 16, 320, 320, torch.bfloat16),  # big batch: a single split, direct write
+    (6, 16, 4, 128, 16, 777, 700, torch.float32),
+    (4, 8, 8, 96, 8, 200, 150, torch.bfloat16),  # group 1, head_dim not a power of two
+]
+
+
+@pytest.mark.parametrize(("bs", "hq", "hkv", "dim", "block_size", "bound", "max_len", "dtype"), CASES)
+def test_triton_matches_reference(bs, hq, hkv, dim, block_size, bound, max_len, dtype) -> None:
+    lens = random_lens(bs, max_len, seed=bs)
+    max_blocks = -(-bound // block_size) + 1
+    q, k, v, bt, cl = make_case(lens, hq, hkv, dim, block_size, dtype, max_blocks=max_blocks, seed=bs + hq)
+    scale = dim**-0.5
+    out = torch.full_like(q, float("nan"))  # poison: every element must be written
+    result = paged_decode_attention(q, k, v, bt, cl, scale, bound, out=out)
+    assert result is out
+    assert bool(torch.isfinite(out).all())
+    assert rel_err(out, oracle(q, k, v, bt, cl, scale, bound)) < TOL[dtype]
+
+
+@pytest.mark.parametrize("split_len", [64, 128, 192, 1024, 4096])
+def test_forced_split_lengths_agree(split_len: int) -> None:
+    from graphpool.kernels._triton_decode_attention import paged_decode_attention_triton
+
+    lens = [1, 63, 64, 65, 1000, 2048]
+    q, k, v, bt, cl = make_case(lens, 32, 8, 128, seed=split_len)
+    out = torch.full_like(q, float("nan"))
+    paged_decode_attention_triton(q, k, v, bt, cl, 0.1, 2048, out=out, split_len=split_len)
+    assert bool(torch.isfinite(out).all())
+    assert rel_err(out, oracle(q, k, v, bt, cl, 0.1, 2048)) < TOL[torch.bfloat16]
+
+
+def test_non_contiguous_q_and_empty_context() -> None:
+    lens = [0, 5, 300]
+    q, k, v, bt, cl = make_case(lens, 32, 8, 64, seed=1)
+    qkv = torch.randn(3, 48, 64, device="cuda", dtype=torch.bfloat16)
+    qkv[:, 8:40] = q
+    q_view = qkv[:, 8:40]  # a strided view, as a slice of a fused qkv projection
+    out = paged_decode_attention(q_view, k, v, bt, cl, 0.125, 512)
+    assert torch.equal(out[0], torch.zeros_like(out[0]))
+    ref = oracle(q, k, v, bt, cl, 0.125, 512)
+    assert rel_err(out[1:], ref[1:]) < TOL[torch.bfloat16]
+
+
+def test_padded_rows_do_not_disturb_live_rows() -> None:
+    from graphpool.kernels._triton_decode_attention import paged_decode_attention_triton
+
+    lens = [40, 900, 3]
+    q, k, v, bt, cl = make_case(lens, 32, 8, 128, seed=2)
+    alone = paged_decode_attention_triton(q, k, v, bt, cl, 0.1, 1024, split_len=256)
+    pads = 5
+    q_pad = torch.cat([q, torch.randn(pads, 32, 128, device="cuda", dtype=q.dtype)])
+    bt_pad = torch.cat([bt, torch.zeros(pads, bt.shape[1], dtype=torch.int32, device="cuda")])
+    cl_pad = torch.cat([cl, torch.ones(pads, dtype=torch.int32, device="cuda")])
+    padded = paged_decode_attention_triton(q_pad, k, v, bt_pad, cl_pad, 0.1, 1024, split_len=256)
+    assert torch.equal(padded[:3], alone)
+    # a padded row attends to the dummy slot only: its output is v[0, 0] of its kv head
+    expected_pad = v[0, 0].repeat_interleave(4, dim=0)
+    for row in range(3, 3 + pads):
+        torch.testing.assert_close(padded[row], expected_pad, rtol=0, atol=0)
+    # and through the default dispatch (split heuristic depends on bs): still right
+    out = paged_decode_attention(q_pad, k, v, bt_pad, cl_pad, 0.1, 1024)
+    assert rel_err(out[:3], oracle(q, k, v, bt, cl, 0.1, 1024)) < TOL[torch.bfloat16]
+
+
+def _capture(fn):
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()  # warm-up: compiles the kernels outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        result = fn()
+    return graph, result
+
+
+@pytest.mark.parametrize(("bs", "bound"), [(2, 2048), (64, 256), (13, 1000)])
+@pytest.mark.parametrize("use_ref", [False, True])
+def test_graph_replay_with_new_metadata(bs: int, bound: int, use_ref: bool) -> None:
+    hq, hkv, dim, block_size = 32, 8, 128, 16
+    max_blocks = -(-bound // block_size) + 1
+    q, k, v, bt, cl = make_case(random_lens(bs, bound, 0), hq, hkv, dim, block_size, max_blocks=max_blocks)
+    out = torch.empty_like(q)
+    attn = paged_decode_attention_ref if use_ref else paged_decode_attention
+
+    def step() -> torch.Tensor:
+        if use_ref:
+            return attn(q, k, v, bt, cl, 0.09, bound)
+        return attn(q, k, v, bt, cl, 0.09, bound, out=out)
+
+    graph, result = _capture(step)
+    for trial in range(1, 4):
+        # new values in the same buffers, as the pool fills them before a replay
+        nq, nk, nv, nbt, ncl = make_case(
+            random_lens(bs, bound, trial), hq, hkv, dim, block_size, max_blocks=max_blocks, seed=100 + trial
+        )
+        for dst, src in ((q, nq), (k, nk), (v, nv), (bt, nbt), (cl, ncl)):
+            dst.copy_(src)
+        result.fill_(float("nan"))
+        graph.replay()
+        assert bool(torch.isfinite(result).all())
+        assert rel_err(result, oracle(nq, nk, nv, nbt, ncl, 0.09, bound)) < TOL[torch.bfloat16]
