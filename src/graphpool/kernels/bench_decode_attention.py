@@ -1,0 +1,130 @@
+"""Time the Triton paged decode attention against the HBM floor of the bytes it must read.
+
+Run on a GPU: ``python -m graphpool.kernels.bench_decode_attention [--ref] [--mixed] [--split-len N]``.
+The floor is (K + V bytes of every row's context + q + out) / the copy bandwidth measured in the same run.
+``eager`` is triton.testing.do_bench (L2 flushed between runs, launch cost included); ``graph`` is
+do_bench_cudagraph (the kernels replayed inside a CUDA graph, as the decode step runs them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+import torch
+
+SHAPES = {  # name: (num_heads, num_kv_heads, head_dim)
+    "llama3-8b": (32, 8, 128),
+    "llama3.2-1b": (32, 8, 64),
+    "qwen2.5-0.5b": (14, 2, 64),
+}
+
+
+def copy_bandwidth(nbytes: int = 1 << 30) -> float:
+    """Device-to-device copy bandwidth in bytes/s (read + write counted)."""
+    from triton.testing import do_bench
+
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    ms = do_bench(lambda: dst.copy_(src))
+    return 2 * nbytes / (ms * 1e-3)
+
+
+def bench_one(
+    shape: tuple[int, int, int],
+    bs: int,
+    ctx: int,
+    mixed: bool,
+    split_len: int | None,
+    with_ref: bool,
+    block_size: int = 16,
+) -> dict[str, float]:
+    from triton.testing import do_bench, do_bench_cudagraph
+
+    from graphpool.kernels._triton_decode_attention import (
+        choose_split_len,
+        device_num_sms,
+        paged_decode_attention_triton,
+    )
+    from graphpool.kernels.decode_attention import paged_decode_attention_ref
+
+    hq, hkv, dim = shape
+    dtype = torch.bfloat16
+    max_blocks = -(-ctx // block_size)
+    num_blocks = 1 + bs * max_blocks
+    q = torch.randn(bs, hq, dim, device="cuda", dtype=dtype)
+    k = torch.randn(num_blocks, block_size, hkv, dim, device="cuda", dtype=dtype)
+    v = torch.randn_like(k)
+    bt = (torch.randperm(num_blocks - 1, device="cuda")[: bs * max_blocks] + 1).view(bs, max_blocks).int()
+    if mixed:
+        lens = torch.randint(1, ctx + 1, (bs,), device="cuda", dtype=torch.int32)
+    else:
+        lens = torch.full((bs,), ctx, device="cuda", dtype=torch.int32)
+    out = torch.empty_like(q)
+    scale = dim**-0.5
+    split = split_len or choose_split_len(bs, hkv, ctx, device_num_sms(q.device))
+
+    def run() -> None:
+        paged_decode_attention_triton(q, k, v, bt, lens, scale, ctx, out=out, split_len=split)
+
+    run()
+    ref = (
+        paged_decode_attention_ref(q.float(), k.float(), v.float(), bt, lens, scale, ctx)
+        if with_ref
+        else None
+    )
+    elem = torch.finfo(dtype).bits // 8
+    total_tokens = int(lens.sum())
+    nbytes = 2 * total_tokens * hkv * dim * elem + 2 * q.numel() * elem + bt.numel() * 4
+    row = {
+        "split_len": float(split),
+        "splits": float(math.ceil(ctx / split)),
+        "bytes": float(nbytes),
+        "eager_us": do_bench(run) * 1e3,
+        "graph_us": do_bench_cudagraph(run) * 1e3,
+    }
+    if ref is not None:
+        row["rel_err"] = float((out.float() - ref).norm() / ref.norm())
+        row["ref_us"] = do_bench(lambda: paged_decode_attention_ref(q, k, v, bt, lens, scale, ctx)) * 1e3
+    return row
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    parser.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 8, 32, 64, 256])
+    parser.add_argument("--lens", nargs="+", type=int, default=[1024, 4096])
+    parser.add_argument("--mixed", action="store_true", help="row lengths uniform in [1, len], bound = len")
+    parser.add_argument("--split-len", type=int, default=None, help="override the split heuristic")
+    parser.add_argument("--ref", action="store_true", help="also time the torch reference and check accuracy")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_decode_attention needs a CUDA GPU")
+
+    torch.manual_seed(0)
+    bw = copy_bandwidth()
+    print(f"# {torch.cuda.get_device_name()}  copy bandwidth {bw / 1e12:.2f} TB/s  (bf16, block_size 16)")
+    header = f"{'shape':<13} {'bs':>4} {'len':>5} {'split':>5} {'n':>3} {'MiB':>8} {'floor_us':>9}"
+    header += f" {'eager_us':>9} {'graph_us':>9} {'x_floor':>7} {'TB/s':>6}"
+    if args.ref:
+        header += f" {'ref_us':>9} {'rel_err':>8}"
+    print(header)
+    for name in args.shapes:
+        for ctx in args.lens:
+            for bs in args.batch_sizes:
+                row = bench_one(SHAPES[name], bs, ctx, args.mixed, args.split_len, args.ref)
+                floor_us = row["bytes"] / bw * 1e6
+                line = (
+                    f"{name:<13} {bs:>4} {ctx:>5} {int(row['split_len']):>5} {int(row['splits']):>3} "
+                    f"{row['bytes'] / 2**20:>8.1f} {floor_us:>9.1f} {row['eager_us']:>9.1f} "
+                    f"{row['graph_us']:>9.1f} {row['graph_us'] / floor_us:>7.2f} "
+                    f"{row['bytes'] / row['graph_us'] / 1e6:>6.2f}"
+                )
+                if args.ref:
+                    line += f" {row['ref_us']:>9.1f} {row['rel_err']:>8.1e}"
+                print(line, flush=True)
+                torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
