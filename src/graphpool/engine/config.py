@@ -1,0 +1,166 @@
+"""EngineConfig: every engine and pool setting, validated once."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from graphpool.pool import PoolConfig
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+_DTYPES = {"auto": None, "float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+           "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+_ATTN_BACKENDS = ("auto", "torch", "triton")
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
+
+
+def parse_bytes(value: int | str) -> int:
+    """`2147483648`, `"512MiB"`, `"2GiB"`, `"1.5GB"` -> bytes."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if not isinstance(value, str):
+        raise ValueError(f"a byte size must be an int or a string like '512MiB', got {value!r}")
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", value)
+    if not match or match.group(2).lower() not in _UNITS:
+        raise ValueError(f"cannot read {value!r} as a byte size (examples: 1073741824, 512MiB, 2GiB)")
+    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'auto', 'cpu' or 'cuda[:N]', got {device!r}")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} asked for, but CUDA is not available on this machine")
+    return dev
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str = DEFAULT_MODEL
+    device: str = "auto"
+    dtype: str = "auto"  # auto: bfloat16 on CUDA, float32 on CPU
+    max_num_seqs: int = 256
+    max_model_len: int = 2048
+    block_size: int = 16
+    kv_cache_fraction: float = 0.5
+    num_kv_blocks: int | None = None  # overrides kv_cache_fraction (block 0 is the reserved dummy block)
+    max_num_batched_tokens: int | None = None  # prefill token budget per step; None -> max(max_model_len, 4096)
+    attn_backend: str = "auto"
+    seed: int = 0
+    profile_steps: bool = False  # synchronize around each step's forward to time it (benchmarks only)
+    # graph pool settings (the seed's names)
+    max_graph_pool_size: int = 16
+    graph_max_batch_size: int = 256
+    graph_split_batch_size: int = 32
+    graph_grow_step_size: int = 16
+    graph_max_len_in_batch: int | None = None  # None -> max_model_len
+    graph_memory_budget: int | str | None = None  # bytes, or "512MiB" / "2GiB"
+    disable_cudagraph: bool = False
+    graph_miss_policy: str | None = None  # None -> the pool's default
+    graph_mempool: str = "per_graph"
+    graph_warmup: str | tuple[int, ...] = "none"  # "none" | "all" | batch sizes
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model, str) or not self.model:
+            raise ValueError("model must be a preset name, a GGUF file or a Hugging Face model folder")
+        resolve_device(self.device)
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
+        if self.attn_backend not in _ATTN_BACKENDS:
+            raise ValueError(f"attn_backend must be one of {_ATTN_BACKENDS}, got {self.attn_backend!r}")
+        for name in ("max_num_seqs", "max_model_len", "block_size", "max_graph_pool_size",
+                     "graph_max_batch_size", "graph_split_batch_size", "graph_grow_step_size"):
+            _check_positive_int(name, getattr(self, name))
+        for name in ("num_kv_blocks", "max_num_batched_tokens", "graph_max_len_in_batch"):
+            if getattr(self, name) is not None:
+                _check_positive_int(name, getattr(self, name))
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 2:
+            raise ValueError(f"num_kv_blocks must be >= 2 (block 0 is reserved), got {self.num_kv_blocks}")
+        if self.block_size & (self.block_size - 1):
+            raise ValueError(f"block_size must be a power of two, got {self.block_size}")
+        if not 0 < self.kv_cache_fraction < 1:
+            raise ValueError(f"kv_cache_fraction must be in (0, 1), got {self.kv_cache_fraction}")
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < self.max_model_len:
+            raise ValueError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_model_len "
+                f"({self.max_model_len}): a whole prompt is prefilled in one step"
+            )
+        if self.graph_memory_budget is not None:
+            budget = parse_bytes(self.graph_memory_budget)
+            if budget <= 0:
+                raise ValueError(f"graph_memory_budget must be positive, got {self.graph_memory_budget!r}")
+            object.__setattr__(self, "graph_memory_budget", budget)
+        if isinstance(self.graph_warmup, str) and self.graph_warmup not in ("none", "all"):
+            try:
+                object.__setattr__(self, "graph_warmup", tuple(int(x) for x in self.graph_warmup.split(",")))
+            except ValueError:
+                raise ValueError(
+                    f"graph_warmup must be 'none', 'all' or batch sizes like '1,2,4', got {self.graph_warmup!r}"
+                ) from None
+        if isinstance(self.graph_warmup, (list, tuple)):
+            sizes = tuple(self.graph_warmup)
+            for s in sizes:
+                _check_positive_int("graph_warmup size", s)
+            object.__setattr__(self, "graph_warmup", sizes)
+        elif self.graph_warmup not in ("none", "all"):
+            raise ValueError(f"graph_warmup must be 'none', 'all' or a tuple of sizes, got {self.graph_warmup!r}")
+        for name in ("disable_cudagraph", "profile_steps"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        # NOTE: the pool's own settings are validated by PoolConfig; build it now so errors surface here.
+        self.pool_config()
+
+    @property
+    def torch_device(self) -> torch.device:
+        return resolve_device(self.device)
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        dtype = _DTYPES[self.dtype]
+        if dtype is None:
+            return torch.bfloat16 if self.torch_device.type == "cuda" else torch.float32
+        return dtype
+
+    @property
+    def len_bound(self) -> int:
+        """Longest context a captured decode graph serves (baked into its attention launch grid)."""
+        if self.graph_max_len_in_batch is None:
+            return self.max_model_len
+        return min(self.graph_max_len_in_batch, self.max_model_len)
+
+    @property
+    def token_budget(self) -> int:
+        return self.max_num_batched_tokens or max(self.max_model_len, 4096)
+
+    @property
+    def graphs_enabled(self) -> bool:
+        return not self.disable_cudagraph and self.torch_device.type == "cuda"
+
+    def pool_config(self) -> PoolConfig:
+        from graphpool.pool import PoolConfig
+
+        kwargs: dict[str, Any] = dict(
+            enabled=not self.disable_cudagraph,
+            max_graph_pool_size=self.max_graph_pool_size,
+            max_batch_size=self.graph_max_batch_size,
+            split_batch_size=self.graph_split_batch_size,
+            grow_step=self.graph_grow_step_size,
+            max_len_in_batch=self.len_bound,
+            graph_memory_budget=self.graph_memory_budget,
+            mempool=self.graph_mempool,
+        )
+        if self.graph_miss_policy is not None:
+            kwargs["miss_policy"] = self.graph_miss_policy
+        return PoolConfig(**kwargs)
+
+
+def _check_positive_int(name: str, value: object) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")

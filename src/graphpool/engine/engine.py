@@ -1,0 +1,204 @@
+"""LLMEngine: requests in, one scheduler iteration per `step()`, outputs out."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from graphpool.engine.config import EngineConfig
+from graphpool.engine.kv_cache import BlockManager, allocate_kv_caches, choose_num_blocks
+from graphpool.engine.outputs import (
+    EngineStats,
+    RequestOutput,
+    StepInfo,
+    detokenize,
+    find_stop_string,
+    make_output,
+)
+from graphpool.engine.runner import ModelRunner
+from graphpool.engine.sampler import Sampler
+from graphpool.engine.sampling import SamplingParams
+from graphpool.engine.scheduler import Scheduler
+from graphpool.engine.sequence import Sequence
+from graphpool.pool import PoolStats
+from graphpool.pool.capture import Capturer
+
+__all__ = ["EngineStats", "LLMEngine", "RequestOutput", "StepInfo"]
+log = logging.getLogger(__name__)
+
+
+class LLMEngine:
+    """Continuous-batching engine over one model.
+
+    Length policy: a prompt must leave room for at least one output token (`len(prompt) < max_model_len`,
+    else ValueError); `max_tokens` is clamped, so a request that reaches max_model_len finishes with
+    finish_reason "length". A request that could never fit the KV cache on its own is refused (ValueError).
+    """
+
+    def __init__(self, config: EngineConfig, *, capturer: Capturer | None = None) -> None:
+        """`capturer`: the pool's graph capturer (default: CUDA graphs on a GPU, none on the CPU). Tests pass
+        `graphpool.pool.testing.EagerCapturer()` to run the graph path (padding, static buffers) on the CPU."""
+        from graphpool.model.loader import load_model
+
+        self.config = config
+        self.device = config.torch_device
+        self.dtype = config.torch_dtype
+        backend = config.attn_backend
+        if backend == "auto":
+            backend = "triton" if self.device.type == "cuda" else "torch"
+        torch.manual_seed(config.seed)
+        self.model, self.model_config, self.tokenizer = load_model(
+            config.model, self.device, self.dtype, backend, seed=config.seed, max_positions=config.max_model_len
+        )
+        self.model_name = config.model
+        self.max_model_len = config.max_model_len
+        bs = config.block_size
+        num_blocks = choose_num_blocks(
+            self.model_config, block_size=bs, dtype=self.dtype, device=self.device,
+            kv_cache_fraction=config.kv_cache_fraction, max_num_seqs=config.max_num_seqs,
+            max_model_len=config.max_model_len, num_kv_blocks=config.num_kv_blocks,
+        )
+        self.kv_caches = allocate_kv_caches(self.model_config, num_blocks, bs, self.dtype, self.device)
+        max_blocks = max(-(-config.max_model_len // bs), -(-config.len_bound // bs))
+        self.block_manager = BlockManager(num_blocks, bs, max_blocks)
+        self.scheduler = Scheduler(
+            self.block_manager, max_num_seqs=config.max_num_seqs, token_budget=config.token_budget
+        )
+        self.runner = ModelRunner(self.model, self.kv_caches, config, self.block_manager, capturer)
+        self.sampler = Sampler(self.device, config.seed)
+        eos = self.tokenizer.eos_token_ids if self.tokenizer is not None else self.model_config.eos_token_ids
+        self.eos_token_ids = frozenset(eos)
+        self._seqs: dict[str, Sequence] = {}
+        self.prompt_tokens_total = 0
+        self.generation_tokens_total = 0
+        self.last_step: StepInfo | None = None
+        self.runner.warmup(config.graph_warmup)
+        log.info("engine ready: %s on %s (%s), %d KV blocks of %d tokens, graphs %s", self.model_name,
+                 self.device, self.dtype, num_blocks - 1, bs, "on" if self.runner.graphs_enabled else "off")
+
+    # requests -----------------------------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams) -> None:
+        if request_id in self._seqs:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
+        token_ids = self.encode(prompt)
+        n = len(token_ids)
+        if n >= self.max_model_len:
+            raise ValueError(
+                f"the prompt has {n} tokens; max_model_len is {self.max_model_len}, which leaves no room for "
+                "output (a prompt must be shorter than max_model_len)"
+            )
+        total = min(n + params.max_tokens, self.max_model_len)
+        if self.block_manager.blocks_for(total) > self.block_manager.num_usable_blocks:
+            raise ValueError(
+                f"the request needs up to {total} tokens of KV cache, more than the whole cache holds "
+                f"({self.block_manager.num_usable_blocks * self.config.block_size} tokens)"
+            )
+        stop_ids = set(params.stop_token_ids or ())
+        if not params.ignore_eos:
+            stop_ids |= self.eos_token_ids
+        generator = self.sampler.make_generator(params.seed) if params.seed is not None else None
+        seq = Sequence(request_id, token_ids, params, frozenset(stop_ids), generator)
+        self._seqs[request_id] = seq
+        self.scheduler.add(seq)
+
+    def encode(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError(f"model {self.model_name!r} has no tokenizer: give prompts as token ids")
+            token_ids = self.tokenizer.encode(prompt)
+        else:
+            token_ids = list(prompt)
+            vocab = self.model_config.vocab_size
+            if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in token_ids):
+                raise ValueError(f"prompt token ids must be ints in [0, {vocab})")
+        if not token_ids:
+            raise ValueError("the prompt is empty")
+        return token_ids
+
+    def abort_request(self, request_id: str) -> None:
+        """Drop a request now and free its KV blocks; it produces no further output. Unknown id: no-op."""
+        seq = self._seqs.pop(request_id, None)
+        if seq is not None:
+            self.scheduler.finish(seq, "abort")
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # stepping -----------------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        start = time.perf_counter()
+        batch = self.scheduler.schedule()
+        if batch is None:
+            self.last_step = None
+            return []
+        seqs = batch.seqs
+        profile = self.config.profile_steps and self.device.type == "cuda"
+        if profile:
+            torch.cuda.synchronize(self.device)
+            events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            events[0].record()
+        forward_start = time.perf_counter()
+        if batch.is_prefill:
+            logits = self.runner.prefill(seqs)
+            graph = False
+            num_tokens = sum(s.num_tokens for s in seqs)
+            self.prompt_tokens_total += sum(s.num_prompt_tokens for s in seqs if s.num_preemptions == 0)
+        else:
+            logits, graph = self.runner.decode(seqs, batch.slots)
+            num_tokens = len(seqs)
+        if profile:
+            events[1].record()
+        next_tokens = self.sampler.sample(logits, seqs).tolist()  # NOTE: the one host sync of a step
+        forward_seconds: float | None = None
+        if profile:
+            events[1].synchronize()
+            forward_seconds = events[0].elapsed_time(events[1]) / 1000
+        elif self.config.profile_steps:
+            forward_seconds = time.perf_counter() - forward_start
+        outputs = [self._append(seq, token) for seq, token in zip(seqs, next_tokens, strict=True)]
+        self.last_step = StepInfo(
+            kind="prefill" if batch.is_prefill else "decode", batch_size=len(seqs), num_tokens=num_tokens,
+            seconds=time.perf_counter() - start, graph=graph, forward_seconds=forward_seconds,
+        )
+        return outputs
+
+    def _append(self, seq: Sequence, token: int) -> RequestOutput:
+        seq.token_ids.append(token)
+        self.generation_tokens_total += 1
+        params = seq.params
+        reason: str | None = None
+        if token in seq.stop_ids:
+            reason = "stop"
+        elif seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len:
+            reason = "length"
+        if reason is not None:
+            seq.finish_reason = reason
+        previous_len = len(seq.text)
+        detokenize(seq, self.tokenizer, final=reason is not None)
+        cut = find_stop_string(seq, previous_len)
+        if cut >= 0:
+            seq.text = seq.text[:cut]
+            reason = "stop"
+        if reason is not None:
+            self.scheduler.finish(seq, reason)
+            del self._seqs[seq.request_id]
+        return make_output(seq, [token])
+
+    # introspection ------------------------------------------------------------------------------------
+    def graph_stats(self) -> PoolStats | None:
+        return self.runner.pool.stats() if self.runner.graphs_enabled else None
+
+    def stats(self) -> EngineStats:
+        return EngineStats(
+            running=len(self.scheduler.running),
+            waiting=len(self.scheduler.waiting),
+            num_free_kv_blocks=self.block_manager.num_free_blocks,
+            num_kv_blocks=self.block_manager.num_usable_blocks,
+            prompt_tokens_total=self.prompt_tokens_total,
+            generation_tokens_total=self.generation_tokens_total,
+            preemptions_total=self.scheduler.num_preemptions,
+        )

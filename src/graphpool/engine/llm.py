@@ -1,0 +1,118 @@
+"""The offline Python API: `LLM(model=...).generate(prompts, SamplingParams(...))`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from graphpool.engine.config import DEFAULT_MODEL, EngineConfig
+from graphpool.engine.engine import LLMEngine
+from graphpool.engine.sampling import SamplingParams
+from graphpool.pool import PoolStats
+
+Messages = Sequence[Mapping[str, str]]
+
+
+@dataclass
+class CompletionOutput:
+    prompt: str | list[int]
+    prompt_token_ids: list[int]
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None
+
+
+class LLM:
+    """Load a model once, then generate for batches of prompts (continuous batching inside).
+
+    Keyword arguments are EngineConfig fields (max_graph_pool_size, graph_max_batch_size, graph_memory_budget,
+    disable_cudagraph, max_model_len, num_kv_blocks, ...).
+    """
+
+    def __init__(self, model: str = DEFAULT_MODEL, **kwargs: Any) -> None:
+        fields = EngineConfig.__dataclass_fields__
+        unknown = sorted(set(kwargs) - set(fields))
+        if unknown:
+            raise ValueError(f"unknown LLM settings {unknown}; accepted: {sorted(f for f in fields if f != 'model')}")
+        self.engine = LLMEngine(EngineConfig(model=model, **kwargs))
+        self._counter = 0
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
+    def generate(
+        self,
+        prompts: str | list[str] | list[int] | list[list[int]],
+        params: SamplingParams | None = None,
+        use_tqdm: bool = True,
+    ) -> list[CompletionOutput]:
+        """One result per prompt, in input order. Text prompts are tokenized as the model's tokenizer does
+        by default (no chat template); a list of ints is one token-id prompt."""
+        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]  # type: ignore[list-item]
+        items: list[Any] = list(prompts)
+        return self._run(items, [self.engine.encode(p) for p in items], params, use_tqdm)
+
+    def chat(
+        self,
+        messages: Messages | Sequence[Messages],
+        params: SamplingParams | None = None,
+        use_tqdm: bool = True,
+    ) -> list[CompletionOutput]:
+        """One conversation (a list of {"role", "content"} dicts) or a list of them, with the chat template."""
+        if self.engine.tokenizer is None:
+            raise ValueError(f"model {self.engine.model_name!r} has no tokenizer, so no chat template")
+        if not messages:
+            raise ValueError("chat needs at least one message")
+        conversations = [messages] if isinstance(messages[0], Mapping) else list(messages)
+        token_ids = [self.engine.tokenizer.apply_chat_template(list(c)) for c in conversations]  # type: ignore[arg-type]
+        texts = [self.engine.tokenizer.decode(ids, skip_special_tokens=False) for ids in token_ids]
+        return self._run(texts, token_ids, params, use_tqdm)
+
+    def graph_stats(self) -> PoolStats | None:
+        return self.engine.graph_stats()
+
+    def _run(self, prompts: list[Any], token_ids: list[list[int]], params: SamplingParams | None,
+             use_tqdm: bool) -> list[CompletionOutput]:
+        params = params or SamplingParams()
+        ids: list[str] = []
+        try:
+            for tokens in token_ids:
+                self._counter += 1
+                ids.append(f"llm-{self._counter}")
+                self.engine.add_request(ids[-1], tokens, params)
+        except ValueError:
+            for rid in ids:
+                self.engine.abort_request(rid)
+            raise
+        index = {rid: i for i, rid in enumerate(ids)}
+        results: list[CompletionOutput | None] = [None] * len(ids)
+        bar = _progress(len(ids), use_tqdm)
+        try:
+            while any(r is None for r in results):
+                if not self.engine.has_unfinished_requests():
+                    raise RuntimeError("the engine has no unfinished requests, but some results are missing")
+                for out in self.engine.step():
+                    if out.finished and out.request_id in index:
+                        i = index[out.request_id]
+                        results[i] = CompletionOutput(prompts[i], out.prompt_token_ids, out.text, out.token_ids,
+                                                      out.finish_reason)
+                        if bar is not None:
+                            bar.update(1)
+        finally:
+            if bar is not None:
+                bar.close()
+            for rid, r in zip(ids, results, strict=True):
+                if r is None:
+                    self.engine.abort_request(rid)
+        return results  # type: ignore[return-value]
+
+
+def _progress(total: int, enabled: bool) -> Any:
+    if not enabled:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="generating", unit="req", dynamic_ncols=True)

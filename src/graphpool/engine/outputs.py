@@ -1,0 +1,91 @@
+"""What the engine hands back: per-request outputs, step info, engine stats; incremental detokenization."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from graphpool.engine.sequence import Sequence
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]  # all generated so far (a stop token id is kept)
+    new_token_ids: list[int]  # generated in this step
+    text: str  # all so far ("" without a tokenizer); never contains a stop string or the stop token
+    delta_text: str
+    finished: bool
+    finish_reason: FinishReason | None
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    kind: Literal["prefill", "decode"]
+    batch_size: int  # sequences in the step
+    num_tokens: int  # tokens the model processed
+    seconds: float  # wall time of the whole step (sampling and bookkeeping included)
+    graph: bool  # decode replayed a captured graph
+    forward_seconds: float | None = None  # device time of the forward (only with profile_steps=True)
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    running: int
+    waiting: int
+    num_free_kv_blocks: int
+    num_kv_blocks: int  # usable blocks (the reserved dummy block not counted)
+    prompt_tokens_total: int
+    generation_tokens_total: int
+    preemptions_total: int
+
+
+def detokenize(seq: Sequence, tokenizer: Any, final: bool) -> None:
+    """Extend `seq.text` with the newly decodable output text.
+
+    Decodes only a short window (tokens since the last emitted boundary), and holds back text that ends in an
+    incomplete UTF-8 sequence (U+FFFD) until more tokens complete it, or until the request finishes.
+    """
+    if tokenizer is None:
+        return
+    out = seq.output_token_ids
+    if seq.finish_reason == "stop" and out and out[-1] in seq.stop_ids:
+        out = out[:-1]
+    prefix = tokenizer.decode(out[seq.prefix_offset : seq.read_offset], skip_special_tokens=True)
+    full = tokenizer.decode(out[seq.prefix_offset :], skip_special_tokens=True)
+    if len(full) > len(prefix) and (final or not full.endswith("\ufffd")):
+        seq.text += full[len(prefix) :]
+        seq.prefix_offset = seq.read_offset
+        seq.read_offset = len(out)
+
+
+def find_stop_string(seq: Sequence, previous_len: int) -> int:
+    """Index in `seq.text` of the first stop string that ends in the newly added text, or -1."""
+    stops = seq.params.stop
+    if not stops:
+        return -1
+    start = max(0, previous_len - seq.params.max_stop_len + 1)
+    hits = [i for i in (seq.text.find(s, start) for s in stops) if i >= 0]
+    return min(hits) if hits else -1
+
+
+def make_output(seq: Sequence, new_token_ids: list[int]) -> RequestOutput:
+    """The request's output now; delta_text holds back what could still become part of a stop string."""
+    visible = len(seq.text)
+    if not seq.finished and seq.params.stop:
+        visible = max(seq.emitted_len, visible - seq.params.max_stop_len + 1)
+    delta = seq.text[seq.emitted_len : visible]
+    seq.emitted_len = visible
+    return RequestOutput(
+        request_id=seq.request_id,
+        prompt_token_ids=seq.prompt_token_ids,
+        token_ids=seq.output_token_ids,
+        new_token_ids=new_token_ids,
+        text=seq.text[:visible],
+        delta_text=delta,
+        finished=seq.finished,
+        finish_reason=seq.finish_reason,  # type: ignore[arg-type]
+    )

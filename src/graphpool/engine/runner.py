@@ -1,0 +1,128 @@
+"""Runs the model: prefill eagerly, decode through the graph pool."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from itertools import accumulate
+
+import numpy as np
+import torch
+
+from graphpool.engine.config import EngineConfig
+from graphpool.engine.kv_cache import BlockManager, KVCache
+from graphpool.engine.sequence import Sequence
+from graphpool.model.attention import AttentionMetadata
+from graphpool.pool import GraphPool, InputSpec
+from graphpool.pool.capture import Capturer
+
+
+class ModelRunner:
+    """Builds each step's inputs from the sequences and runs the model.
+
+    Decode goes through `GraphPool` with batch-first static inputs (pad values in brackets): input_ids [0],
+    positions [0], slot_mapping [0: the dummy slot], block_tables [0: the dummy block], context_lens [1].
+    """
+
+    def __init__(self, model: torch.nn.Module, kv_caches: list[KVCache], config: EngineConfig,
+                 block_manager: BlockManager, capturer: Capturer | None = None) -> None:
+        self.model = model
+        self.kv_caches = kv_caches
+        self.block_manager = block_manager
+        self.device = config.torch_device
+        self.block_size = config.block_size
+        self.len_bound = config.len_bound
+        self.max_blocks = -(-self.len_bound // self.block_size)
+        self._pin = self.device.type == "cuda"
+        # NOTE: a capturer stands in for CUDA graphs (tests run the graph path on the CPU with one)
+        self.graphs_enabled = not config.disable_cudagraph and (self.device.type == "cuda" or capturer is not None)
+        specs = [
+            InputSpec("input_ids", (), torch.int64, pad_value=0),
+            InputSpec("positions", (), torch.int64, pad_value=0),
+            InputSpec("slot_mapping", (), torch.int64, pad_value=0),
+            InputSpec("block_tables", (self.max_blocks,), torch.int32, pad_value=0),
+            InputSpec("context_lens", (), torch.int32, pad_value=1),
+        ]
+        # NOTE: the attention length bound the next decode step bakes in. A captured graph must use
+        # len_bound (it serves any length up to it); an eager step uses its own max length (cheaper).
+        self._step_bound = self.len_bound
+        self.pool = GraphPool(self._decode_step, specs, config.pool_config(), device=self.device, capturer=capturer)
+
+    def _decode_step(self, static: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        meta = AttentionMetadata(
+            is_prefill=False,
+            positions=static["positions"],
+            slot_mapping=static["slot_mapping"],
+            block_tables=static["block_tables"],
+            context_lens=static["context_lens"],
+            max_len_bound=self._step_bound,
+        )
+        hidden = self.model(static["input_ids"], meta, self.kv_caches)
+        return self.model.compute_logits(hidden)  # [bs, vocab]
+
+    def _to_device(self, values: list[int], dtype: torch.dtype) -> torch.Tensor:
+        return torch.tensor(values, dtype=dtype, pin_memory=self._pin).to(self.device, non_blocking=True)
+
+    @torch.inference_mode()
+    def prefill(self, seqs: list[Sequence]) -> torch.Tensor:
+        """Whole sequences (prompt + any output so far, after a preemption), eagerly -> logits [n, vocab]."""
+        ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        seq_lens: list[int] = []
+        for seq in seqs:
+            n = seq.num_tokens
+            ids.extend(seq.token_ids)
+            positions.extend(range(n))
+            slots.extend(self.block_manager.slots(seq.request_id, 0, n))
+            seq_lens.append(n)
+        meta = AttentionMetadata(
+            is_prefill=True,
+            positions=self._to_device(positions, torch.int64),
+            slot_mapping=self._to_device(slots, torch.int64),
+            seq_lens=seq_lens,
+        )
+        hidden = self.model(self._to_device(ids, torch.int64), meta, self.kv_caches)
+        last = self._to_device([n - 1 for n in accumulate(seq_lens)], torch.int64)
+        return self.model.compute_logits(hidden.index_select(0, last))
+
+    @torch.inference_mode()
+    def decode(self, seqs: list[Sequence], slots: list[int]) -> tuple[torch.Tensor, bool]:
+        """One token per sequence -> (logits [bs, vocab], whether a graph was replayed).
+
+        The logits are a view into the pool's output buffer: valid until the next decode.
+        """
+        bs = len(seqs)
+        lens = [seq.num_tokens for seq in seqs]
+        max_len = max(lens)
+        use_graph = self.graphs_enabled and self.pool.can_run(bs, max_len)
+        # NOTE: the pool wants block_tables [bs, max_blocks] on every path; an eager step reads only the
+        # blocks its own max length needs. Only contexts beyond the graph bound need a wider table, and
+        # those steps skip the pool (they could never replay a graph).
+        width = max(self.max_blocks, -(-max_len // self.block_size))
+        rows = np.stack([self.block_manager.row(seq.request_id) for seq in seqs])[:, :width]
+        block_tables = torch.from_numpy(rows)
+        if self._pin:
+            block_tables = block_tables.pin_memory()
+        inputs = {
+            "input_ids": self._to_device([seq.last_token for seq in seqs], torch.int64),
+            "positions": self._to_device([n - 1 for n in lens], torch.int64),
+            "slot_mapping": self._to_device(slots, torch.int64),
+            "block_tables": block_tables.to(self.device, non_blocking=True),
+            "context_lens": self._to_device(lens, torch.int32),
+        }
+        self._step_bound = self.len_bound if use_graph else max_len
+        try:
+            if width > self.max_blocks:
+                return self._decode_step(inputs), False
+            before = self.pool.stats().eager_steps if use_graph else 0
+            logits = self.pool.run(inputs, max_len_in_batch=max_len)
+            replayed = use_graph and self.pool.stats().eager_steps == before
+        finally:
+            self._step_bound = self.len_bound
+        return logits, replayed
+
+    def warmup(self, sizes: str | tuple[int, ...]) -> None:
+        if not self.graphs_enabled or sizes == "none":
+            return
+        with torch.inference_mode():
+            self.pool.warmup(None if sizes == "all" else sizes)

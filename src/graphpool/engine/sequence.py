@@ -1,0 +1,68 @@
+"""One request's state as it moves through the engine."""
+
+from __future__ import annotations
+
+import enum
+
+import torch
+
+from graphpool.engine.sampling import SamplingParams
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Sequence:
+    """A request: its tokens, where it stands, and its incremental detokenizer state.
+
+    `token_ids` is prompt + generated. KV slots are written for every token but the last one, which is the
+    input of the next decode step (after a prefill, all tokens but the newly sampled one are cached).
+    """
+
+    def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                 stop_ids: frozenset[int], generator: torch.Generator | None) -> None:
+        self.request_id = request_id
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.token_ids = list(prompt_token_ids)
+        self.params = params
+        self.stop_ids = stop_ids
+        self.generator = generator
+        self.status = Status.WAITING
+        self.finish_reason: str | None = None
+        self.num_preemptions = 0
+        # detokenizer state (see engine.detokenize)
+        self.text = ""
+        self.emitted_len = 0  # chars of `text` already handed out as delta_text
+        self.prefix_offset = 0
+        self.read_offset = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[len(self.prompt_token_ids):]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - len(self.prompt_token_ids)
+
+    @property
+    def last_token(self) -> int:
+        return self.token_ids[-1]
+
+    @property
+    def finished(self) -> bool:
+        return self.status is Status.FINISHED
+
+    def __repr__(self) -> str:
+        return (f"Sequence({self.request_id!r}, {self.status.value}, prompt={self.num_prompt_tokens}, "
+                f"out={self.num_output_tokens})")
