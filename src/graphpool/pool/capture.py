@@ -97,11 +97,15 @@ class CudaGraphCapturer:
             free_before = torch.cuda.mem_get_info(self.device)[0]
             graph = torch.cuda.CUDAGraph()
             handle = self._pool_handle()
+            caller_stream = torch.cuda.current_stream()
             try:
                 with torch.cuda.graph(graph, pool=handle, stream=stream, capture_error_mode="thread_local"):
                     outputs = fn()
                 torch.cuda.synchronize()
             except CAPTURE_ERRORS:
+                # NOTE: if capture_end() raises (invalidated capture), torch.cuda.graph's __exit__ never restores
+                # the caller's stream: restore it, or later work would silently run on the side stream.
+                torch.cuda.set_stream(caller_stream)
                 graph.reset()
                 del graph
                 torch.cuda.empty_cache()
