@@ -1,0 +1,1 @@
+"""Benchmarks: decode step (eager, graph, compile, HBM floor), graph memory, serving trace."""

@@ -1,0 +1,51 @@
+"""The `bench` subcommand: `graphpool bench step|memory|trace` (also `python -m graphpool.bench ...`)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable, Sequence
+
+_HELP = ("Benchmarks; each prints its tables and writes JSON, Markdown and PNG under results/<bench>/ "
+         "(--out to change).")
+
+
+def add_bench_parser(sub: argparse._SubParsersAction) -> None:
+    """Registers `bench` on the `graphpool` command's subparsers."""
+    _add_benches(sub.add_parser("bench", help="benchmarks: decode step, graph memory, serving trace",
+                                description=_HELP))
+
+
+def _add_benches(p: argparse.ArgumentParser) -> None:
+    from graphpool.bench import memory, step, trace
+
+    bench_sub = p.add_subparsers(dest="bench", required=True, metavar="BENCH")
+    for name, module, text in (
+        ("step", step, "decode step per batch size: eager, graph, torch.compile, HBM floor"),
+        ("memory", memory, "graph memory held: shared vs per_graph mempool, eviction, byte budget"),
+        ("trace", trace, "a serving trace through the engine under six graph policies"),
+    ):
+        q = bench_sub.add_parser(name, help=text, description=text)
+        module.add_args(q)
+        q.set_defaults(func=_runner(module.main))
+
+
+def _runner(fn: Callable[[argparse.Namespace, Sequence[str]], object]) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+        try:
+            fn(args, sys.argv)
+        except ValueError as exc:
+            print(f"graphpool bench {args.bench}: {exc}", file=sys.stderr)
+            return 2
+        return 0
+
+    return run
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m graphpool.bench", description=_HELP)
+    _add_benches(parser)
+    args = parser.parse_args(argv)
+    return int(args.func(args))

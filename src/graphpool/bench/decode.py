@@ -1,0 +1,128 @@
+"""A decode step at a fixed context, in the engine's static-input layout, for the step and memory benches.
+
+Static inputs (docs/architecture.md): input_ids [bs] int64, positions [bs] int64, slot_mapping [bs] int64,
+block_tables [bs, max_blocks] int32, context_lens [bs] int32. Sequence i owns its own blocks (block 0 is the
+reserved dummy block), holds `context_len` tokens including the current one, and writes its new K/V at the
+last position: the step is idempotent, so it can be run, captured and replayed on the same inputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import torch
+
+from graphpool.model.attention import AttentionMetadata
+from graphpool.model.config import ModelConfig
+from graphpool.model.llama import LlamaModel
+from graphpool.model.presets import get_preset
+from graphpool.model.weights import init_random_weights
+from graphpool.pool import InputSpec
+
+StepFn = Callable[[Mapping[str, torch.Tensor]], torch.Tensor]
+
+
+def build_random_model(
+    model: str | ModelConfig, device: torch.device, dtype: torch.dtype, attn_backend: str, max_positions: int
+) -> LlamaModel:
+    """A model with seeded random weights at a preset's real shapes (or at an explicit config's)."""
+    cfg = get_preset(model.removeprefix("random:")) if isinstance(model, str) else model
+    if attn_backend == "auto":
+        attn_backend = "triton" if device.type == "cuda" else "torch"
+    m = LlamaModel(cfg, device=device, dtype=dtype, attn_backend=attn_backend, max_positions=max_positions)  # type: ignore[arg-type]
+    init_random_weights(m, seed=0)
+    return m.eval()
+
+
+@dataclass
+class DecodeSetup:
+    model: LlamaModel
+    kv_caches: list[tuple[torch.Tensor, torch.Tensor]]
+    inputs: dict[str, torch.Tensor]  # for max_batch_size rows; `batch(bs)` slices the first bs
+    context_len: int
+    block_size: int
+
+    @classmethod
+    def create(
+        cls, model: LlamaModel, max_batch_size: int, context_len: int, block_size: int = 16, seed: int = 0
+    ) -> DecodeSetup:
+        if context_len < 1 or max_batch_size < 1:
+            raise ValueError(f"context_len and max_batch_size must be >= 1, got {context_len}, {max_batch_size}")
+        dev = model.device
+        blocks_per_seq = -(-context_len // block_size)
+        num_blocks = 1 + max_batch_size * blocks_per_seq
+        kv = model.allocate_kv_caches(num_blocks, block_size)
+        gen = torch.Generator(device=dev).manual_seed(seed)
+        # NOTE: random cache contents, never zeros (zeros can hide wrong indexing and time differently).
+        for k, v in kv:
+            k.normal_(0.0, 1.0, generator=gen)
+            v.normal_(0.0, 1.0, generator=gen)
+        rows = torch.arange(max_batch_size, device=dev)
+        # [bs, blocks_per_seq]: sequence i owns blocks 1 + i*blocks_per_seq ...
+        block_tables = (1 + rows[:, None] * blocks_per_seq + torch.arange(blocks_per_seq, device=dev)).to(torch.int32)
+        last = context_len - 1
+        slot = block_tables[:, last // block_size].to(torch.int64) * block_size + last % block_size
+        inputs = {
+            "input_ids": torch.randint(0, model.config.vocab_size, (max_batch_size,), device=dev, generator=gen),
+            "positions": torch.full((max_batch_size,), last, device=dev, dtype=torch.int64),
+            "slot_mapping": slot,
+            "block_tables": block_tables,
+            "context_lens": torch.full((max_batch_size,), context_len, device=dev, dtype=torch.int32),
+        }
+        return cls(model=model, kv_caches=kv, inputs=inputs, context_len=context_len, block_size=block_size)
+
+    def batch(self, bs: int) -> dict[str, torch.Tensor]:
+        """Fresh (contiguous) tensors for the first bs sequences."""
+        return {k: v[:bs].clone() for k, v in self.inputs.items()}
+
+    def step_fn(self) -> StepFn:
+        """The engine's decode step on static inputs: returns float32 logits [bs, vocab]."""
+        model, kv, bound = self.model, self.kv_caches, self.context_len
+
+        def step(static: Mapping[str, torch.Tensor]) -> torch.Tensor:
+            meta = AttentionMetadata(
+                is_prefill=False,
+                positions=static["positions"],
+                slot_mapping=static["slot_mapping"],
+                block_tables=static["block_tables"],
+                context_lens=static["context_lens"],
+                max_len_bound=bound,
+            )
+            return model.compute_logits(model(static["input_ids"], meta, kv))
+
+        return step
+
+    def weight_bytes_read(self, bs: int) -> int:
+        """Bytes of weights one decode step must read: every matrix once; an untied input embedding only
+        its bs rows (a tied one is read whole by the logits)."""
+        m = self.model
+        seen: set[int] = set()
+        total = 0
+        for p in m.parameters():
+            if p.data_ptr() in seen:
+                continue
+            seen.add(p.data_ptr())
+            total += p.numel() * p.element_size()
+        if m.lm_head is not None:
+            emb = m.embed_tokens.weight
+            total -= emb.numel() * emb.element_size()
+            total += bs * emb.shape[1] * emb.element_size()
+        return total
+
+    def kv_bytes_read(self, bs: int) -> int:
+        cfg = self.model.config
+        elt = self.kv_caches[0][0].element_size()
+        return bs * self.context_len * cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * elt
+
+
+def decode_input_specs(setup: DecodeSetup) -> list[InputSpec]:
+    """The pool's input specs for the engine's decode layout (pad rows: dummy slot 0, block 0, length 1)."""
+    max_blocks = setup.inputs["block_tables"].shape[1]
+    return [
+        InputSpec("input_ids", (), torch.int64, 0),
+        InputSpec("positions", (), torch.int64, 0),
+        InputSpec("slot_mapping", (), torch.int64, 0),
+        InputSpec("block_tables", (max_blocks,), torch.int32, 0),
+        InputSpec("context_lens", (), torch.int32, 1),
+    ]

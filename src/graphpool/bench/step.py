@@ -1,0 +1,275 @@
+"""`graphpool bench step`: one decode step per batch size — eager, graph replay, the pool's run,
+torch.compile(mode="reduce-overhead") — against the HBM floor measured in the same run."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from graphpool.bench import common
+from graphpool.bench.common import md_table, median, progress, ratio
+from graphpool.bench.decode import DecodeSetup, StepFn, build_random_model, decode_input_specs
+from graphpool.model.config import ModelConfig
+
+DEFAULT_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+@dataclass(frozen=True)
+class StepBenchConfig:
+    models: tuple[str | ModelConfig, ...] = ("llama3.2-1b", "llama3-8b")
+    batch_sizes: tuple[int, ...] = DEFAULT_SIZES
+    compile_sizes: tuple[int, ...] = (1, 32)  # torch.compile costs ~20-30 s per size
+    context_len: int = 1024
+    block_size: int = 16
+    device: str = "auto"
+    dtype: str = "auto"
+    attn_backend: str = "auto"
+    warmup: int = 5
+    reps: int = 30
+    use_pool: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.models:
+            raise ValueError("step bench: give at least one model")
+        for name in ("batch_sizes", "compile_sizes"):
+            sizes = getattr(self, name)
+            if any(s < 1 for s in sizes):
+                raise ValueError(f"step bench: {name} must be >= 1, got {sizes}")
+        if not self.batch_sizes:
+            raise ValueError("step bench: give at least one batch size")
+        if self.context_len < 1 or self.block_size < 1 or self.warmup < 0 or self.reps < 1:
+            raise ValueError("step bench: context_len, block_size, reps must be >= 1 and warmup >= 0")
+
+
+@dataclass
+class StepRow:
+    model: str
+    batch_size: int
+    eager_ms: float
+    graph_ms: float = math.nan  # torch.cuda.graph replay of the step
+    pool_ms: float = math.nan  # GraphPool.run (copy-in, replay, slice out)
+    compile_ms: float = math.nan  # torch.compile(mode="reduce-overhead")
+    compile_s: float = math.nan  # first calls of the compiled step (compile + its own capture)
+    compile_cudagraph_skips: int | None = None  # inductor's count of skipped cudagraph partitions
+    compile_error: str | None = None
+    capture_ms: float = math.nan  # torch.cuda.graph capture alone (after one warm-up run)
+    graph_rel_err: float = math.nan  # ||graph - eager|| / ||eager|| on the same inputs
+    weight_bytes: int = 0
+    kv_bytes: int = 0
+    floor_ms: float = math.nan
+    speedup: float = math.nan  # eager / graph
+    graph_over_floor: float = math.nan
+    notes: list[str] = field(default_factory=list)
+
+
+def model_label(model: str | ModelConfig) -> str:
+    if isinstance(model, str):
+        return model.removeprefix("random:")
+    return f"custom(h={model.hidden_size},L={model.num_layers})"
+
+
+def _capture(step: StepFn, static: dict[str, torch.Tensor]) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, float]:
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step(static)  # warm-up: lazy init and autotuning stay out of the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    t0 = time.perf_counter()
+    with torch.cuda.graph(graph):
+        out = step(static)
+    torch.cuda.synchronize()
+    return graph, out, time.perf_counter() - t0
+
+
+def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
+
+
+def _compile_step(step: StepFn, static: dict[str, torch.Tensor], row: StepRow, cfg: StepBenchConfig) -> None:
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(step, mode="reduce-overhead", dynamic=False)
+
+    def call() -> object:
+        torch.compiler.cudagraph_mark_step_begin()
+        return compiled(static)
+
+    try:
+        t0 = time.perf_counter()
+        for _ in range(3):  # reduce-overhead records its graphs on the first calls after compiling
+            call()
+        torch.cuda.synchronize()
+        row.compile_s = time.perf_counter() - t0
+        row.compile_ms = median(common.time_ms(call, static["input_ids"].device, cfg.warmup, cfg.reps))
+        row.compile_cudagraph_skips = int(counters["inductor"]["cudagraph_skips"])
+    except Exception as exc:  # NOTE: a compile failure is a result to report, not a reason to lose the run
+        row.compile_error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+        progress(f"  torch.compile failed at bs={row.batch_size}: {row.compile_error}")
+    finally:
+        torch._dynamo.reset()
+
+
+def _pool_times(setup: DecodeSetup, sizes: Sequence[int], cfg: StepBenchConfig) -> dict[int, tuple[float, float]]:
+    """{bs: (pool.run median ms, capture seconds)} through one GraphPool holding every size."""
+    from graphpool.pool import GraphPool, PoolConfig
+
+    pc = PoolConfig(
+        batch_sizes=tuple(sorted(sizes)),
+        max_graph_pool_size=len(sizes),
+        max_len_in_batch=setup.context_len,
+        mempool="shared",
+        miss_policy="capture",
+    )
+    step = setup.step_fn()
+    pool = GraphPool(step, decode_input_specs(setup), pc, setup.model.device)
+    out: dict[int, tuple[float, float]] = {}
+    try:
+        for bs in sorted(sizes):
+            inputs = setup.batch(bs)
+            before = pool.stats().capture_seconds_total
+            pool.run(inputs, max_len_in_batch=setup.context_len)  # the miss captures
+            cap = pool.stats().capture_seconds_total - before
+            ms = median(common.time_ms(lambda inputs=inputs: pool.run(inputs, max_len_in_batch=setup.context_len),
+                                       setup.model.device, cfg.warmup, cfg.reps))
+            out[bs] = (ms, cap)
+        stats = pool.stats()
+        if stats.eager_steps:
+            progress(f"  note: the pool ran {stats.eager_steps} eager steps ({stats.as_dict()['fallbacks']})")
+    finally:
+        pool.close()
+    return out
+
+
+@torch.inference_mode()
+def bench_model(
+    model: str | ModelConfig, cfg: StepBenchConfig, device: torch.device, dtype: torch.dtype, bandwidth: float
+) -> list[StepRow]:
+    label = model_label(model)
+    max_bs = max(cfg.batch_sizes)
+    t0 = time.perf_counter()
+    m = build_random_model(model, device, dtype, cfg.attn_backend, max_positions=cfg.context_len + 16)
+    setup = DecodeSetup.create(m, max_bs, cfg.context_len, cfg.block_size)
+    progress(f"{label}: model + KV cache ({max_bs} x {cfg.context_len} tokens) ready in "
+             f"{time.perf_counter() - t0:.1f} s, attention backend {m.attn_backend}")
+    step = setup.step_fn()
+    cuda = device.type == "cuda"
+    rows: list[StepRow] = []
+    for bs in cfg.batch_sizes:
+        static = setup.batch(bs)
+        row = StepRow(model=label, batch_size=bs, eager_ms=math.nan)
+        row.weight_bytes, row.kv_bytes = setup.weight_bytes_read(bs), setup.kv_bytes_read(bs)
+        row.floor_ms = (row.weight_bytes + row.kv_bytes) / bandwidth * 1e3
+        eager_out = step(static).clone()
+        row.eager_ms = median(common.time_ms(lambda static=static: step(static), device, cfg.warmup, cfg.reps))
+        if cuda:
+            graph, out, cap_s = _capture(step, static)
+            graph.replay()
+            row.graph_rel_err = _rel_err(out, eager_out)
+            row.capture_ms = cap_s * 1e3
+            row.graph_ms = median(common.time_ms(graph.replay, device, cfg.warmup, cfg.reps))
+            del graph, out
+            if bs in cfg.compile_sizes:
+                _compile_step(step, static, row, cfg)
+        else:
+            row.notes.append("graphs and torch.compile need CUDA: eager only")
+        row.speedup = ratio(row.eager_ms, row.graph_ms)
+        row.graph_over_floor = ratio(row.graph_ms, row.floor_ms)
+        progress(f"  {label} bs={bs}: eager {row.eager_ms:.2f} ms, graph {row.graph_ms:.2f} ms, "
+                 f"floor {row.floor_ms:.2f} ms" + (f", compile {row.compile_ms:.2f} ms ({row.compile_s:.1f} s)"
+                                                    if not math.isnan(row.compile_ms) else ""))
+        rows.append(row)
+    if cuda and cfg.use_pool:
+        for bs, (ms, cap) in _pool_times(setup, cfg.batch_sizes, cfg).items():
+            row = next(r for r in rows if r.batch_size == bs)
+            row.pool_ms = ms
+            row.notes.append(f"pool capture {cap * 1e3:.0f} ms (warm-up + capture)")
+        progress(f"  {label}: pool.run timed at {len(cfg.batch_sizes)} sizes")
+    return rows
+
+
+def markdown(rows: Sequence[StepRow], bandwidth: float, cfg: StepBenchConfig) -> str:
+    out = [f"HBM bandwidth (device-to-device copy, read + write bytes): **{bandwidth / 1e12:.2f} TB/s**. "
+           f"Context {cfg.context_len} tokens per sequence; medians of {cfg.reps} CUDA-event timings.\n"]
+    for label in dict.fromkeys(r.model for r in rows):
+        mine = [r for r in rows if r.model == label]
+        out.append(f"\n## {label}\n\n")
+        out.append(md_table(
+            ["bs", "eager ms", "graph ms", "pool.run ms", "compile ms", "floor ms", "graph speed-up",
+             "graph/floor", "capture ms", "graph rel err"],
+            [[r.batch_size, r.eager_ms, r.graph_ms, r.pool_ms, r.compile_ms, r.floor_ms, r.speedup,
+              r.graph_over_floor, r.capture_ms, r.graph_rel_err] for r in mine],
+        ))
+        comp = [r for r in mine if not math.isnan(r.compile_s) or r.compile_error]
+        if comp:
+            out.append("\ntorch.compile(mode=\"reduce-overhead\"):\n\n")
+            out.append(md_table(
+                ["bs", "compile s", "step ms", "cudagraph skips", "error"],
+                [[r.batch_size, r.compile_s, r.compile_ms, r.compile_cudagraph_skips, r.compile_error or ""]
+                 for r in comp],
+            ))
+    return "".join(out)
+
+
+def run_step_bench(cfg: StepBenchConfig, out_dir: Path, argv: Sequence[str] | None = None) -> dict[str, object]:
+    device = common.resolve_device(cfg.device)
+    dtype = common.resolve_dtype(cfg.dtype, device)
+    env = common.collect_env(argv, device)
+    progress(f"step bench on {env.gpu}, torch {env.torch_version}, dtype {dtype}")
+    bandwidth = common.measure_hbm_bandwidth(device, nbytes=(2 << 30) if device.type == "cuda" else (64 << 20))
+    progress(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s (read + write)")
+    rows: list[StepRow] = []
+    for model in cfg.models:
+        rows += bench_model(model, cfg, device, dtype, bandwidth)
+        common.free_device_memory(device)  # the model and its KV cache died with bench_model's frame
+    results = {"config": cfg, "bandwidth_bytes_per_s": bandwidth, "dtype": str(dtype), "rows": rows}
+    body = markdown(rows, bandwidth, cfg)
+    from graphpool.bench.plots import plot_step
+
+    png = plot_step(rows, out_dir / "step.png")
+    body += f"\n![step time per batch size]({png.name})\n"
+    common.write_report(out_dir, "step", env, results, body, "Decode step: eager vs graph vs compile vs HBM floor")
+    print(body)
+    return results
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--models", nargs="+", default=list(StepBenchConfig.models), help="random-weight presets")
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=list(DEFAULT_SIZES))
+    p.add_argument("--compile-sizes", type=int, nargs="*", default=[1, 32],
+                   help="batch sizes to run torch.compile at (each costs ~20-30 s of compile)")
+    p.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    p.add_argument("--no-pool", action="store_true", help="skip the GraphPool.run timings")
+    p.add_argument("--context-len", type=int, default=1024)
+    p.add_argument("--reps", type=int, default=30)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--attn-backend", default="auto", choices=["auto", "torch", "triton"])
+    p.add_argument("--out", type=Path, default=Path("results/step"))
+
+
+def main(args: argparse.Namespace, argv: Sequence[str] | None = None) -> None:
+    cfg = StepBenchConfig(
+        models=tuple(args.models),
+        batch_sizes=tuple(args.batch_sizes),
+        compile_sizes=() if args.no_compile else tuple(args.compile_sizes),
+        context_len=args.context_len,
+        device=args.device,
+        dtype=args.dtype,
+        attn_backend=args.attn_backend,
+        warmup=args.warmup,
+        reps=args.reps,
+        use_pool=not args.no_pool,
+    )
+    run_step_bench(cfg, args.out, argv)

@@ -1,0 +1,108 @@
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from graphpool.bench.replay import replay_trace
+from graphpool.bench.trace import TraceBenchConfig, serving_configs, summarize_run
+from graphpool.bench.workload import TraceRequest
+from graphpool.engine.outputs import RequestOutput, StepInfo
+from graphpool.pool import PoolStats
+
+
+@dataclass
+class _Req:
+    rid: str
+    max_tokens: int
+    made: int = 0
+    prefilled: bool = False
+
+
+class FakeEngine:
+    """Prefill then decode, one token per running request per step, each step sleeping `step_s`."""
+
+    def __init__(self, step_s: float = 0.002) -> None:
+        self.step_s = step_s
+        self.running: dict[str, _Req] = {}
+        self.last_step: StepInfo | None = None
+        self.aborted: list[str] = []
+        self.steps = 0
+
+    def add_request(self, rid: str, prompt: list[int], params: Any) -> None:
+        assert params.ignore_eos and prompt
+        self.running[rid] = _Req(rid, params.max_tokens)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.running)
+
+    def abort_request(self, rid: str) -> None:
+        self.running.pop(rid, None)
+        self.aborted.append(rid)
+
+    def graph_stats(self) -> PoolStats:
+        return PoolStats(steps=self.steps, hits=self.steps, resident_bytes=1000 * min(self.steps, 5))
+
+    def step(self) -> list[RequestOutput]:
+        time.sleep(self.step_s)
+        new = [r for r in self.running.values() if not r.prefilled]
+        batch = new or list(self.running.values())
+        kind = "prefill" if new else "decode"
+        if kind == "decode":
+            self.steps += 1
+        outs = []
+        for r in batch:
+            r.prefilled = True
+            r.made += 1
+            done = r.made >= r.max_tokens
+            outs.append(RequestOutput(r.rid, [1], [0] * r.made, [0], "", "", done, "length" if done else None))
+            if done:
+                del self.running[r.rid]
+        self.last_step = StepInfo(kind, len(batch), len(batch), self.step_s, kind == "decode")  # type: ignore[arg-type]
+        return outs
+
+
+def test_replay_records_token_times_in_wall_clock_and_aborts_at_the_end() -> None:
+    trace = [TraceRequest(0, 0.0, 5, 3), TraceRequest(1, 0.05, 5, 1000), TraceRequest(2, 10.0, 5, 3)]
+    eng = FakeEngine()
+    rr = replay_trace(eng, trace, duration_s=0.3)
+    first, long, late = rr.timelines
+    assert first.finished and len(first.token_times) == 3
+    assert first.token_times[0] >= 0.0 and first.token_times == sorted(first.token_times)
+    assert long.token_times[0] >= 0.05  # not served before it arrived
+    assert not long.finished and eng.aborted == ["r1"] and rr.aborted == 1
+    assert late.token_times == []  # arrives after the window: never added
+    assert 0.3 <= rr.duration_s < 0.5
+    assert rr.prefill_steps == 2 and len(rr.decode_batch_sizes) == rr.decode_graph_steps > 10
+    assert set(rr.decode_batch_sizes) <= {1, 2}
+    assert rr.peak_resident_bytes == 5000
+    # ITLs are one fake step apart (plus scheduling noise)
+    assert min(long.itls()) >= 0.002
+
+    ladder = list(range(1, 33))
+    run = summarize_run(serving_configs(ladder, 1 << 28)[4], 16.0, 1.5, rr, ladder, window=100)
+    assert run.captures_serving == 0 and run.hit_rate == 1.0
+    assert run.latency.started == 2 and run.working_set.distinct_buckets == len(set(rr.decode_batch_sizes))
+    assert run.tokens_per_s == pytest.approx(run.latency.output_tokens / rr.duration_s)
+
+
+def test_every_serving_config_is_a_valid_engine_config() -> None:
+    cfg = TraceBenchConfig(device="cpu")
+    probe = cfg.engine_config({})
+    ladder = list(probe.pool_config().ladder().sizes)
+    assert len(ladder) == 46
+    configs = serving_configs(ladder, 256 << 20)
+    assert [c.key for c in configs] == list("abcdef")
+    built = {c.key: cfg.engine_config(c.overrides) for c in configs}
+    assert built["a"].disable_cudagraph
+    assert built["b"].graph_warmup == tuple(ladder) and built["b"].max_graph_pool_size == 46
+    assert built["c"].graph_warmup == "none" and built["c"].pool_config().miss_policy == "capture"
+    assert built["d"].max_graph_pool_size == 16 and built["d"].pool_config().mempool == "shared"
+    assert built["e"].pool_config().miss_policy == "admit" and built["e"].pool_config().mempool == "per_graph"
+    assert built["f"].pool_config().graph_memory_budget == 256 << 20
+    # one fixed KV cache for every configuration (8 GiB of llama3.2-1b KV in 16-token blocks)
+    assert len({b.num_kv_blocks for b in built.values()}) == 1
+    assert built["a"].num_kv_blocks == (8 << 30) // (2 * 16 * 16 * 8 * 64 * 4)  # fp32 on CPU
+    assert all(not b.profile_steps for b in built.values())
