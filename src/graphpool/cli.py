@@ -141,7 +141,9 @@ def run_generate(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="graphpool", description="LLM inference with a bounded CUDA graph pool")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for register in (add_generate_parser,):
+    from graphpool.bench.cli import add_bench_parser
+
+    for register in (add_generate_parser, add_bench_parser):
         register(sub)
     return parser
 
