@@ -170,7 +170,9 @@ def test_admit_padded_hits_and_not_admitted() -> None:
     pool, cap = make(max_graph_pool_size=1, admit_after=3, admit_window=16, max_padding_ratio=0.5)
     check(pool, 8)  # room: captured
     check(pool, 6)  # no room, rare: served padded by 8 (6*1.5 >= 8)
+    assert pool.last_replayed
     check(pool, 2)  # no room, no graph within ratio: eager
+    assert not pool.last_replayed
     st = pool.stats()
     assert (st.hits, st.padded_hits, st.captures) == (0, 1, 1)
     assert st.fallbacks == {FallbackReason.NOT_ADMITTED: 1}

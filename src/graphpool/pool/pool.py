@@ -88,6 +88,8 @@ class GraphPool:
         self._counters = StatsCounters()
         self._evictions = _EvictionLog()
         self._closed = False
+        # Whether the latest run() replayed a graph: cheap to read for a single caller thread (the engine).
+        self.last_replayed = False
         self._off: FallbackReason | None = None
         if not config.enabled:
             self._off = FallbackReason.DISABLED
@@ -145,10 +147,12 @@ class GraphPool:
                 if graph is not None:
                     self._write(mbs, rows, graph.size)
                     self._capturer.replay(graph)  # type: ignore[union-attr]
+                    self.last_replayed = True
                     outs = [graph.outputs] if len(mbs) == 1 else list(graph.outputs)
                     sliced = [_slice(o, r, clone) for o, r in zip(outs, rows, strict=True)]
                     return sliced[0] if len(mbs) == 1 else tuple(sliced)
             self._counters.fallback(reason)  # type: ignore[arg-type]
+            self.last_replayed = False
         return self.step(*mbs)
 
     def _as_microbatches(self, inputs: Batch | Sequence[Batch]) -> list[Batch]:
