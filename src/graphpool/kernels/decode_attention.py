@@ -14,11 +14,9 @@ tokens beyond the bound are ignored. ``max_len_bound <= 0`` means "the whole blo
 
 from __future__ import annotations
 
-import warnings
-
 import torch
 
-_triton_missing_warned = False
+from graphpool.kernels._dispatch import triton_impl
 
 
 def effective_len_bound(max_len_bound: int, max_blocks: int, block_size: int) -> int:
@@ -115,21 +113,11 @@ def paged_decode_attention(
     ``[bs, max_blocks]`` int32, context_lens ``[bs]`` int32 (including the current token, already written).
     Returns ``[bs, Hq, D]`` in q's dtype (written into ``out`` when given).
     """
-    global _triton_missing_warned
-    if q.is_cuda:
-        try:
-            from graphpool.kernels import _triton_decode_attention as impl
-        except ImportError as exc:  # a CUDA torch without triton: correct but slow
-            if not _triton_missing_warned:
-                warnings.warn(
-                    f"triton unavailable ({exc}); paged decode attention uses the torch reference",
-                    stacklevel=2,
-                )
-                _triton_missing_warned = True
-        else:
-            return impl.paged_decode_attention_triton(
-                q, k_cache, v_cache, block_tables, context_lens, scale, max_len_bound, out=out
-            )
+    impl = triton_impl("_triton_decode_attention") if q.is_cuda else None
+    if impl is not None:
+        return impl.paged_decode_attention_triton(
+            q, k_cache, v_cache, block_tables, context_lens, scale, max_len_bound, out=out
+        )
     result = paged_decode_attention_ref(q, k_cache, v_cache, block_tables, context_lens, scale, max_len_bound)
     if out is None:
         return result
