@@ -6,6 +6,7 @@ The ``Capturer`` protocol is the seam between the pool and CUDA: ``CudaGraphCapt
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,6 +17,10 @@ import torch
 # NOTE: the exceptions a failed capture may raise (capture-time OOM is a RuntimeError subclass; CUDA errors
 # such as an invalidated capture surface as RuntimeError). Anything else is a bug and propagates.
 CAPTURE_ERRORS: tuple[type[BaseException], ...] = (torch.OutOfMemoryError, RuntimeError)
+
+# NOTE: PyTorch allows one graph capture at a time per process; pools have their own locks, so captures by
+# different pools (e.g. two engines in one process) are serialized here.
+_CAPTURE_LOCK = threading.Lock()
 
 
 @dataclass(eq=False)
@@ -82,7 +87,7 @@ class CudaGraphCapturer:
         return self._shared_handle
 
     def capture(self, size: int, fn: Callable[[], Any]) -> CapturedGraph:
-        with torch.cuda.device(self.device):
+        with _CAPTURE_LOCK, torch.cuda.device(self.device):
             stream = self._side_stream()
             t0 = time.perf_counter()
             # The static inputs were written on the current stream; warm up on the side stream after them.
