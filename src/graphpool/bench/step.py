@@ -229,16 +229,19 @@ def run_step_bench(cfg: StepBenchConfig, out_dir: Path, argv: Sequence[str] | No
     bandwidth = common.measure_hbm_bandwidth(device, nbytes=(2 << 30) if device.type == "cuda" else (64 << 20))
     progress(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s (read + write)")
     rows: list[StepRow] = []
+    results: dict[str, object] = {}
     for model in cfg.models:
         rows += bench_model(model, cfg, device, dtype, bandwidth)
         common.free_device_memory(device)  # the model and its KV cache died with bench_model's frame
-    results = {"config": cfg, "bandwidth_bytes_per_s": bandwidth, "dtype": str(dtype), "rows": rows}
-    body = markdown(rows, bandwidth, cfg)
-    from graphpool.bench.plots import plot_step
+        # NOTE: the report is rewritten after every model, so a run cut short still leaves its numbers.
+        results = {"config": cfg, "bandwidth_bytes_per_s": bandwidth, "dtype": str(dtype), "rows": rows}
+        body = markdown(rows, bandwidth, cfg)
+        from graphpool.bench.plots import plot_step
 
-    png = plot_step(rows, out_dir / "step.png")
-    body += f"\n![step time per batch size]({png.name})\n"
-    common.write_report(out_dir, "step", env, results, body, "Decode step: eager vs graph vs compile vs HBM floor")
+        png = plot_step(rows, out_dir / "step.png")
+        body += f"\n![step time per batch size]({png.name})\n"
+        common.write_report(out_dir, "step", env, results, body,
+                            "Decode step: eager vs graph vs compile vs HBM floor")
     print(body)
     return results
 

@@ -126,6 +126,11 @@ class TraceBenchConfig:
         if not (self.duration_s > 0 and self.kv_gib > 0 and self.budget_mib > 0):
             raise ValueError("trace bench: duration_s, kv_gib and budget_mib must be > 0")
 
+    def trace_config(self, rate: float) -> TraceConfig:
+        return TraceConfig(rate=rate, duration_s=self.duration_s, prompt_mean=self.prompt_mean,
+                           prompt_cap=self.prompt_cap, output_mean=self.output_mean, output_cap=self.output_cap,
+                           seed=self.seed)
+
     def engine_config(self, overrides: dict[str, Any]) -> EngineConfig:
         from graphpool.engine.kv_cache import kv_bytes_per_block
         from graphpool.model.presets import get_preset
@@ -143,9 +148,7 @@ class TraceBenchConfig:
 def run_one(cfg: TraceBenchConfig, sc: ServingConfig, rate: float, ladder: Sequence[int]) -> RunResult:
     from graphpool.engine.engine import LLMEngine
 
-    tcfg = TraceConfig(rate=rate, duration_s=cfg.duration_s, prompt_mean=cfg.prompt_mean, prompt_cap=cfg.prompt_cap,
-                       output_mean=cfg.output_mean, output_cap=cfg.output_cap, seed=cfg.seed)
-    trace = generate_trace(tcfg)
+    trace = generate_trace(cfg.trace_config(rate))
     ecfg = cfg.engine_config(sc.overrides)
     device = ecfg.torch_device
     common.free_device_memory(device)
@@ -204,26 +207,34 @@ def run_trace_bench(cfg: TraceBenchConfig, out_dir: Path, argv: Sequence[str] | 
     progress(f"trace bench on {env.gpu}: {len(cfg.rates)} loads x {len(configs)} configs x {cfg.duration_s:g} s")
     runs: list[RunResult] = []
     traces: dict[float, dict[str, float]] = {}
+    results: dict[str, Any] = {}
+    body = ""
     for rate in cfg.rates:
-        traces[rate] = summarize_trace(generate_trace(TraceConfig(
-            rate=rate, duration_s=cfg.duration_s, prompt_mean=cfg.prompt_mean, prompt_cap=cfg.prompt_cap,
-            output_mean=cfg.output_mean, output_cap=cfg.output_cap, seed=cfg.seed)), cfg.duration_s)
+        traces[rate] = summarize_trace(generate_trace(cfg.trace_config(rate)), cfg.duration_s)
         mine = [run_one(cfg, sc, rate, ladder) for sc in configs]
         base = next((r for r in mine if r.config == "a"), None)
         for r in mine:
             r.driver_delta_mib = r.driver_end_mib - base.driver_end_mib if base else math.nan
         runs += mine
+        # NOTE: rewritten after every load level, so a run cut short still leaves its numbers.
+        results, body = _write(runs, traces, cfg, ladder, env, out_dir)
+    print(body, flush=True)
+    return results
+
+
+def _write(runs: list[RunResult], traces: dict[float, dict[str, float]], cfg: TraceBenchConfig,
+           ladder: list[int], env: common.EnvInfo, out_dir: Path) -> tuple[dict[str, Any], str]:
     from graphpool.bench.plots import plot_itl_cdfs
 
+    rates = list(dict.fromkeys(r.rate for r in runs))
     per_load = {f"{rate:g} req/s": {f"({r.config}) {r.label}": r.itls_ms for r in runs if r.rate == rate}
-                for rate in cfg.rates}
+                for rate in rates}
     png = plot_itl_cdfs(per_load, out_dir / "trace_itl_cdf.png")
     body = markdown(runs, traces, cfg) + f"\n![ITL CDFs]({png.name})\n"
     results = {"config": cfg, "ladder": ladder, "traces": traces,
                "runs": [{k: v for k, v in vars(r).items() if k != "itls_ms"} for r in runs]}
     common.write_report(out_dir, "trace", env, results, body, "Serving trace: graph policies side by side")
-    print(body)
-    return results
+    return results, body
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
