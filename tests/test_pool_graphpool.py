@@ -274,3 +274,15 @@ def test_stats_capture_seconds_and_eviction_log_does_not_flood(caplog: pytest.Lo
     assert st.capture_seconds_total == pytest.approx(250 * 0.25) and st.capture_seconds_max == 0.25
     assert st.evictions == 249
     assert len([r for r in caplog.records if "evict" in r.getMessage()]) <= 10
+
+
+def test_inference_mode_in_and_out() -> None:
+    with torch.inference_mode():
+        pool, _ = make(batch_sizes=(8, 16))
+        pool.warmup([8])
+        check(pool, 5)
+    check(pool, 7)  # replays a graph captured under inference_mode, outside it
+    check(pool, 9)  # captures outside inference_mode into static buffers built inside it
+    with torch.inference_mode():
+        check(pool, 9)
+    assert pool.stats().captures == 2 and pool.stats().hits == 3

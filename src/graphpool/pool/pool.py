@@ -99,14 +99,20 @@ class GraphPool:
         self._static: list[dict[str, torch.Tensor]] = []
         if self._off is None:
             self._capturer = capturer if capturer is not None else CudaGraphCapturer(self.device, config.mempool)
-            top = self.ladder.max_size
-            self._static = [
-                {
-                    s.name: torch.full((top, *s.trailing_shape), s.pad_value, dtype=s.dtype, device=self.device)
-                    for s in self.specs
-                }
-                for _ in range(config.num_microbatches)
-            ]
+            # NOTE: normal tensors even if the pool is built under inference_mode, so that run() may copy into
+            # them in or out of inference_mode.
+            with torch.inference_mode(False):
+                self._static = self._alloc_static(self.ladder.max_size)
+
+    def _alloc_static(self, rows: int) -> list[dict[str, torch.Tensor]]:
+        """One dict of pad-filled ``[rows, *trailing]`` buffers per microbatch."""
+        return [
+            {
+                s.name: torch.full((rows, *s.trailing_shape), s.pad_value, dtype=s.dtype, device=self.device)
+                for s in self.specs
+            }
+            for _ in range(self.config.num_microbatches)
+        ]
 
     # ---- queries -------------------------------------------------------------------------------------
     def can_run(self, batch_size: int, max_len_in_batch: int = 0) -> bool:

@@ -54,7 +54,11 @@ class EagerCapturer:
 
     def replay(self, graph: CapturedGraph) -> None:
         self.replays += 1
-        copy_outputs(graph.outputs, graph.native())
+        fresh = graph.native()
+        # NOTE: outputs captured under inference_mode are inference tensors; a real replay writes them from the
+        # device side whatever the mode, so the double must too.
+        with torch.inference_mode():
+            copy_outputs(graph.outputs, fresh)
 
     def release(self, graph: CapturedGraph) -> None:
         if graph.native is None:
