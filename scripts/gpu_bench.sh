@@ -29,11 +29,11 @@ nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm,clocks.mem --form
   | tee -a "$LOG"
 
 # 1. decode step: 1B and 8B, 9 batch sizes, torch.compile at bs 1 and 32 (~20-60 s of compile each)
-stage step 290 step --models llama3.2-1b llama3-8b --compile-sizes 1 32
+stage step 280 step --models llama3.2-1b llama3-8b --compile-sizes 1 32
 # 2. graph memory: the whole 46-size ladder of the 1B step, shared vs per_graph, eviction, byte budget
-stage memory 80 memory --model llama3.2-1b
-# 3. serving trace, quick: two loads (16 and 40 req/s, 6 s each) x six policies
-stage trace 170 trace --quick
+stage memory 75 memory --model llama3.2-1b
+# 3. serving trace, quick: two loads (16 and 40 req/s, 5 s each) x seven policies
+stage trace 185 trace --quick
 
 "$PY" -m graphpool.bench.summary "$RES" >"$OUT/summary.md" 2>>"$LOG"
 tar -czf "$OUT/results.tar.gz" -C "$(dirname "$RES")" results

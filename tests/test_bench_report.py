@@ -68,6 +68,7 @@ def test_trace_markdown_has_one_table_per_load_and_p99_ratio_to_capture_all() ->
     assert "| 5 |" in line_a  # (a) p99 20 ms / (b) 4 ms
     assert "| 1.1 |" in line_e  # 4.4 / 4.0
     assert "24 (20)" in line_e and "8/9/10" in line_e
+    assert "20 within 1000 decode steps, mean batch 14.5: exceeds a pool of 16" in rows16
 
 
 def test_trace_bench_config_validation() -> None:

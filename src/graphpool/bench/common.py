@@ -160,7 +160,8 @@ def driver_used_bytes(device: torch.device) -> int:
     """Device memory in use as the driver sees it (all processes), after freeing cached blocks."""
     if device.type != "cuda":
         return 0
-    free_device_memory(device)
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
     free, total = torch.cuda.mem_get_info(device)
     return total - free
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -153,8 +153,16 @@ def _pool_times(setup: DecodeSetup, sizes: Sequence[int], cfg: StepBenchConfig) 
 
 @torch.inference_mode()
 def bench_model(
-    model: str | ModelConfig, cfg: StepBenchConfig, device: torch.device, dtype: torch.dtype, bandwidth: float
-) -> list[StepRow]:
+    model: str | ModelConfig,
+    cfg: StepBenchConfig,
+    device: torch.device,
+    dtype: torch.dtype,
+    bandwidth: float,
+    rows: list[StepRow],
+    save: Callable[[], None] = lambda: None,
+) -> None:
+    """Appends one row per batch size to `rows`; calls `save` after each phase (eager + graph, pool, each
+    compile), so a run cut short keeps what it measured. torch.compile runs last: it is the slow part."""
     label = model_label(model)
     max_bs = max(cfg.batch_sizes)
     t0 = time.perf_counter()
@@ -164,7 +172,7 @@ def bench_model(
              f"{time.perf_counter() - t0:.1f} s, attention backend {m.attn_backend}")
     step = setup.step_fn()
     cuda = device.type == "cuda"
-    rows: list[StepRow] = []
+    mine: dict[int, StepRow] = {}
     for bs in cfg.batch_sizes:
         static = setup.batch(bs)
         row = StepRow(model=label, batch_size=bs, eager_ms=math.nan)
@@ -179,23 +187,30 @@ def bench_model(
             row.capture_ms = cap_s * 1e3
             row.graph_ms = median(common.time_ms(graph.replay, device, cfg.warmup, cfg.reps))
             del graph, out
-            if bs in cfg.compile_sizes:
-                _compile_step(step, static, row, cfg)
         else:
             row.notes.append("graphs and torch.compile need CUDA: eager only")
         row.speedup = ratio(row.eager_ms, row.graph_ms)
         row.graph_over_floor = ratio(row.graph_ms, row.floor_ms)
-        progress(f"  {label} bs={bs}: eager {row.eager_ms:.2f} ms, graph {row.graph_ms:.2f} ms, "
-                 f"floor {row.floor_ms:.2f} ms" + (f", compile {row.compile_ms:.2f} ms ({row.compile_s:.1f} s)"
-                                                    if not math.isnan(row.compile_ms) else ""))
+        progress(f"  {label} bs={bs}: eager {row.eager_ms:.2f} ms, graph {row.graph_ms:.2f} ms "
+                 f"(x{row.speedup:.1f}), floor {row.floor_ms:.2f} ms")
         rows.append(row)
-    if cuda and cfg.use_pool:
+        mine[bs] = row
+    save()
+    if not cuda:
+        return
+    if cfg.use_pool:
         for bs, (ms, cap) in _pool_times(setup, cfg.batch_sizes, cfg).items():
-            row = next(r for r in rows if r.batch_size == bs)
-            row.pool_ms = ms
-            row.notes.append(f"pool capture {cap * 1e3:.0f} ms (warm-up + capture)")
+            mine[bs].pool_ms = ms
+            mine[bs].notes.append(f"pool capture {cap * 1e3:.0f} ms (warm-up + capture)")
         progress(f"  {label}: pool.run timed at {len(cfg.batch_sizes)} sizes")
-    return rows
+        save()
+    for bs in cfg.compile_sizes:
+        if bs not in mine:
+            continue
+        _compile_step(step, setup.batch(bs), mine[bs], cfg)
+        progress(f"  {label} bs={bs}: torch.compile {mine[bs].compile_ms:.2f} ms/step after "
+                 f"{mine[bs].compile_s:.1f} s of compile")
+        save()
 
 
 def markdown(rows: Sequence[StepRow], bandwidth: float, cfg: StepBenchConfig) -> str:
@@ -229,19 +244,20 @@ def run_step_bench(cfg: StepBenchConfig, out_dir: Path, argv: Sequence[str] | No
     bandwidth = common.measure_hbm_bandwidth(device, nbytes=(2 << 30) if device.type == "cuda" else (64 << 20))
     progress(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s (read + write)")
     rows: list[StepRow] = []
-    results: dict[str, object] = {}
-    for model in cfg.models:
-        rows += bench_model(model, cfg, device, dtype, bandwidth)
-        common.free_device_memory(device)  # the model and its KV cache died with bench_model's frame
-        # NOTE: the report is rewritten after every model, so a run cut short still leaves its numbers.
-        results = {"config": cfg, "bandwidth_bytes_per_s": bandwidth, "dtype": str(dtype), "rows": rows}
-        body = markdown(rows, bandwidth, cfg)
+    results: dict[str, object] = {"config": cfg, "bandwidth_bytes_per_s": bandwidth, "dtype": str(dtype), "rows": rows}
+    body = ""
+
+    def save() -> None:
+        nonlocal body
         from graphpool.bench.plots import plot_step
 
         png = plot_step(rows, out_dir / "step.png")
-        body += f"\n![step time per batch size]({png.name})\n"
-        common.write_report(out_dir, "step", env, results, body,
-                            "Decode step: eager vs graph vs compile vs HBM floor")
+        body = markdown(rows, bandwidth, cfg) + f"\n![step time per batch size]({png.name})\n"
+        common.write_report(out_dir, "step", env, results, body, "Decode step: eager vs graph vs compile vs HBM floor")
+
+    for model in cfg.models:
+        bench_model(model, cfg, device, dtype, bandwidth, rows, save)
+        common.free_device_memory(device)  # the model and its KV cache died with bench_model's frame
     print(body)
     return results
 

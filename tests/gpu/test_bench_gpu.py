@@ -1,0 +1,51 @@
+"""The benches' GPU paths run end to end on small shapes (no timing assertions: only that they work and that
+the numbers they rest on are sane)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from graphpool.bench.memory import MemoryBenchConfig, run_memory_bench
+from graphpool.bench.step import StepBenchConfig, run_step_bench
+from graphpool.bench.trace import TraceBenchConfig, run_trace_bench
+
+
+def test_step_bench_graph_matches_eager_and_times_everything(tmp_path: Path) -> None:
+    cfg = StepBenchConfig(models=("smollm2-135m",), batch_sizes=(1, 8), compile_sizes=(), context_len=128,
+                          warmup=2, reps=5)
+    rows = run_step_bench(cfg, tmp_path, ["test"])["rows"]
+    assert len(rows) == 2
+    for r in rows:
+        assert r.graph_rel_err < 1e-3  # the same kernels on the same inputs
+        for v in (r.eager_ms, r.graph_ms, r.pool_ms, r.capture_ms, r.floor_ms):
+            assert math.isfinite(v) and v > 0
+    assert (tmp_path / "step.json").exists() and (tmp_path / "step.png").exists()
+
+
+def test_memory_bench_eviction_frees_per_graph_memory_and_budget_holds(tmp_path: Path) -> None:
+    cfg = MemoryBenchConfig(model="smollm2-135m", context_len=128, max_batch_size=16, split_batch_size=8,
+                            grow_step=4, evict_to=(4, 0), sweep_steps=20)
+    res = run_memory_bench(cfg, tmp_path, ["test"])
+    shared, per_graph = res["layouts"]
+    assert [p[0] for p in per_graph.points] == [10, 4, 0]
+    full, empty = per_graph.points[0][1], per_graph.points[-1][1]
+    assert full > 0 and empty < 0.2 * full
+    assert shared.points[0][0] == 10
+    b = res["budget"]
+    assert b.over_budget_events == 0 and b.max_accounted_mib <= b.budget_mib
+    assert (tmp_path / "memory.json").exists()
+
+
+def test_trace_bench_runs_two_configs_through_the_engine(tmp_path: Path) -> None:
+    cfg = TraceBenchConfig(model="random:smollm2-135m", rates=(8.0,), duration_s=2.0, configs=("a", "e"),
+                           kv_gib=0.25, max_model_len=512, prompt_mean=32, prompt_cap=128, output_mean=32,
+                           output_cap=128)
+    res = run_trace_bench(cfg, tmp_path, ["test"])
+    runs = {r["config"]: r for r in res["runs"]}
+    assert set(runs) == {"a", "e"}
+    assert runs["a"]["graph_steps"] == 0 and runs["a"]["stats_end"] is None
+    assert runs["e"]["decode_steps"] > 0 and runs["e"]["stats_end"] is not None
+    for r in runs.values():
+        assert r["latency"]["output_tokens"] > 0 and r["latency"]["started"] > 0
+    assert (tmp_path / "trace_itl_cdf.png").exists()
