@@ -16,7 +16,7 @@ import torch
 from graphpool.bench import common
 from graphpool.bench.common import MIB, md_table, progress
 from graphpool.bench.decode import DecodeSetup, build_random_model, decode_input_specs
-from graphpool.pool import GraphPool, PoolConfig
+from graphpool.pool import Capturer, GraphPool, PoolConfig
 
 
 @dataclass(frozen=True)
@@ -93,10 +93,10 @@ def _bar(label: str) -> Callable[[int, int, int], None]:
     return cb
 
 
-def bench_layout(setup: DecodeSetup, cfg: MemoryBenchConfig, layout: str) -> LayoutResult:
+def bench_layout(setup: DecodeSetup, cfg: MemoryBenchConfig, layout: str, capturer: Capturer | None = None) -> LayoutResult:
     device = setup.model.device
     base = common.driver_used_bytes(device)
-    pool = GraphPool(setup.step_fn(), decode_input_specs(setup), _pool_config(cfg, layout), device)
+    pool = GraphPool(setup.step_fn(), decode_input_specs(setup), _pool_config(cfg, layout), device, capturer)
     static = _held(device, base)
     sizes = list(pool.ladder.sizes)
     t0 = time.perf_counter()
@@ -119,10 +119,13 @@ def bench_layout(setup: DecodeSetup, cfg: MemoryBenchConfig, layout: str) -> Lay
     return res
 
 
-def bench_budget(setup: DecodeSetup, cfg: MemoryBenchConfig, budget: int) -> BudgetResult:
+def bench_budget(
+    setup: DecodeSetup, cfg: MemoryBenchConfig, budget: int, capturer: Capturer | None = None
+) -> BudgetResult:
     device = setup.model.device
     base = common.driver_used_bytes(device)
-    pool = GraphPool(setup.step_fn(), decode_input_specs(setup), _pool_config(cfg, "per_graph", budget), device)
+    pool = GraphPool(setup.step_fn(), decode_input_specs(setup), _pool_config(cfg, "per_graph", budget), device,
+                     capturer)
     max_acc, max_held, over = 0, 0.0, 0
 
     def check(*_: int) -> None:
