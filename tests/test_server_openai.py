@@ -218,11 +218,11 @@ def test_disconnecting_client_frees_its_kv_blocks(served: Served) -> None:
     with httpx.Client(base_url=served.base_url, timeout=60) as http:
         with http.stream("POST", "/v1/completions", json={**body, "stream": True}) as response:
             assert response.status_code == 200
+            # NOTE: keep the iterator alive: closing it (a `break` out of a for loop) closes the connection.
+            lines = response.iter_lines()
             data_lines = 0
-            for line in response.iter_lines():
-                data_lines += line.startswith("data: ")
-                if data_lines == 3:
-                    break
+            while data_lines < 3:
+                data_lines += next(lines).startswith("data: ")
             others = [threading.Thread(target=other, args=(p,)) for p in PROMPTS]
             for t in others:
                 t.start()

@@ -2,4 +2,4 @@
 
 from graphpool.server.main import main
 
-main()
+raise SystemExit(main())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 import time
 from typing import Any
 
@@ -22,15 +23,40 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
 
+DESCRIPTION = (
+    "OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions, /metrics) over the engine"
+)
+
+
+def add_serve_parser(sub: argparse._SubParsersAction) -> None:
+    """`graphpool serve ...` (registered by graphpool.cli)."""
+    from graphpool.cli import add_engine_args
+
+    p = sub.add_parser("serve", help="run the OpenAI-compatible server", description=DESCRIPTION)
+    add_server_args(p)
+    add_engine_args(p)
+    p.set_defaults(func=run_serve)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from graphpool.cli import add_engine_args
 
-    parser = argparse.ArgumentParser(
-        prog="python -m graphpool.server", description="OpenAI-compatible server for graphpool"
-    )
+    parser = argparse.ArgumentParser(prog="python -m graphpool.server", description=DESCRIPTION)
     add_server_args(parser)
     add_engine_args(parser)
     return parser
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from graphpool.cli import engine_config_from_args
+
+    try:
+        config = engine_config_from_args(args)
+    except ValueError as e:  # a bad flag value, with EngineConfig's reason
+        print(f"graphpool serve: {e}", file=sys.stderr)
+        return 2
+    serve(args, config)
+    return 0
 
 
 def describe_startup(engine: Any, config: Any, load_seconds: float) -> list[str]:
@@ -80,14 +106,15 @@ def make_server(
     return uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False))
 
 
-def serve(args: argparse.Namespace) -> None:
+def serve(args: argparse.Namespace, config: Any = None) -> None:
+    """Loads the engine (``config``, or the one the flags in ``args`` give) and serves until interrupted."""
     from graphpool.cli import engine_config_from_args
     from graphpool.engine.engine import LLMEngine
 
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    config = engine_config_from_args(args)
+    config = config if config is not None else engine_config_from_args(args)
     start = time.perf_counter()
     engine = LLMEngine(config)
     for line in describe_startup(engine, config, time.perf_counter() - start):
@@ -99,5 +126,5 @@ def serve(args: argparse.Namespace) -> None:
     server.run()
 
 
-def main(argv: list[str] | None = None) -> None:
-    serve(build_parser().parse_args(argv))
+def main(argv: list[str] | None = None) -> int:
+    return run_serve(build_parser().parse_args(argv))
