@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 import torch
 
@@ -22,9 +23,11 @@ from graphpool.engine.sampler import Sampler
 from graphpool.engine.sampling import SamplingParams
 from graphpool.engine.scheduler import Scheduler
 from graphpool.engine.sequence import Sequence
+from graphpool.model.config import ModelConfig
 from graphpool.pool import PoolStats
 from graphpool.pool.capture import Capturer
 
+LoadedModel = tuple[Any, ModelConfig, Any]  # (model, config, tokenizer or None), as load_model returns
 __all__ = ["EngineStats", "LLMEngine", "RequestOutput", "StepInfo"]
 log = logging.getLogger(__name__)
 
@@ -37,11 +40,12 @@ class LLMEngine:
     finish_reason "length". A request that could never fit the KV cache on its own is refused (ValueError).
     """
 
-    def __init__(self, config: EngineConfig, *, capturer: Capturer | None = None) -> None:
-        """`capturer`: the pool's graph capturer (default: CUDA graphs on a GPU, none on the CPU). Tests pass
-        `graphpool.pool.testing.EagerCapturer()` to run the graph path (padding, static buffers) on the CPU."""
-        from graphpool.model.loader import load_model
-
+    def __init__(self, config: EngineConfig, *, loaded: LoadedModel | None = None,
+                 capturer: Capturer | None = None) -> None:
+        """`loaded`: a `load_model(...)` result to reuse (same device and dtype as the config; tests and
+        benchmarks build several engines over one model). `capturer`: the pool's graph capturer (default:
+        CUDA graphs on a GPU, none on the CPU); tests pass `graphpool.pool.testing.EagerCapturer()` to run the
+        graph path (padding, static buffers, replay) on the CPU."""
         self.config = config
         self.device = config.torch_device
         self.dtype = config.torch_dtype
@@ -49,9 +53,15 @@ class LLMEngine:
         if backend == "auto":
             backend = "triton" if self.device.type == "cuda" else "torch"
         torch.manual_seed(config.seed)
-        self.model, self.model_config, self.tokenizer = load_model(
-            config.model, self.device, self.dtype, backend, seed=config.seed, max_positions=config.max_model_len
-        )
+        if loaded is None:
+            from graphpool.model.loader import load_model
+
+            loaded = load_model(config.model, self.device, self.dtype, backend, seed=config.seed,
+                                max_positions=config.max_model_len)
+        self.model, self.model_config, self.tokenizer = loaded
+        if getattr(self.model, "max_positions", config.max_model_len) < config.max_model_len:
+            raise ValueError(f"the loaded model's rotary cache covers {self.model.max_positions} positions, "
+                             f"fewer than max_model_len={config.max_model_len}")
         self.model_name = config.model
         self.max_model_len = config.max_model_len
         bs = config.block_size

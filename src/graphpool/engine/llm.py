@@ -38,6 +38,14 @@ class LLM:
         self.engine = LLMEngine(EngineConfig(model=model, **kwargs))
         self._counter = 0
 
+    @classmethod
+    def from_engine(cls, engine: LLMEngine) -> LLM:
+        """Wrap an engine built elsewhere (for example over an already loaded model)."""
+        llm = cls.__new__(cls)
+        llm.engine = engine
+        llm._counter = 0
+        return llm
+
     @property
     def tokenizer(self) -> Any:
         return self.engine.tokenizer

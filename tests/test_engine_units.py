@@ -1,0 +1,258 @@
+"""Engine parts without a model: sampling params, config, block manager, scheduler, sampler."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from graphpool.engine.config import EngineConfig, parse_bytes
+from graphpool.engine.kv_cache import BlockManager
+from graphpool.engine.sampler import Sampler
+from graphpool.engine.sampling import SamplingParams
+from graphpool.engine.scheduler import Scheduler
+from graphpool.engine.sequence import Sequence, Status
+
+
+# sampling params ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"temperature": -0.1}, "temperature"),
+        ({"temperature": float("nan")}, "temperature"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"top_k": -1}, "top_k"),
+        ({"top_k": 2.5}, "top_k"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"seed": "x"}, "seed"),
+        ({"stop": ["ok", ""]}, "stop"),
+        ({"stop_token_ids": [-3]}, "stop_token_ids"),
+        ({"ignore_eos": 1}, "ignore_eos"),
+    ],
+)
+def test_sampling_params_rejects_bad_values(kwargs: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        SamplingParams(**kwargs)
+
+
+def test_sampling_params_normalises_stop() -> None:
+    p = SamplingParams(stop="\n\n", stop_token_ids=(5, 6))
+    assert p.stop == ["\n\n"] and p.stop_token_ids == [5, 6] and p.max_stop_len == 2
+    assert SamplingParams(temperature=0).greedy and not SamplingParams().greedy
+
+
+# config ------------------------------------------------------------------------------------------------
+def test_parse_bytes() -> None:
+    assert parse_bytes("512MiB") == 512 * 2**20
+    assert parse_bytes("2GiB") == 2 * 2**30
+    assert parse_bytes("1.5GB") == 1_500_000_000
+    assert parse_bytes(4096) == 4096
+    assert parse_bytes("4096") == 4096
+    for bad in ("lots", "12XB", "", "-3MiB"):
+        with pytest.raises(ValueError, match="byte size"):
+            parse_bytes(bad)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"device": "tpu"}, "device"),
+        ({"dtype": "int8"}, "dtype"),
+        ({"attn_backend": "flash"}, "attn_backend"),
+        ({"max_num_seqs": 0}, "max_num_seqs"),
+        ({"block_size": 12}, "power of two"),
+        ({"kv_cache_fraction": 1.5}, "kv_cache_fraction"),
+        ({"num_kv_blocks": 1}, "num_kv_blocks"),
+        ({"max_num_batched_tokens": 100, "max_model_len": 512}, "max_num_batched_tokens"),
+        ({"graph_memory_budget": "huge"}, "byte size"),
+        ({"graph_warmup": "some"}, "graph_warmup"),
+        ({"max_graph_pool_size": 0}, "max_graph_pool_size"),
+        ({"graph_mempool": "shared", "graph_memory_budget": "1GiB"}, "per_graph"),
+        ({"graph_miss_policy": "maybe"}, "miss_policy"),
+    ],
+)
+def test_engine_config_rejects_bad_values(kwargs: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        EngineConfig(**kwargs)
+
+
+def test_engine_config_pool_config_and_defaults() -> None:
+    c = EngineConfig(device="cpu", max_model_len=1024, graph_max_len_in_batch=4096, graph_memory_budget="64MiB",
+                     graph_warmup="1,2,4", max_graph_pool_size=4)
+    assert c.len_bound == 1024  # clamped to max_model_len
+    assert c.graph_memory_budget == 64 * 2**20
+    assert c.graph_warmup == (1, 2, 4)
+    assert c.torch_dtype == torch.float32 and not c.graphs_enabled
+    pc = c.pool_config()
+    assert pc.max_graph_pool_size == 4 and pc.graph_memory_budget == 64 * 2**20 and pc.max_len_in_batch == 1024
+    assert not EngineConfig(device="cpu", disable_cudagraph=True).pool_config().enabled
+
+
+# block manager -----------------------------------------------------------------------------------------
+def test_block_manager_allocate_append_free() -> None:
+    bm = BlockManager(num_blocks=6, block_size=4, max_blocks_per_seq=8)
+    assert bm.num_free_blocks == 5 and bm.num_usable_blocks == 5
+    assert bm.can_allocate(20) and not bm.can_allocate(21) and not bm.can_allocate(17, reserve=1)
+    blocks = bm.allocate("a", 5)  # positions 0..4 -> 2 blocks
+    assert len(blocks) == 2 and 0 not in blocks
+    assert bm.slots("a", 0, 5) == [blocks[0] * 4 + i for i in range(4)] + [blocks[1] * 4]
+    assert list(bm.row("a")[:3]) == [*blocks, 0]
+    assert bm.append_slot("a", 5) == blocks[1] * 4 + 1  # same block
+    assert bm.num_free_blocks == 3
+    bm.append_slot("a", 6)
+    bm.append_slot("a", 7)
+    slot = bm.append_slot("a", 8)  # a new block
+    assert bm.num_free_blocks == 2 and slot == bm.table("a")[2] * 4
+    with pytest.raises(RuntimeError):
+        bm.allocate("a", 1)
+    bm.free("a")
+    bm.free("a")  # no-op
+    assert bm.num_free_blocks == 5 and not bm.has("a")
+
+
+def test_block_manager_never_hands_out_the_dummy_block() -> None:
+    bm = BlockManager(num_blocks=4, block_size=2, max_blocks_per_seq=4)
+    got = bm.allocate("x", 6)
+    assert sorted(got) == [1, 2, 3] and not bm.can_append_slot("x", 6)
+    with pytest.raises(RuntimeError, match="no free KV block"):
+        bm.append_slot("x", 6)
+
+
+# scheduler under random arrivals -----------------------------------------------------------------------
+def _seq(rid: str, prompt_len: int, max_tokens: int) -> Sequence:
+    return Sequence(rid, [1] * prompt_len, SamplingParams(temperature=0, max_tokens=max_tokens), frozenset(), None)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_scheduler_invariants_under_random_arrivals(seed: int) -> None:
+    rng = random.Random(seed)
+    block_size, num_blocks, max_num_seqs = 4, rng.choice([8, 12, 30]), rng.choice([2, 4, 16])
+    max_model_len = 24
+    bm = BlockManager(num_blocks, block_size, max_blocks_per_seq=max_model_len // block_size)
+    sched = Scheduler(bm, max_num_seqs=max_num_seqs, token_budget=max_model_len * 2)
+    pending = [
+        _seq(f"r{i}", rng.randint(1, 12), rng.randint(1, 12)) for i in range(40)
+    ]
+    pending = [s for s in pending if bm.blocks_for(min(s.num_tokens + s.params.max_tokens, max_model_len))
+               <= bm.num_usable_blocks]
+    all_seqs = list(pending)
+    finished: list[Sequence] = []
+    steps = 0
+    while pending or sched.has_unfinished():
+        steps += 1
+        assert steps < 5000, "scheduler made no progress"
+        for _ in range(rng.randint(0, 3)):
+            if pending:
+                sched.add(pending.pop(0))
+        if rng.random() < 0.03 and sched.running:  # an abort
+            victim = rng.choice(sched.running)
+            sched.finish(victim, "abort")
+            finished.append(victim)
+        batch = sched.schedule()
+        if batch is None:
+            assert not sched.running and (not sched.waiting or pending)
+            continue
+        # invariants: disjoint queues, running within limits, every running seq owns enough blocks
+        ids_running = {s.request_id for s in sched.running}
+        ids_waiting = {s.request_id for s in sched.waiting}
+        assert not ids_running & ids_waiting
+        assert len(sched.running) <= max_num_seqs
+        assert all(s.status is Status.RUNNING for s in sched.running)
+        assert all(s.status is Status.WAITING and not bm.has(s.request_id) for s in sched.waiting)
+        held = [b for s in sched.running for b in bm.table(s.request_id)]
+        assert len(held) == len(set(held)) and 0 not in held
+        assert len(held) + bm.num_free_blocks == bm.num_usable_blocks
+        for s in sched.running:  # every token but the last (the next decode input) has a slot
+            assert len(bm.table(s.request_id)) * block_size >= s.num_tokens - 1
+        for s in batch.seqs:  # the batch's sequences have slots for all their tokens
+            assert len(bm.table(s.request_id)) * block_size >= s.num_tokens
+        if batch.is_prefill:
+            assert sum(s.num_tokens for s in batch.seqs) <= max_model_len * 2 or len(batch.seqs) == 1
+        else:
+            assert set(batch.seqs) <= set(sched.running) and len(batch.slots) == len(batch.seqs)
+            assert len(set(batch.slots)) == len(batch.slots)
+        for s in batch.seqs:  # "sample" one token
+            s.token_ids.append(7)
+            if s.num_output_tokens >= s.params.max_tokens or s.num_tokens >= max_model_len:
+                sched.finish(s, "length")
+                finished.append(s)
+    assert {s.request_id for s in finished} == {s.request_id for s in all_seqs}
+    for s in finished:
+        if s.finish_reason == "length":
+            assert s.num_output_tokens == min(s.params.max_tokens, max_model_len - s.num_prompt_tokens)
+    assert bm.num_free_blocks == bm.num_usable_blocks
+
+
+def test_scheduler_preempts_most_recent_and_resumes_first() -> None:
+    bm = BlockManager(num_blocks=5, block_size=2, max_blocks_per_seq=8)  # 4 usable blocks
+    sched = Scheduler(bm, max_num_seqs=8, token_budget=64)
+    a, b = _seq("a", 2, 8), _seq("b", 2, 8)
+    sched.add(a)
+    sched.add(b)
+    assert sched.schedule().seqs == [a, b]  # one prefill for both
+    for _ in range(2):
+        for s in (a, b):
+            s.token_ids.append(1)
+        batch = sched.schedule()
+        assert not batch.is_prefill and batch.seqs == [a, b]
+    for s in (a, b):
+        s.token_ids.append(1)
+    batch = sched.schedule()  # a needs its 3rd block, none free: b (admitted last) is preempted
+    assert batch.seqs == [a] and batch.preempted == [b] and list(sched.waiting) == [b]
+    assert b.status is Status.WAITING and not bm.has("b") and sched.num_preemptions == 1
+
+
+# sampler -----------------------------------------------------------------------------------------------
+def _sampling_seq(rid: str, **kwargs: object) -> Sequence:
+    params = SamplingParams(**kwargs)  # type: ignore[arg-type]
+    gen = None
+    if params.seed is not None:
+        gen = torch.Generator().manual_seed(params.seed)
+    return Sequence(rid, [1], params, frozenset(), gen)
+
+
+def test_sampler_greedy_is_exact_argmax() -> None:
+    logits = torch.randn(8, 1000)
+    seqs = [_sampling_seq(str(i), temperature=0) for i in range(8)]
+    assert torch.equal(Sampler(torch.device("cpu"), 0).sample(logits, seqs), logits.argmax(-1))
+    mixed = [_sampling_seq(str(i), temperature=0 if i % 2 else 1.0) for i in range(8)]
+    out = Sampler(torch.device("cpu"), 0).sample(logits, mixed)
+    assert torch.equal(out[1::2], logits.argmax(-1)[1::2])
+
+
+def test_sampler_top_k_and_top_p_restrict_support() -> None:
+    torch.manual_seed(0)
+    logits = torch.randn(1, 50)
+    top5 = set(logits[0].topk(5).indices.tolist())
+    sampler = Sampler(torch.device("cpu"), 0)
+    seq = _sampling_seq("k", temperature=1.5, top_k=5)
+    assert {sampler.sample(logits, [seq]).item() for _ in range(300)} <= top5
+    probs = torch.softmax(logits[0], -1)
+    order = probs.argsort(descending=True)
+    cum = probs[order].cumsum(0)
+    nucleus = set(order[: int((cum < 0.6).sum()) + 1].tolist())
+    seq = _sampling_seq("p", temperature=1.0, top_p=0.6)
+    seen = {sampler.sample(logits, [seq]).item() for _ in range(400)}
+    assert seen <= nucleus and len(seen) > 1
+
+
+def test_sampler_matches_distribution() -> None:
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.2]]))
+    sampler = Sampler(torch.device("cpu"), 1)
+    seq = _sampling_seq("d", temperature=1.0)
+    counts = torch.bincount(torch.stack([sampler.sample(logits, [seq]) for _ in range(3000)]).flatten(), minlength=3)
+    assert torch.allclose(counts / 3000, torch.tensor([0.5, 0.3, 0.2]), atol=0.04)
+
+
+def test_sampler_seeded_rows_ignore_the_rest_of_the_batch() -> None:
+    logits = torch.randn(4, 300)
+
+    def run(batch_logits: torch.Tensor, n_others: int) -> list[int]:
+        sampler = Sampler(torch.device("cpu"), 123)
+        seeded = _sampling_seq("s", temperature=0.9, top_p=0.95, seed=7)
+        others = [_sampling_seq(f"o{i}", temperature=1.0) for i in range(n_others)]
+        return [int(sampler.sample(batch_logits, [seeded, *others])[0]) for _ in range(20)]
+
+    assert run(logits[:1], 0) == run(logits, 3)
