@@ -149,3 +149,67 @@ def test_graph_replay_with_new_metadata(bs: int, bound: int, use_ref: bool) -> N
         graph.replay()
         assert bool(torch.isfinite(result).all())
         assert rel_err(result, oracle(nq, nk, nv, nbt, ncl, 0.09, bound)) < TOL[torch.bfloat16]
+
+
+@pytest.mark.parametrize(("rows", "hidden"), [(1, 576), (37, 896), (256, 4096), (5, 2048)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_fused_rms_norm_matches_reference(rows: int, hidden: int, dtype: torch.dtype) -> None:
+    from graphpool.kernels.norm_rope import add_rms_norm, add_rms_norm_ref, rms_norm, rms_norm_ref
+
+    x = torch.randn(rows, hidden, device="cuda", dtype=dtype) * 3
+    r = torch.randn_like(x)
+    w = torch.randn(hidden, device="cuda", dtype=dtype)
+    torch.testing.assert_close(rms_norm(x, w, 1e-5), rms_norm_ref(x, w, 1e-5))
+    out, s = add_rms_norm(x, r, w, 1e-6)
+    e_out, e_s = add_rms_norm_ref(x, r, w, 1e-6)
+    assert torch.equal(s, e_s)
+    torch.testing.assert_close(out, e_out)
+
+
+@pytest.mark.parametrize(("hq", "hkv", "dim"), [(32, 8, 128), (9, 3, 64), (14, 2, 64)])
+def test_fused_rotary_and_kv_write_matches_reference_and_replays(hq: int, hkv: int, dim: int) -> None:
+    from graphpool.kernels.norm_rope import apply_rotary_and_write_kv, apply_rotary_and_write_kv_ref
+
+    tokens, block_size, num_blocks, max_pos = 24, 16, 40, 4096
+    gen = torch.Generator(device="cuda").manual_seed(hq)
+    angles = torch.outer(torch.arange(max_pos, device="cuda").float(), torch.rand(dim // 2, device="cuda"))
+    cos, sin = angles.cos(), angles.sin()
+    # static buffers, as a captured decode step holds them; q, k, v are strided views of one projection
+    qkv = torch.empty(tokens, (hq + 2 * hkv) * dim, device="cuda", dtype=torch.bfloat16)
+    q = qkv[:, : hq * dim].view(tokens, hq, dim)
+    k = qkv[:, hq * dim : (hq + hkv) * dim].view(tokens, hkv, dim)
+    v = qkv[:, (hq + hkv) * dim :].view(tokens, hkv, dim)
+    pos = torch.zeros(tokens, dtype=torch.int64, device="cuda")
+    slots = torch.zeros(tokens, dtype=torch.int64, device="cuda")
+    k_cache = torch.zeros(num_blocks, block_size, hkv, dim, device="cuda", dtype=torch.bfloat16)
+    v_cache = torch.zeros_like(k_cache)
+
+    def fill(seed: int) -> None:
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        qkv.copy_(torch.randn(qkv.shape, device="cuda", generator=g))
+        pos.copy_(torch.randint(0, max_pos, (tokens,), device="cuda", generator=g))
+        live = torch.randperm(num_blocks * block_size - block_size, device="cuda", generator=g)[: tokens - 3]
+        slots.copy_(
+            torch.cat([live + block_size, torch.zeros(3, dtype=torch.int64, device="cuda")])
+        )  # 3 pads
+
+    def check(q_rot: torch.Tensor, k_rot: torch.Tensor) -> None:
+        kc, vc = torch.zeros_like(k_cache), torch.zeros_like(v_cache)
+        e_q, e_k = apply_rotary_and_write_kv_ref(pos, q, k, v, cos, sin, kc, vc, slots)
+        torch.testing.assert_close(q_rot, e_q)
+        torch.testing.assert_close(k_rot, e_k)
+        # block 0 is the dummy that padded rows race on; every other slot must be exact
+        torch.testing.assert_close(k_cache[1:], kc[1:])
+        assert torch.equal(v_cache[1:], vc[1:])
+
+    fill(gen.initial_seed())
+    check(*apply_rotary_and_write_kv(pos, q, k, v, cos, sin, k_cache, v_cache, slots))
+    graph, (q_rot, k_rot) = _capture(
+        lambda: apply_rotary_and_write_kv(pos, q, k, v, cos, sin, k_cache, v_cache, slots)
+    )
+    for trial in range(2):
+        fill(1000 + trial)
+        k_cache.zero_()
+        v_cache.zero_()
+        graph.replay()
+        check(q_rot, k_rot)
