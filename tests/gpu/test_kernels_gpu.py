@@ -66,14 +66,16 @@ def test_triton_matches_reference(bs, hq, hkv, dim, block_size, bound, max_len, 
     assert rel_err(out, oracle(q, k, v, bt, cl, scale, bound)) < TOL[dtype]
 
 
-@pytest.mark.parametrize("split_len", [64, 128, 192, 1024, 4096])
-def test_forced_split_lengths_agree(split_len: int) -> None:
+@pytest.mark.parametrize(
+    ("split_len", "block_n"), [(64, 64), (128, 64), (192, 64), (1024, 64), (4096, 64), (96, 32), (256, 128)]
+)
+def test_forced_split_lengths_agree(split_len: int, block_n: int) -> None:
     from graphpool.kernels._triton_decode_attention import paged_decode_attention_triton
 
     lens = [1, 63, 64, 65, 1000, 2048]
     q, k, v, bt, cl = make_case(lens, 32, 8, 128, seed=split_len)
     out = torch.full_like(q, float("nan"))
-    paged_decode_attention_triton(q, k, v, bt, cl, 0.1, 2048, out=out, split_len=split_len)
+    paged_decode_attention_triton(q, k, v, bt, cl, 0.1, 2048, out=out, split_len=split_len, block_n=block_n)
     assert bool(torch.isfinite(out).all())
     assert rel_err(out, oracle(q, k, v, bt, cl, 0.1, 2048)) < TOL[torch.bfloat16]
 

@@ -38,13 +38,15 @@ def device_num_sms(device: torch.device) -> int:
     return _num_sms(index)
 
 
-def choose_split_len(batch_size: int, num_kv_heads: int, len_bound: int, num_sms: int) -> int:
-    """Tokens per split: enough splits to fill the GPU, at most MAX_SPLITS, a multiple of BLOCK_N."""
+def choose_split_len(
+    batch_size: int, num_kv_heads: int, len_bound: int, num_sms: int, block_n: int = BLOCK_N
+) -> int:
+    """Tokens per split: enough splits to fill the GPU, at most MAX_SPLITS, a multiple of ``block_n``."""
     programs = max(1, batch_size * num_kv_heads)
     target_splits = max(1, min(MAX_SPLITS, -(-PROGRAMS_PER_SM * num_sms // programs)))
-    split_len = max(BLOCK_N, -(-len_bound // target_splits))
+    split_len = max(block_n, -(-len_bound // target_splits))
     split_len = max(split_len, -(-len_bound // MAX_SPLITS))
-    return -(-split_len // BLOCK_N) * BLOCK_N
+    return -(-split_len // block_n) * block_n
 
 
 @triton.jit
@@ -178,8 +180,11 @@ def paged_decode_attention_triton(
     *,
     out: torch.Tensor | None = None,
     split_len: int | None = None,
+    block_n: int = BLOCK_N,
+    num_warps: int = 4,
+    num_stages: int | None = None,
 ) -> torch.Tensor:
-    """Launch the split + merge kernels. ``split_len`` overrides the heuristic (tests, benchmarks)."""
+    """Launch the split + merge kernels. The keyword knobs override the defaults (tests, benchmarks)."""
     _check_inputs(q, k_cache, v_cache, block_tables, context_lens)
     bs, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
@@ -195,9 +200,12 @@ def paged_decode_attention_triton(
 
     bound = effective_len_bound(max_len_bound, block_tables.shape[1], block_size)
     if split_len is None:
-        split_len = choose_split_len(bs, num_kv_heads, bound, device_num_sms(q.device))
+        split_len = choose_split_len(bs, num_kv_heads, bound, device_num_sms(q.device), block_n)
     elif split_len <= 0:
         raise ValueError(f"split_len must be positive, got {split_len}")
+    if block_n < 16 or block_n & (block_n - 1):
+        raise ValueError(f"block_n must be a power of two >= 16, got {block_n}")
+    stages = {} if num_stages is None else {"num_stages": num_stages}
     num_splits = -(-bound // split_len)
     direct = num_splits == 1
     # NOTE: scratch sized from host ints only, so this is capturable; a graph keeps it in its private pool.
@@ -220,9 +228,9 @@ def paged_decode_attention_triton(
         part_out.stride(0), part_out.stride(1), part_out.stride(2) if not direct else 0,
         part_lse.stride(0), part_lse.stride(1),
         GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
-        BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d, BLOCK_N=BLOCK_N,
+        BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d, BLOCK_N=block_n,
         DIRECT=direct, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=4,
+        num_warps=num_warps, **stages,
     )  # fmt: skip
     if not direct:
         _decode_merge_kernel[(bs, num_heads)](

@@ -37,6 +37,7 @@ def bench_one(
     mixed: bool,
     split_len: int | None,
     with_ref: bool,
+    knobs: dict[str, int],
     block_size: int = 16,
 ) -> dict[str, float]:
     from triton.testing import do_bench, do_bench_cudagraph
@@ -62,10 +63,10 @@ def bench_one(
         lens = torch.full((bs,), ctx, device="cuda", dtype=torch.int32)
     out = torch.empty_like(q)
     scale = dim**-0.5
-    split = split_len or choose_split_len(bs, hkv, ctx, device_num_sms(q.device))
+    split = split_len or choose_split_len(bs, hkv, ctx, device_num_sms(q.device), knobs.get("block_n", 64))
 
     def run() -> None:
-        paged_decode_attention_triton(q, k, v, bt, lens, scale, ctx, out=out, split_len=split)
+        paged_decode_attention_triton(q, k, v, bt, lens, scale, ctx, out=out, split_len=split, **knobs)
 
     run()
     ref = (
@@ -96,14 +97,28 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--lens", nargs="+", type=int, default=[1024, 4096])
     parser.add_argument("--mixed", action="store_true", help="row lengths uniform in [1, len], bound = len")
     parser.add_argument("--split-len", type=int, default=None, help="override the split heuristic")
+    parser.add_argument("--block-n", type=int, default=None, help="context tokens per tile (default 64)")
+    parser.add_argument("--num-warps", type=int, default=None)
+    parser.add_argument("--num-stages", type=int, default=None)
     parser.add_argument("--ref", action="store_true", help="also time the torch reference and check accuracy")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("bench_decode_attention needs a CUDA GPU")
 
+    knobs = {
+        name: value
+        for name, value in (
+            ("block_n", args.block_n),
+            ("num_warps", args.num_warps),
+            ("num_stages", args.num_stages),
+        )
+        if value is not None
+    }
     torch.manual_seed(0)
     bw = copy_bandwidth()
-    print(f"# {torch.cuda.get_device_name()}  copy bandwidth {bw / 1e12:.2f} TB/s  (bf16, block_size 16)")
+    print(
+        f"# {torch.cuda.get_device_name()}  copy bandwidth {bw / 1e12:.2f} TB/s  (bf16, block_size 16) {knobs}"
+    )
     header = f"{'shape':<13} {'bs':>4} {'len':>5} {'split':>5} {'n':>3} {'MiB':>8} {'floor_us':>9}"
     header += f" {'eager_us':>9} {'graph_us':>9} {'x_floor':>7} {'TB/s':>6}"
     if args.ref:
@@ -112,7 +127,7 @@ def main(argv: list[str] | None = None) -> None:
     for name in args.shapes:
         for ctx in args.lens:
             for bs in args.batch_sizes:
-                row = bench_one(SHAPES[name], bs, ctx, args.mixed, args.split_len, args.ref)
+                row = bench_one(SHAPES[name], bs, ctx, args.mixed, args.split_len, args.ref, knobs)
                 floor_us = row["bytes"] / bw * 1e6
                 line = (
                     f"{name:<13} {bs:>4} {ctx:>5} {int(row['split_len']):>5} {int(row['splits']):>3} "
