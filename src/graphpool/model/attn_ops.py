@@ -61,7 +61,9 @@ def paged_decode_attention_torch(
     """
     bs, num_heads, dim = q.shape
     _, block_size, kv_heads, _ = k_cache.shape
-    num_blocks = min(-(-max_len_bound // block_size), block_tables.shape[1])
+    max_blocks = block_tables.shape[1]
+    # NOTE: max_len_bound <= 0 means the whole block table (the same convention as the Triton kernel).
+    num_blocks = max_blocks if max_len_bound <= 0 else min(-(-max_len_bound // block_size), max_blocks)
     length = num_blocks * block_size
     ids = block_tables[:, :num_blocks].reshape(-1)
     # [bs, kv_heads, length, D]
