@@ -1,0 +1,118 @@
+"""Hugging Face folder loading: tiny random transformers models saved as safetensors, logits compared."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from graphpool.model import AttentionMetadata, load_model
+from graphpool.model.testing import paged_greedy
+
+ROPE_LLAMA3 = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 32,
+}
+
+
+def _save_tiny(kind: str, folder: Path, tied: bool) -> torch.nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    common = {
+        "vocab_size": 300,
+        "hidden_size": 64,
+        "intermediate_size": 96,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 256,
+        "rms_norm_eps": 1e-6,
+        "tie_word_embeddings": tied,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+    }
+    torch.manual_seed(0)
+    if kind == "llama":
+        model = LlamaForCausalLM(LlamaConfig(**common, rope_theta=10000.0, rope_scaling=ROPE_LLAMA3))
+    else:
+        model = Qwen2ForCausalLM(Qwen2Config(**common, rope_theta=1e6))
+    # bigger-than-default weights (and nonzero biases) so that a wrong layout cannot hide behind tiny values
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+            else:
+                p.normal_(0.0, 0.1)
+    model.save_pretrained(folder, safe_serialization=True)
+    return model.eval()
+
+
+@pytest.mark.parametrize(("kind", "tied"), [("llama", False), ("llama", True), ("qwen2", True)])
+def test_hf_folder_logits_match_transformers(kind: str, tied: bool, tmp_path: Path) -> None:
+    hf = _save_tiny(kind, tmp_path, tied)
+    model, cfg, tok = load_model(tmp_path, dtype=torch.float32)
+    assert tok is None  # no tokenizer files saved
+    assert cfg.attention_bias == (kind == "qwen2") and cfg.tie_word_embeddings == tied
+    assert (cfg.rope_scaling is not None) == (kind == "llama")
+    assert (model.lm_head is None) == tied
+    if kind == "qwen2":
+        assert model.layers[0].self_attn.qkv_proj.bias is not None
+    # positions past original_max_position_embeddings exercise the llama3 frequency scaling
+    ids = torch.randint(0, cfg.vocab_size, (100,), generator=torch.Generator().manual_seed(1))
+    kv = model.allocate_kv_caches(8, 16)
+    meta = AttentionMetadata(True, torch.arange(100), torch.arange(100) + 16, seq_lens=[100])
+    with torch.no_grad():
+        ours = model.compute_logits(model(ids, meta, kv))
+        ref = hf(ids[None]).logits[0].float()
+    torch.testing.assert_close(ours, ref, atol=1e-4, rtol=1e-4)
+    # and the paged decode path continues the same sequence as transformers would
+    prompt = ids[:20].tolist()
+    tokens = paged_greedy(model, [prompt], 8, block_size=4)[0]
+    seq = list(prompt)
+    with torch.no_grad():
+        for _ in range(8):
+            seq.append(int(hf(torch.tensor([seq])).logits[0, -1].argmax()))
+    assert tokens == seq[20:]
+
+
+def test_hf_folder_errors_are_clear(tmp_path: Path) -> None:
+    _save_tiny("llama", tmp_path, tied=False)
+    for f in tmp_path.glob("*.safetensors"):
+        f.unlink()
+    with pytest.raises(ValueError, match=r"no \*\.safetensors"):
+        load_model(tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "model_type": "gpt2"}))
+    with pytest.raises(ValueError, match="unsupported model_type"):
+        load_model(tmp_path)
+
+
+def test_hf_folder_missing_weight_is_reported(tmp_path: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    _save_tiny("llama", tmp_path, tied=False)
+    (file,) = tmp_path.glob("*.safetensors")
+    tensors = load_file(str(file))
+    del tensors["model.layers.1.self_attn.k_proj.weight"]
+    save_file(tensors, str(file), metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=r"layers\.1\.self_attn\.qkv_proj\.weight"):
+        load_model(tmp_path)
+
+
+def test_hf_folder_with_tokenizer(tmp_path: Path) -> None:
+    from graphpool.model.gguf_loader import default_gguf_path
+    from graphpool.model.tokenizer import tokenizer_from_gguf
+
+    _save_tiny("llama", tmp_path, tied=True)
+    path = default_gguf_path()
+    tokenizer_from_gguf(path, None, ()).hf.save_pretrained(tmp_path)
+    _, _, tok = load_model(tmp_path)
+    assert tok is not None
+    text = "Tokenizers from a folder work too."
+    assert tok.decode(tok.encode(text)) == text
+    assert 2 in tok.eos_token_ids
