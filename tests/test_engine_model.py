@@ -21,7 +21,6 @@ PROMPTS = [
     "The capital of France is",
     "def fibonacci(n):",
     "Once upon a time, in a small village by the sea, there lived",
-    "List three colors:",
     "The theory of relativity was proposed by Albert Einstein in 1905. It says that",
     "Q: What is 7 times 8?\nA:",
 ]
@@ -134,10 +133,10 @@ def test_staggered_arrivals_give_what_each_gives_alone(loaded, prompt_ids, hf_re
 
 
 def test_preemption_and_resume_give_the_unpressured_tokens(loaded, prompt_ids, hf_reference) -> None:
-    engine = make_engine(loaded, num_kv_blocks=10)  # 9 usable blocks = 144 tokens for ~6 x 45
-    got = token_lists(run_all(engine, prompt_ids, GREEDY))
+    engine = make_engine(loaded, num_kv_blocks=8)  # 7 usable blocks = 112 tokens for 4 requests of ~45
+    got = token_lists(run_all(engine, prompt_ids[:4], GREEDY))
     assert engine.stats().preemptions_total > 0
-    assert got == [_trim_eos(r, engine.eos_token_ids) for r in hf_reference]
+    assert got == [_trim_eos(r, engine.eos_token_ids) for r in hf_reference[:4]]
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_usable_blocks
 
 
@@ -182,7 +181,7 @@ def test_blocks_free_after_aborts(loaded, prompt_ids) -> None:
             assert out.request_id not in ("r1", "r4")
             if out.finished:
                 final[out.request_id] = out
-    assert set(final) == {"r0", "r2", "r3", "r5"}
+    assert set(final) == {"r0", "r2", "r3"}
     engine.add_request("late", prompt_ids[0], GREEDY)
     engine.abort_request("late")  # still waiting
     assert not engine.has_unfinished_requests()
@@ -217,18 +216,18 @@ def test_max_model_len_clamps_output(loaded) -> None:
 # stops, seeds, detokenization ---------------------------------------------------------------------------
 def test_stop_token_ids_and_stop_strings(loaded, prompt_ids) -> None:
     engine = make_engine(loaded)
-    base = run_all(engine, [prompt_ids[0]], SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))["r0"]
+    base = run_all(engine, [prompt_ids[0]], SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))["r0"]
     toks, text = base.token_ids, base.text
     stop_id = toks[5]
     cut = toks.index(stop_id)
-    out = run_all(engine, [prompt_ids[0]], SamplingParams(temperature=0, max_tokens=24, stop_token_ids=[stop_id]))
+    out = run_all(engine, [prompt_ids[0]], SamplingParams(temperature=0, max_tokens=16, stop_token_ids=[stop_id]))
     out = out["r0"]
     assert out.finish_reason == "stop" and out.token_ids == toks[: cut + 1]
     assert out.text == engine.tokenizer.decode(toks[:cut])
     stop = text[len(text) // 2 : len(text) // 2 + 3]
     engine2 = make_engine(loaded)
     deltas = []
-    engine2.add_request("s", prompt_ids[0], SamplingParams(temperature=0, max_tokens=24, stop=[stop, "zzzq"]))
+    engine2.add_request("s", prompt_ids[0], SamplingParams(temperature=0, max_tokens=16, stop=[stop, "zzzq"]))
     while engine2.has_unfinished_requests():
         for o in engine2.step():
             deltas.append(o.delta_text)
@@ -238,13 +237,13 @@ def test_stop_token_ids_and_stop_strings(loaded, prompt_ids) -> None:
 
 
 def test_seeded_sampling_is_reproducible(loaded, prompt_ids) -> None:
-    params = SamplingParams(temperature=0.9, top_p=0.95, top_k=50, max_tokens=16, seed=1234)
+    params = SamplingParams(temperature=0.9, top_p=0.95, top_k=50, max_tokens=12, seed=1234)
     alone = run_all(make_engine(loaded, seed=1), [prompt_ids[2]], params)["r0"].token_ids
-    others = [SamplingParams(temperature=1.0, max_tokens=16)] * 3
-    mixed = run_all(make_engine(loaded, seed=2), [prompt_ids[2], *prompt_ids[:3]], [params, *others])
+    others = [SamplingParams(temperature=1.0, max_tokens=12)] * 2
+    mixed = run_all(make_engine(loaded, seed=2), [prompt_ids[2], *prompt_ids[:2]], [params, *others])
     assert mixed["r0"].token_ids == alone
     other_seed = run_all(make_engine(loaded), [prompt_ids[2]],
-                         SamplingParams(temperature=0.9, top_p=0.95, top_k=50, max_tokens=16, seed=99))
+                         SamplingParams(temperature=0.9, top_p=0.95, top_k=50, max_tokens=12, seed=99))
     assert other_seed["r0"].token_ids != alone
 
 

