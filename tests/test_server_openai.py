@@ -28,7 +28,7 @@ CHAT = [
     [{"role": "user", "content": "What is 2 + 2?"}],
     [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name a colour."}],
 ]
-MAX_TOKENS = 12
+MAX_TOKENS = 8
 
 
 @dataclass

@@ -142,8 +142,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="graphpool", description="LLM inference with a bounded CUDA graph pool")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     from graphpool.bench.cli import add_bench_parser
+    from graphpool.server.main import add_serve_parser
 
-    for register in (add_generate_parser, add_bench_parser):
+    for register in (add_generate_parser, add_serve_parser, add_bench_parser):
         register(sub)
     return parser
 
