@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -98,11 +99,20 @@ class LLM:
         index = {rid: i for i, rid in enumerate(ids)}
         results: list[CompletionOutput | None] = [None] * len(ids)
         bar = _progress(len(ids), use_tqdm)
+        tokens, start = 0, time.perf_counter()
+        shown = start
         try:
             while any(r is None for r in results):
                 if not self.engine.has_unfinished_requests():
                     raise RuntimeError("the engine has no unfinished requests, but some results are missing")
-                for out in self.engine.step():
+                outputs = self.engine.step()
+                if bar is not None:
+                    tokens += sum(len(o.new_token_ids) for o in outputs)
+                    now = time.perf_counter()
+                    if now - shown > 0.2:
+                        bar.set_postfix_str(f"{tokens} tokens, {tokens / (now - start):.1f} tok/s", refresh=True)
+                        shown = now
+                for out in outputs:
                     if out.finished and out.request_id in index:
                         i = index[out.request_id]
                         results[i] = CompletionOutput(prompts[i], out.prompt_token_ids, out.text, out.token_ids,
