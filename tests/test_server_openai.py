@@ -288,6 +288,9 @@ def test_bad_inputs_are_400_and_the_server_keeps_serving(served: Served) -> None
     after = served.metrics()
     refused = ("graphpool_requests_refused_total", (("status", "400"),))
     assert after[refused] - before.get(refused, 0) == len(BAD_REQUESTS)
+    # curl -d sends a JSON body as form data; it is read as JSON all the same.
+    r = httpx.post(f"{served.base_url}/v1/completions", content=b'{"prompt": "hi", "max_tokens": -1}')
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
     with pytest.raises(openai.BadRequestError, match="n > 1"):
         served.client().completions.create(model=served.model, prompt="hi", n=3)
 

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response
 
@@ -24,6 +26,7 @@ from graphpool.server.serving import OpenAIServing
 logger = logging.getLogger(__name__)
 
 METRICS_SNAPSHOT_TIMEOUT_S = 5.0
+M = TypeVar("M", bound=BaseModel)
 
 
 def build_app(engine: AsyncEngine, metrics: ServerMetrics, served_model_name: str | None = None) -> FastAPI:
@@ -99,15 +102,36 @@ def build_app(engine: AsyncEngine, metrics: ServerMetrics, served_model_name: st
                 )
         return Response(metrics.render(snapshot), media_type=CONTENT_TYPE_LATEST)
 
-    @app.post("/v1/completions")
-    async def completions(req: CompletionRequest, raw: Request) -> Response:
-        return await serving.completions(req, raw)
+    # NOTE: bodies are parsed here, not by FastAPI, so that a JSON body is read whatever its Content-Type
+    # (curl -d sends form-encoded) and every parse error gets the same 400 body.
+    @app.post("/v1/completions", openapi_extra=_body_schema(CompletionRequest))
+    async def completions(raw: Request) -> Response:
+        return await serving.completions(await _parse(raw, CompletionRequest), raw)
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(req: ChatCompletionRequest, raw: Request) -> Response:
-        return await serving.chat(req, raw)
+    @app.post("/v1/chat/completions", openapi_extra=_body_schema(ChatCompletionRequest))
+    async def chat_completions(raw: Request) -> Response:
+        return await serving.chat(await _parse(raw, ChatCompletionRequest), raw)
 
     return app
+
+
+def _body_schema(model: type[BaseModel]) -> dict[str, Any]:
+    schema = {"application/json": {"schema": model.model_json_schema()}}
+    return {"requestBody": {"content": schema, "required": True}}
+
+
+async def _parse(raw: Request, model: type[M]) -> M:
+    try:
+        data = json.loads(await raw.body())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise APIError(f"Invalid JSON body: {e}") from None
+    if not isinstance(data, dict):
+        raise APIError(f"the request body must be a JSON object, got {type(data).__name__}")
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        message, param = _describe_validation(e.errors())
+        raise APIError(message, param=param) from None
 
 
 def _describe_validation(errors: Any) -> tuple[str, str | None]:
@@ -123,8 +147,8 @@ def _describe_validation(errors: Any) -> tuple[str, str | None]:
     message = first.get("msg", "invalid value")
     if param:
         message = f"{param}: {message}"
-    if len(errors) > 1 and len(set(params)) == 1:
-        message += " (no accepted type matches)"
+    if len(errors) > 1 and len(set(params)) == 1:  # every branch of a union failed
+        message = f"{param}: {str(first.get('input'))[:60]!r} is none of the accepted types"
     elif len(set(params)) > 1:
         message += f" (and {len(set(params)) - 1} more invalid fields)"
     return message, param
