@@ -172,3 +172,40 @@ def test_random_preset_loads_without_tokenizer() -> None:
     assert sum(p.numel() for p in model.parameters()) == cfg.num_params
     assert model.embed_tokens.weight.dtype == torch.bfloat16
     assert model.layers[0].input_layernorm.weight.eq(1).all()
+
+
+def test_kernel_ops_wiring_matches_torch_ops() -> None:
+    """The `graphpool.kernels` entry points (their torch references on CPU) slot into the model with the same
+    argument order and residual-stream semantics as the torch ops: same logits for prefill and decode."""
+    from graphpool.model.ops import TORCH_OPS, kernel_ops
+    from graphpool.model.testing import paged_greedy
+
+    tiny = dataclasses.replace(
+        PRESETS["llama3.2-1b"],
+        num_layers=2,
+        vocab_size=256,
+        hidden_size=128,
+        intermediate_size=256,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=32,
+        bos_token_id=1,
+        eos_token_ids=(2,),
+    )
+    models = []
+    for ops in (TORCH_OPS, kernel_ops()):
+        m = LlamaModel(tiny, ops=ops)
+        init_random_weights(m, seed=3, std=0.1)
+        models.append(m)
+    assert models[1].attn_backend == "triton"
+    prompts = [[5, 9, 200, 7, 7, 31], [1, 2, 3]]
+    assert paged_greedy(models[0], prompts, 6, block_size=4) == paged_greedy(
+        models[1], prompts, 6, block_size=4
+    )
+    kv = [m.allocate_kv_caches(4, 8) for m in models]
+    meta = AttentionMetadata(True, torch.arange(6), torch.arange(6) + 8, seq_lens=[6])
+    with torch.no_grad():
+        a, b = (
+            m.compute_logits(m(torch.tensor(prompts[0]), meta, c)) for m, c in zip(models, kv, strict=True)
+        )
+    torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)

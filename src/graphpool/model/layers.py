@@ -9,19 +9,21 @@ from torch import nn
 
 from graphpool.model.config import ModelConfig, RopeScaling
 from graphpool.model.linear import ColumnLinear, RowLinear
+from graphpool.model.ops import _rotate, rms_norm_torch
+
+__all__ = ["RMSNorm", "RotaryEmbedding", "SwiGLU", "_rotate", "rope_inv_freq"]
 
 
 class RMSNorm(nn.Module):
+    """Holds the norm weight; the computation is one of `ModelOps`' norm functions."""
+
     def __init__(self, size: int, eps: float, device: torch.device, dtype: torch.dtype) -> None:
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(size, device=device, dtype=dtype), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # NOTE: the statistics in float32, the weight applied in the input dtype (as the reference models do).
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(x.dtype)
+        return rms_norm_torch(x, self.weight, self.eps)
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None) -> torch.Tensor:
@@ -44,29 +46,16 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None) -> t
 
 
 class RotaryEmbedding(nn.Module):
-    """Neox-style (half-split) rotary embedding over a cos/sin cache precomputed once at construction."""
+    """Float32 cos/sin caches `[max_positions, head_dim // 2]`, computed once at construction and indexed
+    by position each step (never reallocated)."""
 
     def __init__(self, config: ModelConfig, max_positions: int, device: torch.device) -> None:
         super().__init__()
         inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling)
         freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
-        # [max_positions, head_dim // 2] each, float32
         self.register_buffer("cos", freqs.cos().to(device), persistent=False)
         self.register_buffer("sin", freqs.sin().to(device), persistent=False)
         self.max_positions = max_positions
-
-    def forward(
-        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """q [T, Hq, D], k [T, Hkv, D], positions [T] int64 -> rotated q, k (same dtypes)."""
-        cos = self.cos[positions].unsqueeze(1)  # [T, 1, D/2]
-        sin = self.sin[positions].unsqueeze(1)
-        return _rotate(q, cos, sin), _rotate(k, cos, sin)
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.float().chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
 
 
 class SwiGLU(nn.Module):

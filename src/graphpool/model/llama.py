@@ -2,45 +2,21 @@
 
 from __future__ import annotations
 
-import warnings
-from collections.abc import Callable, Sequence
-from typing import Literal
+from collections.abc import Sequence
 
 import torch
 from torch import nn
 
 from graphpool.model.attention import AttentionMetadata
-from graphpool.model.attn_ops import (
-    paged_decode_attention_torch,
-    prefill_attention,
-    write_kv,
-)
+from graphpool.model.attn_ops import prefill_attention
 from graphpool.model.config import ModelConfig
 from graphpool.model.layers import RMSNorm, RotaryEmbedding, SwiGLU
 from graphpool.model.linear import ColumnLinear, RowLinear
+from graphpool.model.ops import AttnBackend, ModelOps, resolve_ops
 
-AttnBackend = Literal["torch", "triton"]
+__all__ = ["AttnBackend", "KVCache", "LlamaModel"]
+
 KVCache = tuple[torch.Tensor, torch.Tensor]
-DecodeAttnFn = Callable[..., torch.Tensor]
-
-
-def resolve_decode_attention(backend: AttnBackend, device: torch.device) -> tuple[AttnBackend, DecodeAttnFn]:
-    """The decode attention function for `backend`, and the backend actually used."""
-    if backend not in ("torch", "triton"):
-        raise ValueError(f"attn_backend must be 'torch' or 'triton', got {backend!r}")
-    if backend == "triton":
-        if device.type != "cuda":
-            warnings.warn("triton attention needs a CUDA device; using the torch backend", stacklevel=3)
-            return "torch", paged_decode_attention_torch
-        try:
-            from graphpool.kernels.decode_attention import paged_decode_attention
-        except ImportError as exc:
-            warnings.warn(
-                f"triton decode attention unavailable ({exc}); using the torch backend", stacklevel=3
-            )
-            return "torch", paged_decode_attention_torch
-        return "triton", paged_decode_attention
-    return "torch", paged_decode_attention_torch
 
 
 class LlamaAttention(nn.Module):
@@ -48,7 +24,7 @@ class LlamaAttention(nn.Module):
         self,
         config: ModelConfig,
         rotary: RotaryEmbedding,
-        decode_attn: DecodeAttnFn,
+        ops: ModelOps,
         device: torch.device,
         dtype: torch.dtype,
     ) -> None:
@@ -68,16 +44,17 @@ class LlamaAttention(nn.Module):
         )
         self.o_proj = RowLinear(config.q_size, config.hidden_size, False, device, dtype)
         self.rotary = rotary
-        self.decode_attn = decode_attn
+        self.ops = ops
 
     def forward(self, x: torch.Tensor, meta: AttentionMetadata, kv_cache: KVCache) -> torch.Tensor:
         q, k, v = self.qkv_proj(x).split(self.qkv_proj.sizes, dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        q, k = self.rotary(meta.positions, q, k)
         k_cache, v_cache = kv_cache
-        write_kv(k_cache, v_cache, meta.slot_mapping, k, v)
+        q, k = self.ops.rotary_and_write_kv(
+            meta.positions, q, k, v, self.rotary.cos, self.rotary.sin, k_cache, v_cache, meta.slot_mapping
+        )
         if meta.is_prefill:
             if meta.seq_lens is None:
                 raise ValueError("prefill AttentionMetadata needs seq_lens")
@@ -85,7 +62,7 @@ class LlamaAttention(nn.Module):
         else:
             if meta.block_tables is None or meta.context_lens is None:
                 raise ValueError("decode AttentionMetadata needs block_tables and context_lens")
-            o = self.decode_attn(
+            o = self.ops.decode_attention(
                 q, k_cache, v_cache, meta.block_tables, meta.context_lens, self.scale, meta.max_len_bound
             )
         return self.o_proj(o.reshape(-1, self.num_heads * self.head_dim))
@@ -96,25 +73,38 @@ class LlamaDecoderLayer(nn.Module):
         self,
         config: ModelConfig,
         rotary: RotaryEmbedding,
-        decode_attn: DecodeAttnFn,
+        ops: ModelOps,
         device: torch.device,
         dtype: torch.dtype,
     ) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, device, dtype)
-        self.self_attn = LlamaAttention(config, rotary, decode_attn, device, dtype)
+        self.self_attn = LlamaAttention(config, rotary, ops, device, dtype)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, device, dtype)
         self.mlp = SwiGLU(config, device, dtype)
+        self.ops = ops
 
-    def forward(self, x: torch.Tensor, meta: AttentionMetadata, kv_cache: KVCache) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), meta, kv_cache)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None, meta: AttentionMetadata, kv_cache: KVCache
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Residual-stream form: `x` is the previous layer's output delta, `residual` the stream before it
+        (None for the first layer). Returns (this layer's delta, the stream before it)."""
+        norm1, norm2 = self.input_layernorm, self.post_attention_layernorm
+        if residual is None:
+            residual, h = x, self.ops.rms_norm(x, norm1.weight, norm1.eps)
+        else:
+            h, residual = self.ops.add_rms_norm(x, residual, norm1.weight, norm1.eps)
+        h = self.self_attn(h, meta, kv_cache)
+        h, residual = self.ops.add_rms_norm(h, residual, norm2.weight, norm2.eps)
+        return self.mlp(h), residual
 
 
 class LlamaModel(nn.Module):
     """`model(input_ids [T], meta, kv_caches) -> hidden [T, hidden]`; `compute_logits(hidden) -> [T, vocab]`.
 
-    Parameters are allocated uninitialised on `device` in `dtype`; a loader fills them.
+    Parameters are allocated uninitialised on `device` in `dtype`; a loader fills them. `attn_backend`
+    picks the operations (`ModelOps`): "torch" (reference) or "triton" (graphpool.kernels on CUDA; falls back
+    to torch with a warning where unavailable). `ops` overrides the choice (tests).
     """
 
     def __init__(
@@ -125,12 +115,14 @@ class LlamaModel(nn.Module):
         dtype: torch.dtype = torch.float32,
         attn_backend: AttnBackend = "torch",
         max_positions: int | None = None,
+        ops: ModelOps | None = None,
     ) -> None:
         super().__init__()
         device = torch.device(device)
         self.config = config
         self.dtype = dtype
-        self.attn_backend, decode_attn = resolve_decode_attention(attn_backend, device)
+        self.ops = ops if ops is not None else resolve_ops(attn_backend, device)
+        self.attn_backend: AttnBackend = self.ops.backend
         self.max_positions = max_positions or config.max_position_embeddings
         self.embed_tokens = nn.Embedding(
             config.vocab_size,
@@ -141,8 +133,7 @@ class LlamaModel(nn.Module):
         # NOTE: one rotary cache shared by all layers (a buffer, never reallocated per step).
         self.rotary = RotaryEmbedding(config, self.max_positions, device)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, self.rotary, decode_attn, device, dtype)
-            for _ in range(config.num_layers)
+            LlamaDecoderLayer(config, self.rotary, self.ops, device, dtype) for _ in range(config.num_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, device, dtype)
         self.lm_head: nn.Parameter | None = None
@@ -165,10 +156,11 @@ class LlamaModel(nn.Module):
     ) -> torch.Tensor:
         if len(kv_caches) != len(self.layers):
             raise ValueError(f"expected {len(self.layers)} per-layer KV caches, got {len(kv_caches)}")
-        x = self.embed_tokens(input_ids)
+        x, residual = self.embed_tokens(input_ids), None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            x = layer(x, meta, kv_cache)
-        return self.norm(x)
+            x, residual = layer(x, residual, meta, kv_cache)
+        assert residual is not None
+        return self.ops.add_rms_norm(x, residual, self.norm.weight, self.norm.eps)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [T, hidden] -> float32 logits [T, vocab]."""

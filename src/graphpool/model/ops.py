@@ -1,0 +1,94 @@
+"""The model's swappable operations: plain torch, or the fused Triton kernels of `graphpool.kernels`.
+
+Backend "torch" is the reference (CPU and GPU, graph-capturable). Backend "triton" uses, on CUDA, the Triton
+paged decode attention plus fused residual-add+RMSNorm and rotary+KV-write kernels (fewer kernels per step).
+Both follow the same numerics contract (norm statistics in float32, rotary in float32 over the same cache).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from graphpool.model.attn_ops import paged_decode_attention_torch, write_kv
+
+AttnBackend = Literal["torch", "triton"]
+Tensor = torch.Tensor
+
+
+def rms_norm_torch(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    # NOTE: the statistics in float32, the weight applied in the input dtype (as the reference models do).
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+def add_rms_norm_torch(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    s = x + residual
+    return rms_norm_torch(s, weight, eps), s
+
+
+def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    x1, x2 = x.float().chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+
+
+def rotary_and_write_kv_torch(
+    positions: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    slot_mapping: Tensor,
+) -> tuple[Tensor, Tensor]:
+    """Neox-style (half-split) rotary of q [T, Hq, D], k [T, Hkv, D] at positions [T] over float32
+    cos/sin caches [max_positions, D/2]; stores rotated k and v at `slot_mapping`. Returns (q, k) rotated."""
+    c = cos[positions].unsqueeze(1)  # [T, 1, D/2]
+    s = sin[positions].unsqueeze(1)
+    q, k = _rotate(q, c, s), _rotate(k, c, s)
+    write_kv(k_cache, v_cache, slot_mapping, k, v)
+    return q, k
+
+
+@dataclass(frozen=True)
+class ModelOps:
+    backend: AttnBackend
+    decode_attention: Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, float, int], Tensor]
+    rms_norm: Callable[[Tensor, Tensor, float], Tensor]
+    add_rms_norm: Callable[[Tensor, Tensor, Tensor, float], tuple[Tensor, Tensor]]
+    rotary_and_write_kv: Callable[..., tuple[Tensor, Tensor]]
+
+
+TORCH_OPS = ModelOps(
+    "torch", paged_decode_attention_torch, rms_norm_torch, add_rms_norm_torch, rotary_and_write_kv_torch
+)
+
+
+def kernel_ops() -> ModelOps:
+    """The `graphpool.kernels` entry points (Triton on CUDA tensors, their torch references elsewhere)."""
+    from graphpool.kernels.decode_attention import paged_decode_attention
+    from graphpool.kernels.norm_rope import add_rms_norm, apply_rotary_and_write_kv, rms_norm
+
+    return ModelOps("triton", paged_decode_attention, rms_norm, add_rms_norm, apply_rotary_and_write_kv)
+
+
+def resolve_ops(backend: AttnBackend, device: torch.device) -> ModelOps:
+    if backend not in ("torch", "triton"):
+        raise ValueError(f"attn_backend must be 'torch' or 'triton', got {backend!r}")
+    if backend == "torch":
+        return TORCH_OPS
+    if device.type != "cuda":
+        warnings.warn("the triton backend needs a CUDA device; using the torch backend", stacklevel=3)
+        return TORCH_OPS
+    try:
+        return kernel_ops()
+    except ImportError as exc:
+        warnings.warn(f"graphpool.kernels unavailable ({exc}); using the torch backend", stacklevel=3)
+        return TORCH_OPS
