@@ -7,7 +7,6 @@ the server takes it over (afterwards only the server's engine thread touches it)
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -20,7 +19,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from graphpool import LLM, SamplingParams
-from graphpool.server.main import make_server
+from graphpool.server.main import serve_in_thread
 
 MAX_MODEL_LEN = 256
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time"]
@@ -60,22 +59,8 @@ def served() -> Iterator[Served]:
     chats = [llm.chat(c, greedy, use_tqdm=False)[0].text for c in CHAT]
     assert all(completions.values()) and all(chats)
 
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = make_server(llm.engine, "127.0.0.1", port, log_level="warning")
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.05)
-    try:
-        yield Served(f"http://127.0.0.1:{port}", llm.engine.model_name, completions, chats, server.config.app)
-    finally:
-        server.should_exit = True
-        thread.join(30)
-        sock.close()
+    with serve_in_thread(llm.engine) as (base_url, server):
+        yield Served(base_url, llm.engine.model_name, completions, chats, server.config.app)
 
 
 def test_models_and_health(served: Served) -> None:

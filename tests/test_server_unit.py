@@ -71,6 +71,7 @@ class FakeEngine:
     max_model_len: int = 64
     tokenizer: CharTokenizer = field(default_factory=CharTokenizer)
     fail_on_step: bool = False
+    stall: bool = False  # unfinished requests that never get scheduled
     requests: dict[str, tuple[list[int], SamplingParams, list[int]]] = field(default_factory=dict)
     steps: int = 0
     prompt_total: int = 0
@@ -104,6 +105,9 @@ class FakeEngine:
         if self.fail_on_step:
             raise RuntimeError("boom")
         self.steps += 1
+        if self.stall:
+            self.last_step = None
+            return []
         tok = ord("a") + self.steps % 26
         outs = []
         for rid, (ids, params, gen) in list(self.requests.items()):
@@ -173,6 +177,7 @@ def test_completion_stream_and_metrics_with_fake_engine() -> None:
         values = metric_values(client.get("/metrics").text)
         assert values[("graphpool_graph_fallbacks_total", (("reason", "batch_too_large"),))] == 2
         assert values[("graphpool_graph_resident_bytes", ())] == 4096
+        assert values[("graphpool_graph_steps_total", ())] == engine.steps
         assert values[("graphpool_generation_tokens_total", ())] == 7
         assert values[("graphpool_requests_finished_total", (("reason", "length"),))] == 2
         assert values[("graphpool_step_batch_size_count", (("kind", "decode"),))] == engine.steps
@@ -204,5 +209,23 @@ def test_async_engine_call_runs_on_the_engine_thread() -> None:
         assert ident != threading.get_ident()
         with pytest.raises(ZeroDivisionError):
             asyncio.run(async_engine.call(lambda e: 1 / 0))
+    finally:
+        async_engine.shutdown()
+
+
+def test_engine_loop_does_not_spin_on_a_step_that_schedules_nothing() -> None:
+    import time
+
+    engine = FakeEngine(stall=True)
+    async_engine = AsyncEngine(engine)
+    async_engine.start()
+    try:
+
+        async def add() -> None:
+            await async_engine.add_request("r", [1, 2], SamplingParams(max_tokens=2))
+
+        asyncio.run(add())
+        time.sleep(0.3)
+        assert 1 <= engine.steps <= 0.3 / 0.005 + 5
     finally:
         async_engine.shutdown()

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+IDLE_WAIT_S = 0.005
 
 
 class EngineDeadError(RuntimeError):
@@ -181,12 +182,14 @@ class AsyncEngine:
     # ---- engine thread ----
     def _run(self) -> None:
         try:
+            stalled = False
             while True:
                 busy = self.engine.has_unfinished_requests()
-                if not self._drain(block=not busy):
+                # NOTE: a step that scheduled nothing (unfinished requests, none schedulable) must not spin.
+                if not self._drain(block=not busy, timeout=IDLE_WAIT_S if stalled else None):
                     break
                 if self.engine.has_unfinished_requests():
-                    self._step()
+                    stalled = not self._step()
         except Exception as e:  # NOTE: not swallowed: logged, and every waiting request gets the error.
             logger.exception("engine loop stopped after an error")
             self.error = e
@@ -195,9 +198,16 @@ class AsyncEngine:
             if self.error is None:
                 self._fail_all(EngineDeadError("the server is shutting down"))
 
-    def _drain(self, block: bool) -> bool:
-        """Applies queued commands; returns False on stop."""
-        cmd: _Command | None = self._commands.get() if block else None
+    def _drain(self, block: bool, timeout: float | None = None) -> bool:
+        """Applies queued commands (waiting for one if ``block``, or up to ``timeout``); False on stop."""
+        cmd: _Command | None = None
+        if block:
+            cmd = self._commands.get()
+        elif timeout is not None:
+            try:
+                cmd = self._commands.get(timeout=timeout)
+            except queue.Empty:
+                return True
         while True:
             if cmd is None:
                 try:
@@ -234,7 +244,8 @@ class AsyncEngine:
                 return
             _deliver(cmd.loop, _settle, cmd.result, value, None)
 
-    def _step(self) -> None:
+    def _step(self) -> bool:
+        """One engine step; returns whether it produced any output."""
         outputs = self.engine.step()
         if self.observer is not None:
             self.observer.on_step(self.engine, outputs)
@@ -248,6 +259,7 @@ class AsyncEngine:
             by_loop.setdefault(stream.loop, []).append((stream, out))
         for loop, items in by_loop.items():
             _deliver(loop, _put_all, items)
+        return bool(outputs)
 
     def _fail_all(self, error: BaseException) -> None:
         streams, self._streams = self._streams, {}

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import socket
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 logger = logging.getLogger("graphpool.server")
@@ -104,6 +108,35 @@ def make_server(
     metrics = ServerMetrics()
     app = build_app(AsyncEngine(engine, observer=metrics), metrics, served_model_name)
     return uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False))
+
+
+@contextlib.contextmanager
+def serve_in_thread(
+    engine: Any, host: str = "127.0.0.1", served_model_name: str | None = None, log_level: str = "warning"
+) -> Iterator[tuple[str, Any]]:
+    """Serves ``engine`` from a background thread on a free port; yields (base URL, uvicorn.Server).
+
+    For tests and benchmarks: the caller must not touch ``engine`` until the block exits.
+    """
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind((host, 0))
+    port = sock.getsockname()[1]
+    server = make_server(engine, host, port, served_model_name, log_level)
+    thread = threading.Thread(
+        target=server.run, kwargs={"sockets": [sock]}, name="graphpool-http", daemon=True
+    )
+    thread.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not server.started:
+            if not thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the server did not start (see the log above)")
+            time.sleep(0.02)
+        yield f"http://{host}:{port}", server
+    finally:
+        server.should_exit = True
+        thread.join(60)
+        sock.close()
 
 
 def serve(args: argparse.Namespace, config: Any = None) -> None:

@@ -73,6 +73,7 @@ class EngineCollector(Collector):
 
     @staticmethod
     def _pool(g: Any) -> Iterator[Metric]:
+        yield _counter("graph_steps", "Decode steps run through the pool (graph or eager)", g.steps)
         yield _counter("graph_hits", "Decode steps replayed from a graph of their own size", g.hits)
         yield _counter(
             "graph_padded_hits", "Decode steps replayed from a larger resident graph", g.padded_hits
