@@ -180,6 +180,7 @@ def run_memory_bench(cfg: MemoryBenchConfig, out_dir: Path, argv: Sequence[str] 
         raise ValueError("the memory bench measures CUDA graph memory: it needs a CUDA device")
     dtype = common.resolve_dtype(cfg.dtype, device)
     env = common.collect_env(argv, device)
+    print(env.header_markdown(), flush=True)
     progress(f"memory bench: {cfg.model} on {env.gpu}")
     model = build_random_model(cfg.model, device, dtype, cfg.attn_backend, max_positions=cfg.context_len + 16)
     setup = DecodeSetup.create(model, cfg.max_batch_size, cfg.context_len)

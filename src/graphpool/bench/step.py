@@ -240,6 +240,7 @@ def run_step_bench(cfg: StepBenchConfig, out_dir: Path, argv: Sequence[str] | No
     device = common.resolve_device(cfg.device)
     dtype = common.resolve_dtype(cfg.dtype, device)
     env = common.collect_env(argv, device)
+    print(env.header_markdown(), flush=True)
     progress(f"step bench on {env.gpu}, torch {env.torch_version}, dtype {dtype}")
     bandwidth = common.measure_hbm_bandwidth(device, nbytes=(2 << 30) if device.type == "cuda" else (64 << 20))
     progress(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s (read + write)")

@@ -233,6 +233,7 @@ def markdown(runs: Sequence[RunResult], traces: dict[float, dict[str, float]], c
 def run_trace_bench(cfg: TraceBenchConfig, out_dir: Path, argv: Sequence[str] | None = None) -> dict[str, Any]:
     device = common.resolve_device(cfg.device)
     env = common.collect_env(argv, device)
+    print(env.header_markdown(), flush=True)
     probe = cfg.engine_config({})
     ladder = list(probe.pool_config().ladder().sizes)
     configs = [c for c in serving_configs(ladder, cfg.budget_mib * MIB) if c.key in cfg.configs]
