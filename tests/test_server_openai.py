@@ -28,6 +28,7 @@ CHAT = [
     [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name a colour."}],
 ]
 MAX_TOKENS = 8
+STOP = ["\n", "answer"]
 
 
 @dataclass
@@ -36,6 +37,7 @@ class Served:
     model: str
     completions: dict[str, str]  # prompt -> greedy text
     chats: list[str]  # greedy reply per CHAT conversation
+    stopped: tuple[str, str | None]  # PROMPTS[0] greedy with stop=STOP: text, finish_reason
     app: Any
 
     def client(self) -> openai.OpenAI:
@@ -58,9 +60,13 @@ def served() -> Iterator[Served]:
     completions = {p: llm.generate(p, greedy, use_tqdm=False)[0].text for p in PROMPTS}
     chats = [llm.chat(c, greedy, use_tqdm=False)[0].text for c in CHAT]
     assert all(completions.values()) and all(chats)
+    out = llm.generate(
+        PROMPTS[0], SamplingParams(temperature=0, max_tokens=MAX_TOKENS, stop=STOP), use_tqdm=False
+    )
+    stopped = (out[0].text, out[0].finish_reason)
 
     with serve_in_thread(llm.engine) as (base_url, server):
-        yield Served(base_url, llm.engine.model_name, completions, chats, server.config.app)
+        yield Served(base_url, llm.engine.model_name, completions, chats, stopped, server.config.app)
 
 
 def test_models_and_health(served: Served) -> None:
@@ -80,6 +86,22 @@ def test_completion_equals_llm_generate(served: Served) -> None:
         model=served.model, prompt=PROMPTS[0], max_tokens=MAX_TOKENS, temperature=0, echo=True
     )
     assert echoed.choices[0].text == PROMPTS[0] + served.completions[PROMPTS[0]]
+
+
+def test_stop_strings_as_llm_generate(served: Served) -> None:
+    client = served.client()
+    kwargs = {
+        "model": served.model,
+        "prompt": PROMPTS[0],
+        "max_tokens": MAX_TOKENS,
+        "temperature": 0,
+        "stop": STOP,
+    }
+    r = client.completions.create(**kwargs)
+    assert (r.choices[0].text, r.choices[0].finish_reason) == served.stopped
+    chunks = list(client.completions.create(**kwargs, stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == served.stopped[0]
+    assert chunks[-1].choices[0].finish_reason == served.stopped[1]
 
 
 def test_chat_equals_llm_chat(served: Served) -> None:
