@@ -50,6 +50,9 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     attention_bias: bool = False
+    # per-frequency divisors of the rotary inverse frequencies [head_dim // 2] (a GGUF `rope_freqs` tensor:
+    # how llama.cpp stores Llama-3 scaling); exclusive with rope_scaling
+    rope_freq_factors: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         for name in (
@@ -75,6 +78,11 @@ class ModelConfig:
             raise ValueError(f"rms_norm_eps must be positive, got {self.rms_norm_eps}")
         if not (self.rope_theta > 0 and math.isfinite(self.rope_theta)):
             raise ValueError(f"rope_theta must be positive, got {self.rope_theta}")
+        if self.rope_freq_factors is not None:
+            if self.rope_scaling is not None:
+                raise ValueError("rope_freq_factors and rope_scaling are exclusive")
+            if len(self.rope_freq_factors) != self.head_dim // 2 or min(self.rope_freq_factors) <= 0:
+                raise ValueError(f"rope_freq_factors must be {self.head_dim // 2} positive numbers")
         ids = [*self.eos_token_ids] + ([self.bos_token_id] if self.bos_token_id is not None else [])
         for tid in ids:
             if not 0 <= tid < self.vocab_size:
@@ -150,9 +158,15 @@ class ModelConfig:
         )
 
     @classmethod
-    def from_gguf_metadata(cls, meta: Mapping[str, Any], *, has_output_weight: bool) -> ModelConfig:
+    def from_gguf_metadata(
+        cls,
+        meta: Mapping[str, Any],
+        *,
+        has_output_weight: bool,
+        rope_freq_factors: tuple[float, ...] | None = None,
+    ) -> ModelConfig:
         """From GGUF key/value metadata (plain Python values). `has_output_weight`: the file holds
-        `output.weight` (an untied lm head)."""
+        `output.weight` (an untied lm head); `rope_freq_factors`: its `rope_freqs` tensor, if any."""
         arch = meta.get("general.architecture")
         if arch not in _GGUF_ARCHS:
             raise ValueError(f"unsupported GGUF architecture {arch!r}: graphpool runs {sorted(_GGUF_ARCHS)}")
@@ -185,4 +199,5 @@ class ModelConfig:
             bos_token_id=None if bos is None else int(bos),
             eos_token_ids=() if eos is None else (int(eos),),
             attention_bias=_GGUF_ARCHS[arch],
+            rope_freq_factors=rope_freq_factors,
         )

@@ -76,10 +76,16 @@ def gguf_config(reader: Any) -> ModelConfig:
     arch = meta.get("general.architecture")
     if f"{arch}.vocab_size" not in meta and "tokenizer.ggml.tokens.length" in meta:
         meta[f"{arch}.vocab_size"] = meta["tokenizer.ggml.tokens.length"]
-    names = {t.name for t in reader.tensors}
-    if "rope_freqs.weight" in names:
-        raise ValueError("GGUF files with a rope_freqs tensor (Llama 3.1+ scaling) are not supported yet")
-    return ModelConfig.from_gguf_metadata(meta, has_output_weight="output.weight" in names)
+    tensors = {t.name: t for t in reader.tensors}
+    factors = None
+    if "rope_freqs.weight" in tensors:
+        import gguf
+
+        t = tensors["rope_freqs.weight"]
+        factors = tuple(float(f) for f in gguf.quants.dequantize(t.data, t.tensor_type).reshape(-1))
+    return ModelConfig.from_gguf_metadata(
+        meta, has_output_weight="output.weight" in tensors, rope_freq_factors=factors
+    )
 
 
 def unpermute_qk(w: torch.Tensor, num_heads: int) -> torch.Tensor:
@@ -106,6 +112,8 @@ def iter_gguf_weights(reader: Any, config: ModelConfig) -> Iterator[tuple[str, t
 
     permute = reader.fields["general.architecture"].contents() == "llama"
     for t in reader.tensors:
+        if t.name == "rope_freqs.weight":
+            continue  # part of the config (rope_freq_factors)
         name = gguf_hf_name(t.name)
         array = gguf.quants.dequantize(t.data, t.tensor_type)
         # NOTE: a copy: unquantized tensors are read-only views of the memory-mapped file.
@@ -115,6 +123,10 @@ def iter_gguf_weights(reader: Any, config: ModelConfig) -> Iterator[tuple[str, t
         elif permute and ".k_proj." in name:
             tensor = unpermute_qk(tensor, config.num_kv_heads)
         yield name, tensor
+
+
+def gguf_has_tokenizer(reader: Any) -> bool:
+    return "tokenizer.ggml.tokens" in reader.fields
 
 
 def gguf_chat_template(reader: Any) -> str | None:

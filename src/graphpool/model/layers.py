@@ -26,9 +26,17 @@ class RMSNorm(nn.Module):
         return rms_norm_torch(x, self.weight, self.eps)
 
 
-def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None) -> torch.Tensor:
-    """Inverse rotary frequencies [head_dim // 2] (float32), with Llama-3 scaling when given."""
+def rope_inv_freq(
+    head_dim: int,
+    theta: float,
+    scaling: RopeScaling | None,
+    freq_factors: tuple[float, ...] | None = None,
+) -> torch.Tensor:
+    """Inverse rotary frequencies [head_dim // 2] (float32), with Llama-3 scaling when given (as parameters,
+    or as llama.cpp's per-frequency divisors `freq_factors`)."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    if freq_factors is not None:
+        return inv_freq / torch.tensor(freq_factors, dtype=torch.float32)
     if scaling is None:
         return inv_freq
     old_len = scaling.original_max_position_embeddings
@@ -51,7 +59,9 @@ class RotaryEmbedding(nn.Module):
 
     def __init__(self, config: ModelConfig, max_positions: int, device: torch.device) -> None:
         super().__init__()
-        inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling)
+        inv_freq = rope_inv_freq(
+            config.head_dim, config.rope_theta, config.rope_scaling, config.rope_freq_factors
+        )
         freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
         self.register_buffer("cos", freqs.cos().to(device), persistent=False)
         self.register_buffer("sin", freqs.sin().to(device), persistent=False)

@@ -12,6 +12,7 @@ from graphpool.model.gguf_loader import (
     default_gguf_path,
     gguf_chat_template,
     gguf_config,
+    gguf_has_tokenizer,
     iter_gguf_weights,
     open_gguf,
 )
@@ -71,7 +72,7 @@ def load_model(
     raise ValueError(f"unknown model {name!r}; accepted models: {accepted_models()}")
 
 
-def _load_gguf(path: Path, **kwargs: object) -> tuple[LlamaModel, ModelConfig, Tokenizer]:
+def _load_gguf(path: Path, **kwargs: object) -> tuple[LlamaModel, ModelConfig, Tokenizer | None]:
     reader = open_gguf(path)
     config = gguf_config(reader)
     model = LlamaModel(config, **kwargs)  # type: ignore[arg-type]
@@ -79,7 +80,11 @@ def _load_gguf(path: Path, **kwargs: object) -> tuple[LlamaModel, ModelConfig, T
     for name, tensor in iter_gguf_weights(reader, config):
         loader.load(name, tensor)
     loader.finish()
-    tokenizer = tokenizer_from_gguf(path, gguf_chat_template(reader), config.eos_token_ids)
+    tokenizer = (
+        tokenizer_from_gguf(path, gguf_chat_template(reader), config.eos_token_ids)
+        if gguf_has_tokenizer(reader)
+        else None
+    )
     return model.eval(), config, tokenizer
 
 

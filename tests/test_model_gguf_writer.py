@@ -1,0 +1,160 @@
+"""GGUF files written here the way llama.cpp's converter writes them (tiny transformers models: Llama with an
+untied head and Llama-3 rope scaling stored as `rope_freqs`, Qwen2 with q/k/v bias, one Q8_0 tensor), loaded
+by our GGUF path and compared with transformers' logits."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from graphpool.model import AttentionMetadata, load_model
+
+SCALING = {
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 32,
+}
+
+
+def _tiny_hf(kind: str, tied: bool) -> torch.nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    common = {
+        "vocab_size": 300,
+        "hidden_size": 64,
+        "intermediate_size": 96,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 256,
+        "rms_norm_eps": 1e-6,
+        "tie_word_embeddings": tied,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+    }
+    torch.manual_seed(0)
+    if kind == "llama":
+        model = LlamaForCausalLM(
+            LlamaConfig(**common, rope_theta=10000.0, rope_scaling={"rope_type": "llama3", **SCALING})
+        )
+    else:
+        model = Qwen2ForCausalLM(Qwen2Config(**common, rope_theta=1e6))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+            else:
+                p.normal_(0.0, 0.1)
+    return model.eval()
+
+
+def _llama_cpp_permute(w: np.ndarray, heads: int) -> np.ndarray:
+    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _llama3_rope_factors(head_dim: int, theta: float) -> np.ndarray:
+    # how llama.cpp's converter turns Llama-3 scaling parameters into per-frequency divisors
+    freqs = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim))
+    old = SCALING["original_max_position_embeddings"]
+    low_wl, high_wl = old / SCALING["low_freq_factor"], old / SCALING["high_freq_factor"]
+    out = []
+    for f in freqs:
+        wl = 2 * math.pi / f
+        if wl < high_wl:
+            out.append(1.0)
+        elif wl > low_wl:
+            out.append(SCALING["factor"])
+        else:
+            smooth = (old / wl - SCALING["low_freq_factor"]) / (
+                SCALING["high_freq_factor"] - SCALING["low_freq_factor"]
+            )
+            out.append(1 / ((1 - smooth) / SCALING["factor"] + smooth))
+    return np.array(out, dtype=np.float32)
+
+
+def _write_gguf(model: torch.nn.Module, kind: str, path: Path) -> None:
+    import gguf
+
+    cfg = model.config
+    w = gguf.GGUFWriter(str(path), kind)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_rope_freq_base(float(cfg.rope_parameters["rope_theta"]))
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_vocab_size(cfg.vocab_size)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    names = {
+        "input_layernorm": "attn_norm",
+        "post_attention_layernorm": "ffn_norm",
+        "self_attn.q_proj": "attn_q",
+        "self_attn.k_proj": "attn_k",
+        "self_attn.v_proj": "attn_v",
+        "self_attn.o_proj": "attn_output",
+        "mlp.gate_proj": "ffn_gate",
+        "mlp.up_proj": "ffn_up",
+        "mlp.down_proj": "ffn_down",
+    }
+    for name, tensor in model.state_dict().items():
+        array = tensor.float().numpy()
+        if name == "model.embed_tokens.weight":
+            gname = "token_embd.weight"
+        elif name == "model.norm.weight":
+            gname = "output_norm.weight"
+        elif name == "lm_head.weight":
+            if cfg.tie_word_embeddings:
+                continue
+            gname = "output.weight"
+        else:
+            _, _, layer, *rest = name.split(".")
+            module, kind_ = ".".join(rest[:-1]), rest[-1]
+            gname = f"blk.{layer}.{names[module]}.{kind_}"
+            if kind == "llama" and module == "self_attn.q_proj":
+                array = _llama_cpp_permute(array, cfg.num_attention_heads)
+            elif kind == "llama" and module == "self_attn.k_proj":
+                array = _llama_cpp_permute(array, cfg.num_key_value_heads)
+        if gname == "blk.0.ffn_up.weight":
+            # one quantized tensor; the reference model gets the same dequantized values
+            q8 = gguf.quants.quantize(array, gguf.GGMLQuantizationType.Q8_0)
+            w.add_tensor(gname, q8, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+            deq = gguf.quants.dequantize(q8, gguf.GGMLQuantizationType.Q8_0)
+            with torch.no_grad():
+                model.get_parameter(name).copy_(torch.from_numpy(deq))
+        else:
+            w.add_tensor(gname, np.ascontiguousarray(array))
+    if kind == "llama":
+        w.add_tensor(
+            "rope_freqs.weight", _llama3_rope_factors(cfg.head_dim, cfg.rope_parameters["rope_theta"])
+        )
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+@pytest.mark.parametrize(("kind", "tied"), [("llama", False), ("qwen2", True)])
+def test_written_gguf_matches_transformers(kind: str, tied: bool, tmp_path: Path) -> None:
+    hf = _tiny_hf(kind, tied)
+    path = tmp_path / "tiny.gguf"
+    _write_gguf(hf, kind, path)
+    model, cfg, tok = load_model(path, dtype=torch.float32)
+    assert tok is None  # no tokenizer in this file
+    assert cfg.tie_word_embeddings == tied and cfg.attention_bias == (kind == "qwen2")
+    assert (cfg.rope_freq_factors is not None) == (kind == "llama")
+    # positions past original_max_position_embeddings exercise the rope factors
+    ids = torch.randint(0, cfg.vocab_size, (80,), generator=torch.Generator().manual_seed(2))
+    kv = model.allocate_kv_caches(8, 16)
+    meta = AttentionMetadata(True, torch.arange(80), torch.arange(80) + 16, seq_lens=[80])
+    with torch.no_grad():
+        ours = model.compute_logits(model(ids, meta, kv))
+        ref = hf(ids[None]).logits[0].float()
+    torch.testing.assert_close(ours, ref, atol=1e-4, rtol=1e-4)
