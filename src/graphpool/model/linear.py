@@ -2,8 +2,9 @@
 
 NOTE: this is the one place tensor parallelism will touch. A `ColumnLinear` splits its output features
 across ranks (q/k/v, gate/up: no communication); a `RowLinear` splits its input features and sums the
-partial results with an all-reduce (o_proj, down_proj): the only communication points of a step. Today
-both run on one rank and `all_reduce` is the identity.
+partial results with an all-reduce (o_proj, down_proj): the only communication points inside the layers. (A
+vocabulary-parallel embedding and lm head, in `LlamaModel`, would add one all-reduce after the embedding and
+one gather of the logits.) Today everything runs on one rank and `all_reduce` is the identity.
 """
 
 from __future__ import annotations

@@ -124,6 +124,8 @@ class LlamaModel(nn.Module):
         self.ops = ops if ops is not None else resolve_ops(attn_backend, device)
         self.attn_backend: AttnBackend = self.ops.backend
         self.max_positions = max_positions or config.max_position_embeddings
+        if self.max_positions <= 0:
+            raise ValueError(f"max_positions must be positive, got {self.max_positions}")
         self.embed_tokens = nn.Embedding(
             config.vocab_size,
             config.hidden_size,
