@@ -54,7 +54,7 @@ class Served:
 
 @pytest.fixture(scope="module")
 def served() -> Iterator[Served]:
-    llm = LLM(device="cpu", max_model_len=MAX_MODEL_LEN, max_num_seqs=64)
+    llm = LLM(device="cpu", max_model_len=MAX_MODEL_LEN, max_num_seqs=64, num_kv_blocks=160)
     greedy = SamplingParams(temperature=0, max_tokens=MAX_TOKENS)
     # NOTE: one prompt at a time, as the server tests send them, so batch composition cannot differ.
     completions = {p: llm.generate(p, greedy, use_tqdm=False)[0].text for p in PROMPTS}
