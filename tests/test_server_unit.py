@@ -229,3 +229,34 @@ def test_engine_loop_does_not_spin_on_a_step_that_schedules_nothing() -> None:
         assert 1 <= engine.steps <= 0.3 / 0.005 + 5
     finally:
         async_engine.shutdown()
+
+
+def test_describe_startup_says_what_the_pool_captured_and_holds() -> None:
+    from types import SimpleNamespace
+
+    from graphpool.engine.config import EngineConfig
+    from graphpool.server.main import describe_startup
+
+    engine = FakeEngine()
+    cpu = describe_startup(engine, EngineConfig(device="cpu"), 2.5)
+    assert "on cpu (float32), loaded in 2.5 s" in cpu[0]
+    assert cpu[1].startswith("KV cache: 100 blocks of 16 tokens (1600 token slots)")
+    assert cpu[2] == "CUDA graphs: off (device cpu); decode steps run eagerly"
+
+    gpu_config = SimpleNamespace(
+        torch_device="cuda:0", torch_dtype="torch.bfloat16", block_size=16, graphs_enabled=True,
+        disable_cudagraph=False, graph_memory_budget=256 << 20, max_graph_pool_size=16, graph_warmup=(8,),
+    )  # fmt: skip
+    gpu = describe_startup(engine, gpu_config, 1.0)
+    assert gpu[2] == (
+        "CUDA graphs: warm-up captured 1 graphs in 0.50 s (slowest 0.500 s, 0 failed); resident 1 graphs [8] "
+        "holding 0.0 MiB; max_graph_pool_size 16, graph_memory_budget 256 MiB"
+    )
+
+
+def test_serve_subcommand_refuses_bad_flags_before_loading() -> None:
+    from graphpool.cli import build_parser, main
+
+    args = build_parser().parse_args(["serve", "--port", "9001", "--max-graph-pool-size", "4"])
+    assert (args.port, args.host, args.max_graph_pool_size) == (9001, "127.0.0.1", 4)
+    assert main(["serve", "--max-model-len", "-3"]) == 2

@@ -181,6 +181,12 @@ class AsyncEngine:
 
     # ---- engine thread ----
     def _run(self) -> None:
+        device = getattr(self.engine, "device", None)
+        if getattr(device, "type", None) == "cuda":
+            import torch
+
+            # NOTE: the current device is per thread; lazy captures on this thread use its current stream.
+            torch.cuda.set_device(device)
         try:
             stalled = False
             while True:
