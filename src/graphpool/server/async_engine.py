@@ -8,7 +8,6 @@ commands over through a thread-safe queue; outputs come back to each request's a
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import queue
 import threading
@@ -115,9 +114,11 @@ class AsyncEngine:
         self._commands: queue.SimpleQueue[_Command] = queue.SimpleQueue()
         self._streams: dict[str, RequestStream] = {}
         self._thread: threading.Thread | None = None
-        self._ids = itertools.count()
         self.error: BaseException | None = None
         self._stopping = False
+        # NOTE: once closed (under the lock), no command enters the queue: none can wait unanswered.
+        self._lock = threading.Lock()
+        self._closed = False
 
     # ---- lifecycle (any thread) ----
     def start(self) -> None:
@@ -130,7 +131,9 @@ class AsyncEngine:
         if self._thread is None:
             return
         self._stopping = True
-        self._commands.put(_Stop())
+        with self._lock:
+            if not self._closed:
+                self._commands.put(_Stop())
         self._thread.join(timeout)
         if self._thread.is_alive():
             logger.warning("engine loop did not stop within %.0f s", timeout)
@@ -141,9 +144,6 @@ class AsyncEngine:
         return self._thread is not None and self._thread.is_alive() and self.error is None
 
     # ---- handler side (event loop) ----
-    def new_request_id(self, prefix: str) -> str:
-        return f"{prefix}-{next(self._ids)}"
-
     async def add_request(
         self, request_id: str, prompt: str | list[int], params: SamplingParams
     ) -> RequestStream:
@@ -152,7 +152,7 @@ class AsyncEngine:
         loop = asyncio.get_running_loop()
         stream = RequestStream(request_id, loop)
         accepted: asyncio.Future[None] = loop.create_future()
-        self._commands.put(_Add(request_id, prompt, params, stream, accepted))
+        self._submit(_Add(request_id, prompt, params, stream, accepted))
         try:
             await accepted
         except asyncio.CancelledError:
@@ -163,31 +163,41 @@ class AsyncEngine:
     def abort(self, request_id: str) -> None:
         """Aborts a request and frees its KV blocks (on the engine thread, before its next step)."""
         if self._thread is not None:
-            self._commands.put(_Abort(request_id))
+            with self._lock:
+                if not self._closed:
+                    self._commands.put(_Abort(request_id))
 
     async def call(self, fn: Callable[[Any], T]) -> T:
         """Runs ``fn(engine)`` on the engine thread between two steps."""
         self._check_alive()
         loop = asyncio.get_running_loop()
         result: asyncio.Future[T] = loop.create_future()
-        self._commands.put(_Call(fn, loop, result))
+        self._submit(_Call(fn, loop, result))
         return await result
+
+    def _submit(self, cmd: _Command) -> None:
+        with self._lock:
+            if self._closed:
+                raise EngineDeadError(
+                    f"the engine loop stopped: {self.error!r}" if self.error else "the engine loop stopped"
+                )
+            self._commands.put(cmd)
 
     def _check_alive(self) -> None:
         if self.error is not None:
             raise EngineDeadError(f"the engine loop stopped after an error: {self.error!r}")
-        if self._thread is None or self._stopping:
+        if self._thread is None or self._stopping or not self._thread.is_alive():
             raise EngineDeadError("the engine loop is not running")
 
     # ---- engine thread ----
     def _run(self) -> None:
-        device = getattr(self.engine, "device", None)
-        if getattr(device, "type", None) == "cuda":
-            import torch
-
-            # NOTE: the current device is per thread; lazy captures on this thread use its current stream.
-            torch.cuda.set_device(device)
         try:
+            device = getattr(self.engine, "device", None)
+            if getattr(device, "type", None) == "cuda":
+                import torch
+
+                # NOTE: the current device is per thread; lazy captures on this thread use its current stream.
+                torch.cuda.set_device(device)
             stalled = False
             while True:
                 busy = self.engine.has_unfinished_requests()
@@ -199,9 +209,12 @@ class AsyncEngine:
         except Exception as e:  # NOTE: not swallowed: logged, and every waiting request gets the error.
             logger.exception("engine loop stopped after an error")
             self.error = e
-            self._fail_all(EngineDeadError(f"engine step failed: {e!r}"))
         finally:
-            if self.error is None:
+            with self._lock:
+                self._closed = True
+            if self.error is not None:
+                self._fail_all(EngineDeadError(f"engine step failed: {self.error!r}"))
+            else:
                 self._fail_all(EngineDeadError("the server is shutting down"))
 
     def _drain(self, block: bool, timeout: float | None = None) -> bool:
