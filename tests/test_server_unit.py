@@ -136,7 +136,7 @@ class FakeEngine:
 
 
 def make_client(engine: FakeEngine) -> tuple[TestClient, AsyncEngine]:
-    metrics = ServerMetrics()
+    metrics = ServerMetrics(log_interval_s=0.0)
     async_engine = AsyncEngine(engine, observer=metrics)
     return TestClient(build_app(async_engine, metrics)), async_engine
 
@@ -260,3 +260,13 @@ def test_serve_subcommand_refuses_bad_flags_before_loading() -> None:
     args = build_parser().parse_args(["serve", "--port", "9001", "--max-graph-pool-size", "4"])
     assert (args.port, args.host, args.max_graph_pool_size) == (9001, "127.0.0.1", 4)
     assert main(["serve", "--max-model-len", "-3"]) == 2
+
+
+def test_progress_log_line(caplog: pytest.LogCaptureFixture) -> None:
+    engine = FakeEngine()
+    engine.add_request("r", "hello", SamplingParams(max_tokens=3))
+    metrics = ServerMetrics(log_interval_s=1e-9)
+    with caplog.at_level("INFO", logger="graphpool.server"):
+        metrics.on_step(engine, engine.step())
+    assert "running 1, waiting 0, KV blocks free 99/100" in caplog.text
+    assert "graphs: 1 hits, 0 padded, 1 misses, 1 captures, 0 evictions, 2 eager, 1 resident" in caplog.text

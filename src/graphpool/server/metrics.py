@@ -8,6 +8,8 @@ latencies) is observed here.
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -15,6 +17,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+logger = logging.getLogger("graphpool.server")
 
 PREFIX = "graphpool"
 STEP_SECONDS_BUCKETS = (
@@ -98,7 +102,9 @@ class EngineCollector(Collector):
 class ServerMetrics:
     """All metrics of one server; also the engine loop's step observer."""
 
-    def __init__(self) -> None:
+    def __init__(self, log_interval_s: float = 10.0) -> None:
+        self.log_interval_s = log_interval_s
+        self._last_log = (time.monotonic(), 0)  # (when, generation tokens then)
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.collector = EngineCollector()
@@ -148,6 +154,28 @@ class ServerMetrics:
         for out in outputs:
             if out.finished:
                 self.requests_finished.labels(out.finish_reason or "unknown").inc()
+        now = time.monotonic()
+        if self.log_interval_s > 0 and now - self._last_log[0] >= self.log_interval_s:
+            self._log_progress(engine, now)
+
+    def _log_progress(self, engine: Any, now: float) -> None:
+        """One line per interval while serving: load, KV, throughput and the pool's work."""
+        s = engine.stats()
+        then, tokens_then = self._last_log
+        self._last_log = (now, s.generation_tokens_total)
+        rate = (s.generation_tokens_total - tokens_then) / max(now - then, 1e-9)
+        line = (
+            f"running {s.running}, waiting {s.waiting}, KV blocks free {s.num_free_kv_blocks}/{s.num_kv_blocks}, "
+            f"generation {rate:.1f} tok/s, preemptions {s.preemptions_total}"
+        )
+        g = engine.graph_stats()
+        if g is not None:
+            line += (
+                f"; graphs: {g.hits} hits, {g.padded_hits} padded, {g.misses} misses, {g.captures} captures, "
+                f"{g.evictions} evictions, {g.eager_steps} eager, {g.resident_graphs} resident "
+                f"({g.resident_bytes / 2**20:.1f} MiB)"
+            )
+        logger.info(line)
 
     def on_abort(self, request_id: str) -> None:
         self.requests_finished.labels("abort").inc()
