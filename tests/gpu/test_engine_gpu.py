@@ -1,9 +1,17 @@
 """The engine on the GPU (random llama3.2-1b weights): graph decode vs eager decode, a small pool under a
-batch-size sweep, and the Triton decode attention against the torch reference inside the engine."""
+batch-size sweep, and the Triton kernels against the torch reference inside the engine.
+
+Random weights give flat next-token distributions, so two correct computations that round differently
+(padded vs live batch GEMMs, another attention kernel) can flip a near-tied argmax and then diverge for the
+rest of the request. So the second run of each pair is teacher-forced: it gets the first run's tokens, and the
+comparison is per step (same batches, same positions): argmaxes must agree except at near-ties, and the
+logits of the chosen tokens must be close.
+"""
 
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass, field
 
 import pytest
 import torch
@@ -16,9 +24,11 @@ from graphpool.model.loader import load_model
 PRESET = "random:llama3.2-1b"
 MAX_MODEL_LEN = 512
 NUM_REQUESTS = 64
+Work = list[tuple[list[int], SamplingParams]]
+Key = tuple[str, int]  # (request id, position of the sampled token)
 
 
-def workload(seed: int = 0) -> list[tuple[list[int], SamplingParams]]:
+def workload(seed: int = 0) -> Work:
     """64 token-id prompts of 4..300 tokens with 1..64 greedy output tokens (EOS ignored: fixed lengths)."""
     rng = random.Random(seed)
     return [
@@ -28,8 +38,35 @@ def workload(seed: int = 0) -> list[tuple[list[int], SamplingParams]]:
     ]
 
 
-def run(engine: LLMEngine, work: list[tuple[list[int], SamplingParams]]) -> list[list[int]]:
-    """16 requests at once, then 4 more every 5 steps: the decode batch size rises and falls."""
+@dataclass
+class Record:
+    tokens: dict[Key, int] = field(default_factory=dict)  # what was fed on
+    argmax: dict[Key, int] = field(default_factory=dict)
+    chosen_logit: dict[Key, float] = field(default_factory=dict)
+    top2_gap: dict[Key, float] = field(default_factory=dict)
+    outputs: list[list[int]] = field(default_factory=list)
+    decode_sizes: set[int] = field(default_factory=set)
+    graph_steps: int = 0
+
+
+def run(engine: LLMEngine, work: Work, forced: Record | None = None) -> Record:
+    """16 requests at once, then 4 more every 5 steps (the decode batch size rises and falls). Every sampled
+    row is recorded; with `forced`, the tokens of that earlier run are fed instead of this run's own."""
+    rec = Record()
+    greedy = engine.sampler.sample
+
+    def sample(logits: torch.Tensor, seqs: list) -> torch.Tensor:
+        own = greedy(logits, seqs)
+        keys = [(s.request_id, s.num_tokens) for s in seqs]
+        tokens = own if forced is None else torch.tensor([forced.tokens[k] for k in keys], device=logits.device)
+        top2 = logits.topk(2, dim=-1).values
+        chosen = logits.gather(1, tokens[:, None]).squeeze(1)
+        for k, t, a, c, (v1, v2) in zip(keys, tokens.tolist(), own.tolist(), chosen.tolist(), top2.tolist(),
+                                        strict=True):
+            rec.tokens[k], rec.argmax[k], rec.chosen_logit[k], rec.top2_gap[k] = t, a, c, v1 - v2
+        return tokens
+
+    engine.sampler.sample = sample  # type: ignore[method-assign]
     final: dict[str, list[int]] = {}
     queue = list(enumerate(work))
     step = 0
@@ -42,9 +79,25 @@ def run(engine: LLMEngine, work: list[tuple[list[int], SamplingParams]]) -> list
         for out in engine.step():
             if out.finished:
                 final[out.request_id] = out.token_ids
+        info = engine.last_step
+        if info is not None and info.kind == "decode":
+            rec.decode_sizes.add(info.batch_size)
+            rec.graph_steps += info.graph
         assert step < 5000
     assert engine.stats().num_free_kv_blocks == engine.stats().num_kv_blocks
-    return [final[f"r{i}"] for i in range(len(work))]
+    rec.outputs = [final[f"r{i}"] for i in range(len(work))]
+    return rec
+
+
+def compare(ref: Record, got: Record, *, tie: float, logit_tol: float, min_agree: float) -> None:
+    """`got` was forced with `ref`'s tokens: same keys; argmaxes differ only where ref's top two are within
+    `tie`; chosen-token logits within `logit_tol`; at least `min_agree` of all argmaxes equal."""
+    assert got.tokens == ref.tokens and got.outputs == ref.outputs
+    flips = [k for k in ref.argmax if got.argmax[k] != ref.argmax[k]]
+    assert all(ref.top2_gap[k] <= tie for k in flips), [(k, ref.top2_gap[k]) for k in flips][:5]
+    assert 1 - len(flips) / len(ref.argmax) >= min_agree
+    worst = max(abs(got.chosen_logit[k] - ref.chosen_logit[k]) for k in ref.chosen_logit)
+    assert worst <= logit_tol
 
 
 def make(loaded, dtype: str, **kwargs) -> LLMEngine:
@@ -53,18 +106,16 @@ def make(loaded, dtype: str, **kwargs) -> LLMEngine:
     return LLMEngine(config, loaded=loaded)
 
 
-def match_rate(a: list[list[int]], b: list[list[int]]) -> float:
-    return sum(x == y for x, y in zip(a, b, strict=True)) / len(a)
-
-
 @pytest.fixture(scope="module")
 def fp32_model():
     return load_model(PRESET, "cuda", torch.float32, "torch", seed=0, max_positions=MAX_MODEL_LEN)
 
 
 @pytest.fixture(scope="module")
-def fp32_eager(fp32_model) -> list[list[int]]:
-    return run(make(fp32_model, "float32", disable_cudagraph=True), workload())
+def fp32_eager(fp32_model) -> Record:
+    rec = run(make(fp32_model, "float32", disable_cudagraph=True), workload())
+    assert rec.graph_steps == 0 and sum(len(o) for o in rec.outputs) > 1000
+    return rec
 
 
 @pytest.fixture(scope="module")
@@ -77,62 +128,41 @@ def bf16_models():
 
 
 def test_graph_decode_matches_eager_fp32(fp32_model, fp32_eager) -> None:
-    """fp32 (no TF32): the captured graphs must give exactly the eager tokens."""
-    assert not torch.backends.cuda.matmul.allow_tf32
     engine = make(fp32_model, "float32", graph_miss_policy="capture", profile_steps=True)
-    got = run(engine, workload())
-    assert got == fp32_eager
+    got = run(engine, workload(), forced=fp32_eager)
+    compare(fp32_eager, got, tie=1e-3, logit_tol=1e-3, min_agree=0.995)
     stats = engine.graph_stats()
-    assert stats is not None and stats.hits > 50 and stats.captures > 5
+    assert stats is not None and stats.hits > 50 and stats.captures > 5 and got.graph_steps > 50
     assert engine.last_step is not None and engine.last_step.forward_seconds is not None
 
 
 def test_graph_decode_matches_eager_bf16(bf16_models) -> None:
-    """bf16: graph (padded batch, length bound baked in) vs eager can flip near-tied argmaxes; almost all
-    requests must still agree token for token."""
     _, triton_model = bf16_models
     eager = run(make(triton_model, "bfloat16", disable_cudagraph=True), workload(1))
-    engine = make(triton_model, "bfloat16")
-    graph = run(engine, workload(1))
-    assert match_rate(graph, eager) >= 0.9
-    assert all(g[:2] == e[:2] for g, e in zip(graph, eager, strict=True))
+    engine = make(triton_model, "bfloat16")  # the default miss policy
+    got = run(engine, workload(1), forced=eager)
+    compare(eager, got, tie=0.3, logit_tol=0.3, min_agree=0.93)
     stats = engine.graph_stats()
-    assert stats is not None and stats.hits + stats.padded_hits > 50
+    assert stats is not None and stats.hits + stats.padded_hits > 50 and got.graph_steps > 50
 
 
 def test_small_pool_sweeps_misses_hits_and_evictions(fp32_model, fp32_eager) -> None:
     engine = make(fp32_model, "float32", max_graph_pool_size=4, graph_miss_policy="capture", graph_warmup="all")
     warm = engine.graph_stats()
     assert warm is not None and 1 <= warm.resident_graphs <= 4 and warm.captures == warm.resident_graphs
-    graph_steps = 0
-    decode_sizes: set[int] = set()
-    original_step = engine.step
-
-    def counting_step():
-        nonlocal graph_steps
-        outs = original_step()
-        info = engine.last_step
-        if info is not None and info.kind == "decode":
-            decode_sizes.add(info.batch_size)
-            graph_steps += info.graph
-        return outs
-
-    engine.step = counting_step  # type: ignore[method-assign]
-    got = run(engine, workload())
-    assert got == fp32_eager
+    got = run(engine, workload(), forced=fp32_eager)
+    compare(fp32_eager, got, tie=1e-3, logit_tol=1e-3, min_agree=0.995)
     stats = engine.graph_stats()
     assert stats.resident_graphs <= 4 and stats.evictions > 0 and stats.hits > 0 and stats.misses > 0
-    assert stats.captures > 4 and len(decode_sizes) > 8 and graph_steps > 0
+    assert stats.captures > 4 and len(got.decode_sizes) > 8 and got.graph_steps > 0
 
 
-def test_triton_attention_matches_torch_in_the_engine(bf16_models) -> None:
+def test_triton_kernels_match_torch_in_the_engine(bf16_models) -> None:
     torch_model, triton_model = bf16_models
     work = workload(2)
-    ref = run(make(torch_model, "bfloat16", attn_backend="torch"), work)
-    got = run(make(triton_model, "bfloat16", attn_backend="triton"), work)
-    assert match_rate(got, ref) >= 0.8
-    assert all(g[:2] == r[:2] for g, r in zip(got, ref, strict=True))
-    total = sum(len(r) for r in ref)
-    agree = sum(next((i for i, (x, y) in enumerate(zip(g, r, strict=False)) if x != y), len(r))
-                for g, r in zip(got, ref, strict=True))
-    assert agree / total >= 0.9
+    ref = run(make(torch_model, "bfloat16"), work)
+    got = run(make(triton_model, "bfloat16"), work, forced=ref)
+    compare(ref, got, tie=0.3, logit_tol=0.3, min_agree=0.9)
+    # the first tokens of every request (prefill, then the first two decode steps)
+    first = [(f"r{i}", len(p) + j) for i, (p, params) in enumerate(work) for j in range(min(3, params.max_tokens))]
+    assert sum(got.argmax[k] == ref.argmax[k] for k in first) >= 0.95 * len(first)
