@@ -8,10 +8,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from graphpool.model.loader import DEFAULT_MODEL
+
 if TYPE_CHECKING:
     from graphpool.pool import PoolConfig
 
-DEFAULT_MODEL = "smollm2-135m-instruct"
 _DTYPES = {"auto": None, "float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
            "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
 _ATTN_BACKENDS = ("auto", "torch", "triton")

@@ -52,7 +52,6 @@ class LLMEngine:
         backend = config.attn_backend
         if backend == "auto":
             backend = "triton" if self.device.type == "cuda" else "torch"
-        torch.manual_seed(config.seed)
         if loaded is None:
             from graphpool.model.loader import load_model
 

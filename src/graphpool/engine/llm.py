@@ -102,7 +102,8 @@ class LLM:
         tokens, start = 0, time.perf_counter()
         shown = start
         try:
-            while any(r is None for r in results):
+            remaining = len(ids)
+            while remaining:
                 if not self.engine.has_unfinished_requests():
                     raise RuntimeError("the engine has no unfinished requests, but some results are missing")
                 outputs = self.engine.step()
@@ -117,6 +118,7 @@ class LLM:
                         i = index[out.request_id]
                         results[i] = CompletionOutput(prompts[i], out.prompt_token_ids, out.text, out.token_ids,
                                                       out.finish_reason)
+                        remaining -= 1
                         if bar is not None:
                             bar.update(1)
         finally:
