@@ -45,6 +45,11 @@ def resolve_device(device: str) -> torch.device:
     return dev
 
 
+# NOTE: "cover" = the pool's padding cover of the ladder (few sizes, every size within the padding ratio of
+# one); "all" = every ladder size, largest first, as far as the pool's bounds allow.
+WARMUP_MODES = ("none", "cover", "all")
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     model: str = DEFAULT_MODEL
@@ -69,7 +74,7 @@ class EngineConfig:
     disable_cudagraph: bool = False
     graph_miss_policy: str | None = None  # None -> the pool's default
     graph_mempool: str = "per_graph"
-    graph_warmup: str | tuple[int, ...] = "none"  # "none" | "all" | batch sizes
+    graph_warmup: str | tuple[int, ...] = "none"  # "none" | "cover" | "all" | batch sizes
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
@@ -101,20 +106,20 @@ class EngineConfig:
             if budget <= 0:
                 raise ValueError(f"graph_memory_budget must be positive, got {self.graph_memory_budget!r}")
             object.__setattr__(self, "graph_memory_budget", budget)
-        if isinstance(self.graph_warmup, str) and self.graph_warmup not in ("none", "all"):
+        if isinstance(self.graph_warmup, str) and self.graph_warmup not in WARMUP_MODES:
             try:
                 object.__setattr__(self, "graph_warmup", tuple(int(x) for x in self.graph_warmup.split(",")))
             except ValueError:
                 raise ValueError(
-                    f"graph_warmup must be 'none', 'all' or batch sizes like '1,2,4', got {self.graph_warmup!r}"
+                    f"graph_warmup must be 'none', 'cover', 'all' or batch sizes like '1,2,4', got {self.graph_warmup!r}"
                 ) from None
         if isinstance(self.graph_warmup, (list, tuple)):
             sizes = tuple(self.graph_warmup)
             for s in sizes:
                 _check_positive_int("graph_warmup size", s)
             object.__setattr__(self, "graph_warmup", sizes)
-        elif self.graph_warmup not in ("none", "all"):
-            raise ValueError(f"graph_warmup must be 'none', 'all' or a tuple of sizes, got {self.graph_warmup!r}")
+        elif self.graph_warmup not in WARMUP_MODES:
+            raise ValueError(f"graph_warmup must be 'none', 'cover', 'all' or a tuple of sizes, got {self.graph_warmup!r}")
         for name in ("disable_cudagraph", "profile_steps"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")

@@ -114,9 +114,8 @@ class ModelRunner:
         try:
             if width > self.max_blocks:
                 return self._decode_step(inputs), False
-            before = self.pool.stats().eager_steps if use_graph else 0
             logits = self.pool.run(inputs, max_len_in_batch=max_len)
-            replayed = use_graph and self.pool.stats().eager_steps == before
+            replayed = self.pool.last_replayed
         finally:
             self._step_bound = self.len_bound
         return logits, replayed
@@ -125,4 +124,7 @@ class ModelRunner:
         if not self.graphs_enabled or sizes == "none":
             return
         with torch.inference_mode():
-            self.pool.warmup(None if sizes == "all" else sizes)
+            if sizes == "cover":
+                self.pool.warmup(None)
+            else:
+                self.pool.warmup(tuple(self.pool.ladder) if sizes == "all" else sizes)
