@@ -286,3 +286,22 @@ def test_inference_mode_in_and_out() -> None:
     with torch.inference_mode():
         check(pool, 9)
     assert pool.stats().captures == 2 and pool.stats().hits == 3
+
+
+def test_drifting_batch_sizes_admit_with_padding_stalls_far_less() -> None:
+    rng = random.Random(0)
+    bs, seq = 20, []
+    for _ in range(3000):  # a continuous-batching-like drift over ~29 buckets, more than the pool holds
+        bs = max(1, min(40, bs + rng.choice((-2, -1, -1, 0, 0, 0, 1, 1, 2)) + (1 if bs < 10 else -1 if bs > 30 else 0)))
+        seq.append(bs)
+    stats = {}
+    for policy in ("capture", "admit"):
+        pool, _ = make(miss_policy=policy)
+        for i, b in enumerate(seq):
+            out = pool.run(batch(b, i))
+            assert out[0].shape == (b, 3)
+        stats[policy] = pool.stats()
+    thrash, admit = stats["capture"], stats["admit"]
+    assert thrash.captures > 60
+    assert admit.captures < thrash.captures / 4
+    assert admit.padded_hits > 0 and admit.eager_steps < len(seq) / 50

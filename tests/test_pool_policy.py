@@ -135,3 +135,12 @@ def test_make_policy() -> None:
     assert isinstance(p, AdmitFrequent) and p.admit_after == 4 and p.max_padding_ratio == 0.25
     with pytest.raises(ValueError):
         AdmitFrequent(admit_after=0)
+
+
+def test_admit_frequent_prefers_a_padded_graph_to_a_capture() -> None:
+    p = AdmitFrequent(max_padding_ratio=0.5, admit_after=2, admit_window=16)
+    for _ in range(10):
+        p.observe(6)
+    d = p.on_miss(_ctx(6, (8, 30), room=False, victim=30))
+    assert d.action is Action.SERVE_WITH and d.size == 8
+    assert p.on_miss(_ctx(6, (30,), room=False, victim=30)).action is Action.CAPTURE

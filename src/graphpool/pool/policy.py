@@ -69,12 +69,13 @@ class CaptureOnMiss:
 class AdmitFrequent:
     """Capture freely while there is room; once full, do not let a miss stall the step.
 
-    With room (no eviction needed) a miss captures: nothing can thrash. Without room, a size is admitted
-    (captured, evicting the LRU graph) only if it was requested at least ``admit_after`` times within the
-    last ``admit_window`` steps AND more often than the graph it would evict (a TinyLFU-style guard, so a
-    working set larger than the pool keeps its most frequent sizes instead of rotating through all of them).
-    Otherwise the miss is served by the smallest resident larger graph within ``max_padding_ratio``, or
-    eagerly (``not_admitted``).
+    With room (no eviction needed) a miss captures: nothing can thrash. Without room, the miss is served by
+    the smallest resident larger graph within ``max_padding_ratio`` (at decode batch sizes a padded replay
+    costs about what an exact one does, and far less than a capture). Only if no such graph exists is a
+    size admitted (captured, evicting the LRU graph): when requested at least ``admit_after`` times within
+    the last ``admit_window`` steps AND more often than the graph it would evict (a TinyLFU-style guard, so
+    a working set larger than the pool keeps its most frequent sizes instead of rotating through all of
+    them). Otherwise the step runs eagerly (``not_admitted``).
     """
 
     def __init__(self, max_padding_ratio: float = 0.5, admit_after: int = 3, admit_window: int = 128) -> None:
@@ -103,12 +104,12 @@ class AdmitFrequent:
     def on_miss(self, ctx: MissContext) -> Decision:
         if ctx.has_room:
             return Decision.capture()
-        freq = self.frequency(ctx.bucket)
-        if freq >= self.admit_after and (ctx.victim is None or freq > self.frequency(ctx.victim)):
-            return Decision.capture()
         larger = nearest_larger(ctx.resident, ctx.bucket, self.max_padding_ratio)
         if larger is not None:
             return Decision.serve_with(larger)
+        freq = self.frequency(ctx.bucket)
+        if freq >= self.admit_after and (ctx.victim is None or freq > self.frequency(ctx.victim)):
+            return Decision.capture()
         return Decision.eager(FallbackReason.NOT_ADMITTED)
 
 
