@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
@@ -107,10 +108,13 @@ class CudaGraphCapturer:
                 with torch.cuda.graph(graph, pool=handle, stream=stream, capture_error_mode="thread_local"):
                     outputs = fn()
                 torch.cuda.synchronize()
-            except CAPTURE_ERRORS:
+            except CAPTURE_ERRORS as e:
                 # NOTE: if capture_end() raises (invalidated capture), torch.cuda.graph's __exit__ never restores
                 # the caller's stream: restore it, or later work would silently run on the side stream.
                 torch.cuda.set_stream(caller_stream)
+                # The step's finished frames still hold tensors from the graph's pool: drop them so the
+                # empty_cache below can give that memory back now.
+                traceback.clear_frames(e.__traceback__)
                 graph.reset()
                 del graph
                 torch.cuda.empty_cache()
