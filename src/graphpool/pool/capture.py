@@ -23,6 +23,18 @@ CAPTURE_ERRORS: tuple[type[BaseException], ...] = (torch.OutOfMemoryError, Runti
 # different pools (e.g. two engines in one process) are serialized here.
 _CAPTURE_LOCK = threading.Lock()
 
+# NOTE: one capture stream per device for the whole process: cuBLAS keeps a workspace (32 MiB on Hopper) per
+# (handle, stream) for the life of the process, so a stream per pool would leak one workspace per pool.
+_SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
+
+
+def _side_stream(device: torch.device) -> torch.cuda.Stream:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    stream = _SIDE_STREAMS.get(index)
+    if stream is None:
+        stream = _SIDE_STREAMS[index] = torch.cuda.Stream(device=index)
+    return stream
+
 
 @dataclass(eq=False)
 class CapturedGraph:
@@ -69,14 +81,8 @@ class CudaGraphCapturer:
             raise ValueError(f"CudaGraphCapturer needs a CUDA device, got {self.device}")
         self.layout = layout
         self.warmup_iters = warmup_iters
-        self._stream: torch.cuda.Stream | None = None
         self._shared_handle: Any = None
         self._shared_live = 0  # graphs alive on _shared_handle
-
-    def _side_stream(self) -> torch.cuda.Stream:
-        if self._stream is None:
-            self._stream = torch.cuda.Stream(device=self.device)
-        return self._stream
 
     def _pool_handle(self) -> Any:
         if self.layout == "per_graph":
@@ -89,7 +95,7 @@ class CudaGraphCapturer:
 
     def capture(self, size: int, fn: Callable[[], Any]) -> CapturedGraph:
         with _CAPTURE_LOCK, torch.cuda.device(self.device):
-            stream = self._side_stream()
+            stream = _side_stream(self.device)
             t0 = time.perf_counter()
             # The static inputs were written on the current stream; warm up on the side stream after them.
             stream.wait_stream(torch.cuda.current_stream())
@@ -97,16 +103,21 @@ class CudaGraphCapturer:
                 for _ in range(self.warmup_iters):
                     fn()
             torch.cuda.synchronize()
-            # NOTE: torch.cuda.graph() empties the cache on entry; empty it here first so the warm-up's cached
-            # blocks are gone before measuring and the free-memory delta is the capture's alone.
-            torch.cuda.empty_cache()
+            # NOTE: a graph's private pool takes fresh segments from the driver, so the free-memory delta around
+            # capture is its footprint even with the warm-up's blocks still cached. torch.cuda.graph() is not
+            # used because it runs gc.collect() and empty_cache() on entry: tens of ms added to every miss in a
+            # large serving process, and the eager steps would then pay cudaMalloc again.
             free_before = torch.cuda.mem_get_info(self.device)[0]
             graph = torch.cuda.CUDAGraph()
             handle = self._pool_handle()
             caller_stream = torch.cuda.current_stream()
             try:
-                with torch.cuda.graph(graph, pool=handle, stream=stream, capture_error_mode="thread_local"):
-                    outputs = fn()
+                with torch.cuda.stream(stream):
+                    graph.capture_begin(pool=handle, capture_error_mode="thread_local")
+                    try:
+                        outputs = fn()
+                    finally:
+                        graph.capture_end()
                 torch.cuda.synchronize()
             except CAPTURE_ERRORS as e:
                 # NOTE: if capture_end() raises (invalidated capture), torch.cuda.graph's __exit__ never restores
