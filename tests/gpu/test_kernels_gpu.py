@@ -47,7 +47,7 @@ CASES = [
     (7, 32, 8, 64, 16, 4096, 2048, torch.bfloat16),  # Llama-3.2-1B, bound past every length
     (33, 14, 2, 64, 16, 512, 512, torch.bfloat16),  # Qwen2.5-0.5B, group 7
     (5, 9, 3, 64, 32, 300, 300, torch.float16),  # SmolLM2, block_size 32
-    (64, 32, 8, 128, 16, 320, 320, torch.bfloat16),  # big batch: a single split, direct write
+    (64, 32, 8, 128, 16, 256, 256, torch.bfloat16),  # bound <= one split: direct write
     (6, 16, 4, 128, 16, 777, 700, torch.float32),
     (4, 8, 8, 96, 8, 200, 150, torch.bfloat16),  # group 1, head_dim not a power of two
 ]
@@ -93,24 +93,31 @@ def test_non_contiguous_q_and_empty_context() -> None:
 
 
 def test_padded_rows_do_not_disturb_live_rows() -> None:
-    from graphpool.kernels._triton_decode_attention import paged_decode_attention_triton
-
     lens = [40, 900, 3]
     q, k, v, bt, cl = make_case(lens, 32, 8, 128, seed=2)
-    alone = paged_decode_attention_triton(q, k, v, bt, cl, 0.1, 1024, split_len=256)
+    alone = paged_decode_attention(q, k, v, bt, cl, 0.1, 1024)
     pads = 5
     q_pad = torch.cat([q, torch.randn(pads, 32, 128, device="cuda", dtype=q.dtype)])
     bt_pad = torch.cat([bt, torch.zeros(pads, bt.shape[1], dtype=torch.int32, device="cuda")])
     cl_pad = torch.cat([cl, torch.ones(pads, dtype=torch.int32, device="cuda")])
-    padded = paged_decode_attention_triton(q_pad, k, v, bt_pad, cl_pad, 0.1, 1024, split_len=256)
-    assert torch.equal(padded[:3], alone)
+    padded = paged_decode_attention(q_pad, k, v, bt_pad, cl_pad, 0.1, 1024)
+    assert torch.equal(padded[:3], alone)  # batch-invariant: bitwise
     # a padded row attends to the dummy slot only: its output is v[0, 0] of its kv head
     expected_pad = v[0, 0].repeat_interleave(4, dim=0)
     for row in range(3, 3 + pads):
         torch.testing.assert_close(padded[row], expected_pad, rtol=0, atol=0)
-    # and through the default dispatch (split heuristic depends on bs): still right
-    out = paged_decode_attention(q_pad, k, v, bt_pad, cl_pad, 0.1, 1024)
-    assert rel_err(out[:3], oracle(q, k, v, bt, cl, 0.1, 1024)) < TOL[torch.bfloat16]
+    assert rel_err(alone, oracle(q, k, v, bt, cl, 0.1, 1024)) < TOL[torch.bfloat16]
+
+
+@pytest.mark.parametrize("bound", [200, 4096])
+def test_rows_are_batch_invariant(bound: int) -> None:
+    lens = random_lens(37, min(bound, 2000), seed=4)
+    q, k, v, bt, cl = make_case(lens, 32, 8, 64, max_blocks=-(-bound // 16), seed=4)
+    batch = paged_decode_attention(q, k, v, bt, cl, 0.125, bound)
+    for row in (0, 1, 17, 36):
+        one = slice(row, row + 1)
+        alone = paged_decode_attention(q[one], k, v, bt[one], cl[one], 0.125, bound)
+        assert torch.equal(alone, batch[one])
 
 
 def _capture(fn):

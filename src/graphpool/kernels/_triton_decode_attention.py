@@ -3,9 +3,10 @@
 Work split: the program grid is ``(bs, num_kv_heads, num_splits)``; each program reads one chunk of
 ``split_len`` context tokens of one (sequence, kv head) once and serves all ``group`` query heads that share
 it, with an fp32 online softmax. A second small kernel merges the splits of each (sequence, query head)
-with their log-sum-exp. ``num_splits`` comes from host ints only (batch size, kv heads, the length bound),
-so the grid is fixed at capture time; splits that start past a sequence's length exit at once and the merge
-reads only the splits that hold tokens. With a single split the first kernel writes the output directly.
+with their log-sum-exp. ``split_len`` comes from host ints only (kv heads, the length bound, the SM count),
+so the grid is fixed at capture time; it ignores the batch size, so results are batch-invariant. Splits that
+start past a sequence's length exit at once and the merge reads only the splits that hold tokens. With a
+single split the first kernel writes the output directly (bitwise what the merge of one split gives).
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from graphpool.kernels.decode_attention import _check_inputs, effective_len_boun
 # NOTE: these shape the grid, not correctness; bench_decode_attention is where to tune them.
 BLOCK_N = 64  # context tokens per inner-loop tile
 MAX_SPLITS = 64  # caps the merge kernel's tile ([MAX_SPLITS, head_dim] fp32)
-PROGRAMS_PER_SM = 2  # target occupancy of the split kernel's grid
+MIN_SPLIT_LEN = 256  # keeps the partial-output traffic a few percent of the K/V bytes at large batches
+PROGRAMS_PER_SM = 2  # target occupancy of a batch-of-one grid
 DEFAULT_NUM_SMS = 132  # used when there is no CUDA device (interpreter runs)
 
 
@@ -38,14 +40,15 @@ def device_num_sms(device: torch.device) -> int:
     return _num_sms(index)
 
 
-def choose_split_len(
-    batch_size: int, num_kv_heads: int, len_bound: int, num_sms: int, block_n: int = BLOCK_N
-) -> int:
-    """Tokens per split: enough splits to fill the GPU, at most MAX_SPLITS, a multiple of ``block_n``."""
-    programs = max(1, batch_size * num_kv_heads)
-    target_splits = max(1, min(MAX_SPLITS, -(-PROGRAMS_PER_SM * num_sms // programs)))
-    split_len = max(block_n, -(-len_bound // target_splits))
-    split_len = max(split_len, -(-len_bound // MAX_SPLITS))
+def choose_split_len(num_kv_heads: int, len_bound: int, num_sms: int, block_n: int = BLOCK_N) -> int:
+    """Tokens per split, a multiple of ``block_n``: enough splits to fill the GPU at batch size 1, at most
+    MAX_SPLITS, at least MIN_SPLIT_LEN tokens.
+
+    NOTE: deliberately independent of the batch size, so a row's output is bitwise the same whatever batch
+    (or padding) it runs in: eager and graph steps agree exactly when they pass the same ``max_len_bound``.
+    """
+    target_splits = max(1, min(MAX_SPLITS, -(-PROGRAMS_PER_SM * num_sms // max(1, num_kv_heads))))
+    split_len = max(MIN_SPLIT_LEN, block_n, -(-len_bound // target_splits), -(-len_bound // MAX_SPLITS))
     return -(-split_len // block_n) * block_n
 
 
@@ -200,7 +203,7 @@ def paged_decode_attention_triton(
 
     bound = effective_len_bound(max_len_bound, block_tables.shape[1], block_size)
     if split_len is None:
-        split_len = choose_split_len(bs, num_kv_heads, bound, device_num_sms(q.device), block_n)
+        split_len = choose_split_len(num_kv_heads, bound, device_num_sms(q.device), block_n)
     elif split_len <= 0:
         raise ValueError(f"split_len must be positive, got {split_len}")
     if block_n < 16 or block_n & (block_n - 1):

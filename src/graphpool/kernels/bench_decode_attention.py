@@ -63,7 +63,7 @@ def bench_one(
         lens = torch.full((bs,), ctx, device="cuda", dtype=torch.int32)
     out = torch.empty_like(q)
     scale = dim**-0.5
-    split = split_len or choose_split_len(bs, hkv, ctx, device_num_sms(q.device), knobs.get("block_n", 64))
+    split = split_len or choose_split_len(hkv, ctx, device_num_sms(q.device), knobs.get("block_n", 64))
 
     def run() -> None:
         paged_decode_attention_triton(q, k, v, bt, lens, scale, ctx, out=out, split_len=split, **knobs)
