@@ -47,5 +47,5 @@ def test_trace_bench_runs_two_configs_through_the_engine(tmp_path: Path) -> None
     assert runs["a"]["graph_steps"] == 0 and runs["a"]["stats_end"] is None
     assert runs["e"]["decode_steps"] > 0 and runs["e"]["stats_end"] is not None
     for r in runs.values():
-        assert r["latency"]["output_tokens"] > 0 and r["latency"]["started"] > 0
+        assert r["latency"].output_tokens > 0 and r["latency"].started > 0
     assert (tmp_path / "trace_itl_cdf.png").exists()
