@@ -109,6 +109,18 @@ def test_admit_frequent_room_serve_eager_admit() -> None:
     assert p.on_miss(_ctx(5, (20,), room=False, victim=20)).action is Action.CAPTURE
 
 
+def test_admit_frequent_with_room_pads_a_rare_size_until_it_is_admitted() -> None:
+    p = AdmitFrequent(max_padding_ratio=0.5, admit_after=3, admit_window=8)
+    p.observe(6)
+    d = p.on_miss(_ctx(6, (8,), room=True))
+    assert d.action is Action.SERVE_WITH and d.size == 8  # room, but a rare size: no capture stall
+    p.observe(6)
+    p.observe(6)
+    assert p.on_miss(_ctx(6, (8,), room=True)).action is Action.CAPTURE  # admitted: captured
+    p.observe(2)
+    assert p.on_miss(_ctx(2, (8,), room=True)).action is Action.CAPTURE  # nothing to pad into: capture
+
+
 def test_admit_frequent_guards_against_a_more_frequent_victim() -> None:
     p = AdmitFrequent(max_padding_ratio=0.0, admit_after=2, admit_window=16)
     for _ in range(4):

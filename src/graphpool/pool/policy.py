@@ -67,15 +67,15 @@ class CaptureOnMiss:
 
 
 class AdmitFrequent:
-    """Capture freely while there is room; once full, do not let a miss stall the step.
+    """Do not let a miss stall the step unless the size has earned its graph.
 
-    With room (no eviction needed) a miss captures: nothing can thrash. Without room, the miss is served by
-    the smallest resident larger graph within ``max_padding_ratio`` (at decode batch sizes a padded replay
-    costs about what an exact one does, and far less than a capture). Only if no such graph exists is a
-    size admitted (captured, evicting the LRU graph): when requested at least ``admit_after`` times within
-    the last ``admit_window`` steps AND more often than the graph it would evict (a TinyLFU-style guard, so
-    a working set larger than the pool keeps its most frequent sizes instead of rotating through all of
-    them). Otherwise the step runs eagerly (``not_admitted``).
+    A miss is first served by the smallest resident larger graph within ``max_padding_ratio`` (at decode
+    batch sizes a padded replay costs about what an exact one does, and far less than a capture), until the
+    size is admitted. A size is admitted (captured) when requested at least ``admit_after`` times within the
+    last ``admit_window`` steps and, if a capture would evict, more often than the graph it would evict (a
+    TinyLFU-style guard, so a working set larger than the pool keeps its most frequent sizes instead of
+    rotating through all of them). With room and no graph to pad into, a miss captures at once: nothing can
+    thrash, and an eager step costs several replays. Otherwise the step runs eagerly (``not_admitted``).
     """
 
     def __init__(self, max_padding_ratio: float = 0.5, admit_after: int = 3, admit_window: int = 128) -> None:
@@ -102,13 +102,14 @@ class AdmitFrequent:
         return self._counts.get(bucket, 0)
 
     def on_miss(self, ctx: MissContext) -> Decision:
-        if ctx.has_room:
+        freq = self.frequency(ctx.bucket)
+        admitted = freq >= self.admit_after and (ctx.victim is None or freq > self.frequency(ctx.victim))
+        if ctx.has_room and admitted:
             return Decision.capture()
         larger = nearest_larger(ctx.resident, ctx.bucket, self.max_padding_ratio)
         if larger is not None:
             return Decision.serve_with(larger)
-        freq = self.frequency(ctx.bucket)
-        if freq >= self.admit_after and (ctx.victim is None or freq > self.frequency(ctx.victim)):
+        if ctx.has_room or admitted:
             return Decision.capture()
         return Decision.eager(FallbackReason.NOT_ADMITTED)
 
