@@ -39,12 +39,14 @@ def test_write_report_writes_env_results_and_markdown(tmp_path: Path) -> None:
 def test_step_markdown_shows_ratios_per_model() -> None:
     rows = [StepRow(model="m1", batch_size=1, eager_ms=10.0, graph_ms=2.0, floor_ms=1.0, speedup=5.0,
                     graph_over_floor=2.0),
-            StepRow(model="m2", batch_size=8, eager_ms=12.0, compile_s=25.0, compile_ms=4.0,
-                    compile_error=None, compile_cudagraph_skips=1)]
+            StepRow(model="m2", batch_size=8, eager_ms=12.0, graph_ms=3.0, compile_s=25.0, compile_ms=4.0,
+                    compile_error=None, compile_cudagraph_skips=1, torch_ops_eager_ms=30.0, compile_rel_err=0.001)]
     text = step_markdown(rows, 4.0e12, StepBenchConfig())
     assert "4.00 TB/s" in text and "## m1" in text and "## m2" in text
     assert "| 1 | 10 | 2 | - | - | 1 | 5 | 2 |" in text
-    assert "| 8 | 25 | 4 | 1 |  |" in text  # the compile table of m2
+    # the compile table of m2: compiled vs the plain-ops eager step it was compiled from, and the Triton graph
+    assert "| 8 | 25 | 4 | 30 | 3 | 0.001 | 1 |  |" in text
+    assert "plain PyTorch ops" in text.split("## m2")[1]
 
 
 def _run(config: str, p99: float, rate: float = 16.0) -> RunResult:

@@ -57,3 +57,24 @@ def test_decode_setup_layout_is_the_engines() -> None:
         again = s.step_fn()(b)  # idempotent: rewrites the same KV slot with the same values
     assert logits.shape == (2, TINY.vocab_size) and torch.isfinite(logits).all()
     assert torch.equal(logits, again)
+
+
+def test_compile_twin_has_the_same_weights_cache_and_plain_torch_ops() -> None:
+    from graphpool.bench.compile_step import torch_ops_twin
+    from graphpool.model.llama import LlamaModel
+    from graphpool.model.ops import kernel_ops
+    from graphpool.model.weights import init_random_weights
+
+    model = LlamaModel(TINY, max_positions=64, ops=kernel_ops())  # the Triton op set (torch refs on the CPU)
+    init_random_weights(model, seed=0)
+    setup = DecodeSetup.create(model.eval(), max_batch_size=2, context_len=20, block_size=8)
+    twin = torch_ops_twin(setup, TINY, max_positions=64)
+    assert model.attn_backend == "triton" and twin.model.attn_backend == "torch"
+    assert twin.kv_caches is setup.kv_caches and twin.inputs is setup.inputs  # shared, not copied
+    for (name, a), (_, b) in zip(model.named_parameters(), twin.model.named_parameters(), strict=True):
+        assert torch.equal(a, b), name
+    with torch.inference_mode():
+        ours, plain = setup.step_fn()(setup.batch(2)), twin.step_fn()(setup.batch(2))
+    torch.testing.assert_close(plain, ours, rtol=1e-4, atol=1e-4)
+    plain_setup = replace(setup, model=twin.model)
+    assert torch_ops_twin(plain_setup, TINY, max_positions=64) is plain_setup  # already plain ops: no copy

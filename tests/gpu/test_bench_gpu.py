@@ -9,6 +9,11 @@ from pathlib import Path
 from graphpool.bench.memory import MemoryBenchConfig, run_memory_bench
 from graphpool.bench.step import StepBenchConfig, run_step_bench
 from graphpool.bench.trace import TraceBenchConfig, run_trace_bench
+from graphpool.model.config import ModelConfig
+
+# two layers: torch.compile of the whole step stays a few seconds
+TINY = ModelConfig(vocab_size=4096, hidden_size=256, intermediate_size=512, num_layers=2, num_heads=4,
+                   num_kv_heads=2, head_dim=64)
 
 
 def test_step_bench_graph_matches_eager_and_times_everything(tmp_path: Path) -> None:
@@ -21,6 +26,18 @@ def test_step_bench_graph_matches_eager_and_times_everything(tmp_path: Path) -> 
         for v in (r.eager_ms, r.graph_ms, r.pool_ms, r.capture_ms, r.floor_ms):
             assert math.isfinite(v) and v > 0
     assert (tmp_path / "step.json").exists() and (tmp_path / "step.png").exists()
+
+
+def test_step_bench_compiles_the_plain_ops_step_with_its_graphs(tmp_path: Path) -> None:
+    cfg = StepBenchConfig(models=(TINY,), batch_sizes=(1, 4), compile_sizes=(4,), context_len=128, warmup=2, reps=5,
+                          use_pool=False)
+    rows = run_step_bench(cfg, tmp_path, ["test"])["rows"]
+    r = {row.batch_size: row for row in rows}[4]
+    assert r.compile_error is None
+    assert math.isfinite(r.compile_ms) and r.compile_ms > 0 and r.compile_s > 0 and r.torch_ops_eager_ms > 0
+    assert r.compile_rel_err < 2e-2  # bf16: inductor fuses and rounds differently from eager
+    assert r.compile_cudagraph_skips == 0  # the KV cache write is a static-address mutation, not a skip
+    assert math.isnan({row.batch_size: row for row in rows}[1].compile_ms)  # only the sizes asked for
 
 
 def test_memory_bench_eviction_frees_per_graph_memory_and_budget_holds(tmp_path: Path) -> None:

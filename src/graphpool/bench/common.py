@@ -103,6 +103,11 @@ def percentile(xs: Sequence[float], q: float) -> float:
     return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
 
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    """||a - b|| / ||b|| in float64."""
+    return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
+
+
 def ratio(a: float, b: float) -> float:
     return a / b if b and not math.isnan(b) and not math.isnan(a) else math.nan
 

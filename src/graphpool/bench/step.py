@@ -14,6 +14,7 @@ import torch
 
 from graphpool.bench import common
 from graphpool.bench.common import md_table, median, progress, ratio
+from graphpool.bench.compile_step import COMPILE_NOTE, compile_step, mark_kv_static, torch_ops_twin
 from graphpool.bench.decode import DecodeSetup, StepFn, build_random_model, decode_input_specs
 from graphpool.model.config import ModelConfig
 
@@ -54,10 +55,13 @@ class StepRow:
     eager_ms: float
     graph_ms: float = math.nan  # torch.cuda.graph replay of the step
     pool_ms: float = math.nan  # GraphPool.run (copy-in, replay, slice out)
-    compile_ms: float = math.nan  # torch.compile(mode="reduce-overhead")
+    # torch.compile(mode="reduce-overhead") of the plain-torch-ops twin of the step (compile_step.py says why)
+    compile_ms: float = math.nan
     compile_s: float = math.nan  # first calls of the compiled step (compile + its own capture)
     compile_cudagraph_skips: int | None = None  # inductor's count of skipped cudagraph partitions
     compile_error: str | None = None
+    torch_ops_eager_ms: float = math.nan  # the plain-torch-ops step, eager: the compile's own baseline
+    compile_rel_err: float = math.nan  # ||compiled - plain-ops eager|| / ||plain-ops eager||, same inputs
     capture_ms: float = math.nan  # torch.cuda.graph capture alone (after one warm-up run)
     graph_rel_err: float = math.nan  # ||graph - eager|| / ||eager|| on the same inputs
     weight_bytes: int = 0
@@ -87,37 +91,6 @@ def _capture(step: StepFn, static: dict[str, torch.Tensor]) -> tuple[torch.cuda.
         out = step(static)
     torch.cuda.synchronize()
     return graph, out, time.perf_counter() - t0
-
-
-def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
-
-
-def _compile_step(step: StepFn, static: dict[str, torch.Tensor], row: StepRow, cfg: StepBenchConfig) -> None:
-    import torch._dynamo
-    from torch._dynamo.utils import counters
-
-    torch._dynamo.reset()
-    counters.clear()
-    compiled = torch.compile(step, mode="reduce-overhead", dynamic=False)
-
-    def call() -> object:
-        torch.compiler.cudagraph_mark_step_begin()
-        return compiled(static)
-
-    try:
-        t0 = time.perf_counter()
-        for _ in range(3):  # reduce-overhead records its graphs on the first calls after compiling
-            call()
-        torch.cuda.synchronize()
-        row.compile_s = time.perf_counter() - t0
-        row.compile_ms = median(common.time_ms(call, static["input_ids"].device, cfg.warmup, cfg.reps))
-        row.compile_cudagraph_skips = int(counters["inductor"]["cudagraph_skips"])
-    except Exception as exc:  # NOTE: a compile failure is a result to report, not a reason to lose the run
-        row.compile_error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
-        progress(f"  torch.compile failed at bs={row.batch_size}: {row.compile_error}")
-    finally:
-        torch._dynamo.reset()
 
 
 def _pool_times(setup: DecodeSetup, sizes: Sequence[int], cfg: StepBenchConfig) -> dict[int, tuple[float, float]]:
@@ -183,7 +156,7 @@ def bench_model(
         if cuda:
             graph, out, cap_s = _capture(step, static)
             graph.replay()
-            row.graph_rel_err = _rel_err(out, eager_out)
+            row.graph_rel_err = common.rel_err(out, eager_out)
             row.capture_ms = cap_s * 1e3
             row.graph_ms = median(common.time_ms(graph.replay, device, cfg.warmup, cfg.reps))
             del graph, out
@@ -204,12 +177,15 @@ def bench_model(
             mine[bs].notes.append(f"pool capture {cap * 1e3:.0f} ms (warm-up + capture)")
         progress(f"  {label}: pool.run timed at {len(cfg.batch_sizes)} sizes")
         save()
-    for bs in cfg.compile_sizes:
-        if bs not in mine:
-            continue
-        _compile_step(step, setup.batch(bs), mine[bs], cfg)
-        progress(f"  {label} bs={bs}: torch.compile {mine[bs].compile_ms:.2f} ms/step after "
-                 f"{mine[bs].compile_s:.1f} s of compile")
+    sizes = [bs for bs in cfg.compile_sizes if bs in mine]
+    if not sizes:
+        return
+    twin = torch_ops_twin(setup, model, max_positions=cfg.context_len + 16)
+    mark_kv_static(twin)
+    progress(f"  {label}: torch.compile of the plain-torch-ops step at bs {sizes}")
+    twin_step = twin.step_fn()
+    for bs in sizes:
+        compile_step(twin_step, twin.batch(bs), mine[bs], cfg.warmup, cfg.reps)
         save()
 
 
@@ -220,18 +196,19 @@ def markdown(rows: Sequence[StepRow], bandwidth: float, cfg: StepBenchConfig) ->
         mine = [r for r in rows if r.model == label]
         out.append(f"\n## {label}\n\n")
         out.append(md_table(
-            ["bs", "eager ms", "graph ms", "pool.run ms", "compile ms", "floor ms", "graph speed-up",
+            ["bs", "eager ms", "graph ms", "pool.run ms", "compile ms (plain ops)", "floor ms", "graph speed-up",
              "graph/floor", "capture ms", "graph rel err"],
             [[r.batch_size, r.eager_ms, r.graph_ms, r.pool_ms, r.compile_ms, r.floor_ms, r.speedup,
               r.graph_over_floor, r.capture_ms, r.graph_rel_err] for r in mine],
         ))
         comp = [r for r in mine if not math.isnan(r.compile_s) or r.compile_error]
         if comp:
-            out.append("\ntorch.compile(mode=\"reduce-overhead\"):\n\n")
+            out.append(f"\n{COMPILE_NOTE}; its eager time is shown next to it:\n\n")
             out.append(md_table(
-                ["bs", "compile s", "step ms", "cudagraph skips", "error"],
-                [[r.batch_size, r.compile_s, r.compile_ms, r.compile_cudagraph_skips, r.compile_error or ""]
-                 for r in comp],
+                ["bs", "compile s", "compiled ms", "plain-ops eager ms", "graph ms (Triton)", "compiled rel err",
+                 "cudagraph skips", "error"],
+                [[r.batch_size, r.compile_s, r.compile_ms, r.torch_ops_eager_ms, r.graph_ms, r.compile_rel_err,
+                  r.compile_cudagraph_skips, r.compile_error or ""] for r in comp],
             ))
     return "".join(out)
 
@@ -267,7 +244,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--models", nargs="+", default=list(StepBenchConfig.models), help="random-weight presets")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=list(DEFAULT_SIZES))
     p.add_argument("--compile-sizes", type=int, nargs="*", default=[1, 32],
-                   help="batch sizes to run torch.compile at (each costs ~20-30 s of compile)")
+                   help="batch sizes to run torch.compile (of the plain-torch-ops step) at; each costs ~20-60 s")
     p.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     p.add_argument("--no-pool", action="store_true", help="skip the GraphPool.run timings")
     p.add_argument("--context-len", type=int, default=1024)
