@@ -62,6 +62,7 @@ def _run(config: str, p99: float, rate: float = 16.0) -> RunResult:
 
 def test_trace_markdown_has_one_table_per_load_and_p99_ratio_to_capture_all() -> None:
     runs = [_run("a", 20.0), _run("b", 4.0), _run("e", 4.4), _run("b", 5.0, rate=40.0)]
+    runs[0].decode_steps, runs[0].working_set = 2, WorkingSet(2, 1, 1, 1000, 70.0, {})  # starved: not the reference
     text = trace_markdown(runs, {16.0: {"requests": 10}, 40.0: {"requests": 30}}, TraceBenchConfig())
     assert "## 16 requests/s" in text and "## 40 requests/s" in text
     rows16 = text.split("## 16 requests/s")[1].split("## 40")[0]
@@ -70,6 +71,7 @@ def test_trace_markdown_has_one_table_per_load_and_p99_ratio_to_capture_all() ->
     assert "| 5 |" in line_a  # (a) p99 20 ms / (b) 4 ms
     assert "| 1.1 |" in line_e  # 4.4 / 4.0
     assert "24 (20)" in line_e and "8/9/10" in line_e
+    assert "Working set under (b) cfg b (the config with the most decode steps, 100)" in rows16  # (b) wins the tie
     assert "20 within 1000 decode steps, mean batch 14.5: exceeds a pool of 16" in rows16
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from graphpool.bench import common
+from graphpool.bench.latency import WorkingSet
 from graphpool.bench.memory import BudgetResult, LayoutResult
 from graphpool.bench.step import StepRow
 from graphpool.bench.summary import summarize
@@ -22,7 +23,10 @@ def test_summary_reports_targets_met_and_missed(tmp_path: Path) -> None:
     layouts = [LayoutResult("shared", 46, 1.0, 0.1, 90.0, points=[(46, 98.0, 90.0), (16, 98.0, 40.0), (0, 0.0, 0.0)]),
                LayoutResult("per_graph", 46, 1.5, 0.1, 2000.0, points=[(46, 2100.0, 2000.0), (0, 1.0, 0.0)])]
     _write(tmp_path, "memory", {"layouts": layouts, "budget": BudgetResult(512.0, 9, 500.0, 505.0, 9, 60, 51, 0)})
-    runs = [_run("b", 4.0), _run("d", 9.0), _run("e", 4.2), _run("f", 4.3), _run("b", 3.0, rate=4.0)]
+    runs = [_run("a", 90.0), _run("b", 4.0), _run("d", 9.0), _run("e", 4.2), _run("f", 4.3), _run("b", 3.0, rate=4.0)]
+    runs[0].decode_steps, runs[0].working_set = 3, WorkingSet(3, 1, 1, 1000, 60.0, {})  # no graphs: starved
+    runs[3].decode_steps = 150
+    runs = runs[1:] + runs[:1]  # the starved config not first
     runs[1].captures_serving, runs[2].captures_serving = 40, 2
     runs[2].startup_capture_s = 0.0
     runs[3].peak_graph_mib = 300.0
@@ -38,6 +42,8 @@ def test_summary_reports_targets_met_and_missed(tmp_path: Path) -> None:
     assert "met" in lines["graphpool captures while serving < seed LRU-16's"]
     assert "MISSED" in lines["graphpool + budget: peak graph memory <= 256 MiB"]
     assert "Load 16 req/s" in text  # the load with the most buckets is the one summarized
+    # the working-set line comes from the config with the most decode steps, not from the starved (a)
+    assert "working set under (e) cfg e (the config with the most decode steps, 150): 24 buckets" in text
 
 
 def test_summary_without_results_says_so(tmp_path: Path) -> None:

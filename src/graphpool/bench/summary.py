@@ -69,13 +69,21 @@ def _busiest_load(runs: list[dict[str, Any]]) -> float:
     return max(runs, key=lambda r: r["working_set"]["max_window_buckets"])["rate"]
 
 
+def working_set_reference(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The run whose batch-size working set describes a load: the one with the most decode steps ((b) on a
+    tie). A config that starves decode (no graphs) would say the load touches almost no buckets."""
+    return max(runs.values(), key=lambda r: (r["decode_steps"], r["config"] == "b"))
+
+
 def trace_summary(data: dict[str, Any], targets: list[list[str]]) -> str:
     runs = data["results"]["runs"]
     rate = _busiest_load(runs)
     mine = {r["config"]: r for r in runs if r["rate"] == rate}
-    ws = next(iter(mine.values()))["working_set"]
+    ref = working_set_reference(mine)
+    ws = ref["working_set"]
     lat = {k: r["latency"] for k, r in mine.items()}
-    head = (f"Load {rate:g} req/s: {ws['distinct_buckets']} buckets touched "
+    head = (f"Load {rate:g} req/s, working set under ({ref['config']}) {ref['label']} (the config with the most "
+            f"decode steps, {ref['decode_steps']}): {ws['distinct_buckets']} buckets touched "
             f"({ws['max_window_buckets']} within {ws['window']} decode steps), mean batch {ws['mean_batch']:.1f}\n\n")
     table = md_table(
         ["config", "tok/s", "ITL p50", "ITL p99", "ITL p99.9", "ITL max", "TTFT p99", "start-up capture s",
