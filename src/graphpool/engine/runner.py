@@ -42,8 +42,12 @@ class ModelRunner:
             InputSpec("block_tables", (self.max_blocks,), torch.int32, pad_value=0),
             InputSpec("context_lens", (), torch.int32, pad_value=1),
         ]
-        # NOTE: the attention length bound the next decode step bakes in. A captured graph must use
-        # len_bound (it serves any length up to it); an eager step uses its own max length (cheaper).
+        # NOTE: the attention length bound the next decode step bakes in. Graph and eager steps alike use
+        # len_bound: the decode kernel's launch constants follow the bound, so a bound that moved with each
+        # step's max length made Triton JIT-compile new variants while serving (about a second each, seen on
+        # the H200), and one bound keeps eager rows bitwise equal to replayed ones. Splits past a row's
+        # length exit at once, so the larger bound costs little. Longer contexts (never graphed) round the
+        # bound up to a power of two to keep the variants few.
         self._step_bound = self.len_bound
         self.pool = GraphPool(self._decode_step, specs, config.pool_config(), device=self.device, capturer=capturer)
 
@@ -91,13 +95,10 @@ class ModelRunner:
 
         The logits are a view into the pool's output buffer: valid until the next decode.
         """
-        bs = len(seqs)
         lens = [seq.num_tokens for seq in seqs]
         max_len = max(lens)
-        use_graph = self.graphs_enabled and self.pool.can_run(bs, max_len)
-        # NOTE: the pool wants block_tables [bs, max_blocks] on every path; an eager step reads only the
-        # blocks its own max length needs. Only contexts beyond the graph bound need a wider table, and
-        # those steps skip the pool (they could never replay a graph).
+        # NOTE: the pool wants block_tables [bs, max_blocks] on every path. Only contexts beyond the graph
+        # bound need a wider table, and those steps skip the pool (they could never replay a graph).
         width = max(self.max_blocks, -(-max_len // self.block_size))
         rows = np.stack([self.block_manager.row(seq.request_id) for seq in seqs])[:, :width]
         block_tables = torch.from_numpy(rows)
@@ -110,7 +111,7 @@ class ModelRunner:
             "block_tables": block_tables.to(self.device, non_blocking=True),
             "context_lens": self._to_device(lens, torch.int32),
         }
-        self._step_bound = self.len_bound if use_graph else max_len
+        self._step_bound = self.len_bound if max_len <= self.len_bound else 1 << (max_len - 1).bit_length()
         try:
             if width > self.max_blocks:
                 return self._decode_step(inputs), False
