@@ -10,8 +10,9 @@ from graphpool.bench import common
 from graphpool.bench.latency import LatencySummary, WorkingSet
 from graphpool.bench.step import StepBenchConfig, StepRow
 from graphpool.bench.step import markdown as step_markdown
-from graphpool.bench.trace import RunResult, TraceBenchConfig
-from graphpool.bench.trace import markdown as trace_markdown
+from graphpool.bench.trace import TraceBenchConfig
+from graphpool.bench.trace_report import RunResult
+from graphpool.bench.trace_report import markdown as trace_markdown
 
 
 def test_md_table_formats_numbers_and_missing_values() -> None:
@@ -57,7 +58,7 @@ def _run(config: str, p99: float, rate: float = 16.0) -> RunResult:
     return RunResult(config=config, label=f"cfg {config}", rate=rate, startup_s=2.0, startup_capture_s=0.5,
                      tokens_per_s=1000.0, latency=lat, working_set=ws, hit_rate=0.9, captures_serving=3,
                      evictions_serving=1, peak_graph_mib=100.0, driver_delta_mib=120.0, driver_start_mib=0.0,
-                     driver_end_mib=0.0, graph_steps=90, decode_steps=100, aborted=1)
+                     driver_end_mib=0.0, graph_steps=90, decode_steps=100, aborted=1, prefill_steps=7)
 
 
 def test_trace_markdown_has_one_table_per_load_and_p99_ratio_to_capture_all() -> None:
@@ -71,6 +72,7 @@ def test_trace_markdown_has_one_table_per_load_and_p99_ratio_to_capture_all() ->
     assert "| 5 |" in line_a  # (a) p99 20 ms / (b) 4 ms
     assert "| 1.1 |" in line_e  # 4.4 / 4.0
     assert "24 (20)" in line_e and "8/9/10" in line_e
+    assert "| 2 / 7 |" in line_a and "| 100 / 7 |" in line_e  # decode / prefill steps: (a) starved
     assert "Working set under (b) cfg b (the config with the most decode steps, 100)" in rows16  # (b) wins the tie
     assert "20 within 1000 decode steps, mean batch 14.5: exceeds a pool of 16" in rows16
 

@@ -7,7 +7,9 @@ from typing import Any
 import pytest
 
 from graphpool.bench.replay import replay_trace
-from graphpool.bench.trace import TraceBenchConfig, serving_configs, summarize_run
+from graphpool.bench.trace import TraceBenchConfig, serving_configs
+from graphpool.bench.trace_report import summarize_run
+from graphpool.bench.trace_warmup import sweep_contexts, warm_contexts, warm_engine
 from graphpool.bench.workload import TraceRequest
 from graphpool.engine.outputs import RequestOutput, StepInfo
 from graphpool.pool import PoolStats
@@ -27,6 +29,8 @@ class FakeEngine:
     def __init__(self, step_s: float = 0.002) -> None:
         self.step_s = step_s
         self.running: dict[str, _Req] = {}
+        self.prompt_lens: dict[str, int] = {}
+        self.decode_batches: list[int] = []
         self.last_step: StepInfo | None = None
         self.aborted: list[str] = []
         self.steps = 0
@@ -34,6 +38,7 @@ class FakeEngine:
     def add_request(self, rid: str, prompt: list[int], params: Any) -> None:
         assert params.ignore_eos and prompt
         self.running[rid] = _Req(rid, params.max_tokens)
+        self.prompt_lens[rid] = len(prompt)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.running)
@@ -52,6 +57,7 @@ class FakeEngine:
         kind = "prefill" if new else "decode"
         if kind == "decode":
             self.steps += 1
+            self.decode_batches.append(len(batch))
         outs = []
         for r in batch:
             r.prefilled = True
@@ -86,6 +92,33 @@ def test_replay_records_token_times_in_wall_clock_and_aborts_at_the_end() -> Non
     assert run.captures_serving == 0 and run.hit_rate == 1.0
     assert run.latency.started == 2 and run.working_set.distinct_buckets == len(set(rr.decode_batch_sizes))
     assert run.tokens_per_s == pytest.approx(run.latency.output_tokens / rr.duration_s)
+    assert run.prefill_steps == 2 and run.decode_steps == len(rr.decode_batch_sizes)
+
+
+def test_warm_contexts_hit_every_64_token_interval_up_to_the_longest_context() -> None:
+    ctx = warm_contexts(2047)
+    assert ctx[0] >= 2 and ctx[-1] == 2047 and ctx == sorted(set(ctx))
+    # every interval (64k, 64k+64] that holds a reachable context holds a warmed one
+    assert {(c - 1) // 64 for c in ctx} == set(range(32))
+    assert warm_contexts(2) == [2] and warm_contexts(70) == [32, 70]
+    with pytest.raises(ValueError):
+        warm_contexts(1)
+
+
+def test_warm_sweep_runs_one_request_at_a_time_with_one_decode_at_each_context() -> None:
+    eng = FakeEngine(step_s=0.0)
+    times = sweep_contexts(eng, [2, 100, 2047])
+    assert eng.prompt_lens == {"c2": 1, "c100": 99, "c2047": 2046}  # decode context = prompt + 1 token
+    assert eng.decode_batches == [1, 1, 1] and len(times) == 3  # alone: the step's bound is that context
+    rep = warm_engine(FakeEngine(step_s=0.0), 200)
+    assert rep.contexts == [32, 96, 160, 200]
+    assert rep.decode_steps == 2 * 4 + 17  # two sweeps + batches shrinking 17 -> 1 (17 steps)
+    assert rep.first_pass_max_ms >= 0.0 and rep.seconds > 0.0
+
+
+def test_trace_bench_config_max_context_is_the_longest_reachable() -> None:
+    assert TraceBenchConfig().max_context == 2047
+    assert TraceBenchConfig(prompt_cap=100, output_cap=50).max_context == 149
 
 
 def test_every_serving_config_is_a_valid_engine_config() -> None:

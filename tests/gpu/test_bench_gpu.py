@@ -64,5 +64,9 @@ def test_trace_bench_runs_two_configs_through_the_engine(tmp_path: Path) -> None
     assert runs["a"]["graph_steps"] == 0 and runs["a"]["stats_end"] is None
     assert runs["e"]["decode_steps"] > 0 and runs["e"]["stats_end"] is not None
     for r in runs.values():
-        assert r["latency"].output_tokens > 0 and r["latency"].started > 0
+        assert r["latency"].output_tokens > 0 and r["latency"].started > 0 and r["prefill_steps"] > 0
+    assert runs["a"]["decode_steps"] >= 20  # eager decode is not starved by prefill (kernel variants pre-warmed)
+    warm = res["process_warmup"]
+    assert warm["contexts"][-1] == 255 and warm["decode_steps"] >= 2 * len(warm["contexts"])
+    assert 0 < warm["second_pass_max_ms"] < 1000  # nothing left to JIT-compile on the second pass
     assert (tmp_path / "trace_itl_cdf.png").exists()

@@ -6,16 +6,17 @@ import argparse
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from graphpool.bench import common
-from graphpool.bench.common import MIB, md_table, progress, ratio
-from graphpool.bench.latency import LatencySummary, WorkingSet, all_itls_ms, summarize_latency, working_set
-from graphpool.bench.replay import ReplayResult, replay_trace
+from graphpool.bench.common import MIB, progress
+from graphpool.bench.replay import replay_trace
+from graphpool.bench.trace_report import RunResult, summarize_run, write_trace_report
+from graphpool.bench.trace_warmup import WarmupReport, warm_engine
 from graphpool.bench.workload import TraceConfig, generate_trace, summarize_trace
 from graphpool.engine.config import EngineConfig
 
@@ -51,56 +52,6 @@ def serving_configs(ladder: Sequence[int], budget_bytes: int) -> list[ServingCon
                       {**ours, "graph_warmup": "none", "graph_memory_budget": budget_bytes}),
         ServingConfig("g", f"graphpool + warm cover ({len(cover)})", {**ours, "graph_warmup": cover}),
     ]
-
-
-@dataclass
-class RunResult:
-    config: str
-    label: str
-    rate: float
-    startup_s: float  # engine construction (model load, KV cache, warm-up captures)
-    startup_capture_s: float  # capture seconds spent during start-up
-    tokens_per_s: float
-    latency: LatencySummary
-    working_set: WorkingSet
-    hit_rate: float  # (hits + padded hits) / decode steps through the pool, while serving
-    captures_serving: int
-    evictions_serving: int
-    peak_graph_mib: float  # accounted resident bytes, max over every step
-    driver_delta_mib: float  # device memory in use at the end minus config (a)'s at the same load
-    driver_start_mib: float
-    driver_end_mib: float
-    graph_steps: int
-    decode_steps: int
-    aborted: int
-    stats_end: dict[str, Any] | None = None
-    itls_ms: list[float] = field(default_factory=list, repr=False)
-
-
-def _delta(end: dict[str, Any] | None, start: dict[str, Any] | None, key: str) -> int:
-    if end is None or start is None:
-        return 0
-    return int(end[key]) - int(start[key])
-
-
-def summarize_run(sc: ServingConfig, rate: float, startup_s: float, rr: ReplayResult, ladder: Sequence[int],
-                  window: int) -> RunResult:
-    s0, s1 = rr.stats_start, rr.stats_end
-    steps = _delta(s1, s0, "steps")
-    replayed = _delta(s1, s0, "hits") + _delta(s1, s0, "padded_hits")
-    lat = summarize_latency(rr.timelines)
-    return RunResult(
-        config=sc.key, label=sc.label, rate=rate, startup_s=startup_s,
-        startup_capture_s=float(s0["capture_seconds_total"]) if s0 else 0.0,
-        tokens_per_s=lat.output_tokens / rr.duration_s if rr.duration_s > 0 else math.nan,
-        latency=lat, working_set=working_set(rr.decode_batch_sizes, ladder, window),
-        hit_rate=replayed / steps if steps else math.nan,
-        captures_serving=_delta(s1, s0, "captures"), evictions_serving=_delta(s1, s0, "evictions"),
-        peak_graph_mib=rr.peak_resident_bytes / MIB, driver_delta_mib=math.nan,
-        driver_start_mib=rr.driver_used_start_mib, driver_end_mib=rr.driver_used_end_mib,
-        graph_steps=rr.decode_graph_steps, decode_steps=len(rr.decode_batch_sizes), aborted=rr.aborted,
-        stats_end=s1, itls_ms=all_itls_ms(rr.timelines),
-    )
 
 
 @dataclass(frozen=True)
@@ -151,25 +102,24 @@ class TraceBenchConfig:
         return EngineConfig(model=self.model, device=self.device, dtype=self.dtype, max_model_len=self.max_model_len,
                             num_kv_blocks=blocks, seed=self.seed, profile_steps=False, **overrides)
 
+    @property
+    def max_context(self) -> int:
+        """The longest decode context the trace can reach (longest prompt + longest output - 1)."""
+        return min(self.prompt_cap + self.output_cap, self.max_model_len) - 1
 
-def warm_process(cfg: TraceBenchConfig) -> float:
+
+def warm_process(cfg: TraceBenchConfig) -> WarmupReport:
     """One untimed eager engine run first, so that one-time costs of the process (Triton JIT compiles for
-    each specialization, cuBLAS handles) do not land in whichever configuration happens to run first.
-    Decode batches shrink 17 -> 1, covering the kernels' batch-size specializations."""
+    each kernel variant, cuBLAS handles) land in no timed configuration: decode batches shrinking 17 -> 1,
+    then eager decode across every context length the trace can reach (trace_warmup.py says why)."""
     from graphpool.engine.engine import LLMEngine
-    from graphpool.engine.sampling import SamplingParams
 
-    t0 = time.perf_counter()
     engine = LLMEngine(cfg.engine_config({"disable_cudagraph": True}))
-    with torch.inference_mode():
-        for i in range(17):
-            engine.add_request(f"w{i}", list(range(100, 108 + i)), SamplingParams(temperature=0.0, max_tokens=i + 2,
-                                                                                   ignore_eos=True))
-        while engine.has_unfinished_requests():
-            engine.step()
-    del engine
-    common.free_device_memory(common.resolve_device(cfg.device))
-    return time.perf_counter() - t0
+    try:
+        return warm_engine(engine, cfg.max_context)
+    finally:
+        del engine
+        common.free_device_memory(common.resolve_device(cfg.device))
 
 
 def run_one(cfg: TraceBenchConfig, sc: ServingConfig, rate: float, ladder: Sequence[int]) -> RunResult:
@@ -193,43 +143,10 @@ def run_one(cfg: TraceBenchConfig, sc: ServingConfig, rate: float, ladder: Seque
     lat = run.latency
     progress(f"  [{sc.key}] {sc.label} @ {rate:g} req/s: start-up {startup:.1f} s, {run.tokens_per_s:.0f} tok/s, "
              f"ITL p50/p99/max {lat.itl_p50_ms:.1f}/{lat.itl_p99_ms:.1f}/{lat.itl_max_ms:.0f} ms, "
-             f"captures {run.captures_serving}, buckets {run.working_set.distinct_buckets} "
+             f"captures {run.captures_serving}, decode/prefill steps {run.decode_steps}/{run.prefill_steps}, "
+             f"buckets {run.working_set.distinct_buckets} "
              f"(window max {run.working_set.max_window_buckets}), mean batch {run.working_set.mean_batch:.1f}")
     return run
-
-
-def markdown(runs: Sequence[RunResult], traces: dict[float, dict[str, float]], cfg: TraceBenchConfig) -> str:
-    out = [f"Model {cfg.model}, {cfg.duration_s:g} s of Poisson arrivals per run (requests still running at the "
-           f"end are aborted), lognormal prompt (mean {cfg.prompt_mean:g}, cap {cfg.prompt_cap}) and output "
-           f"(mean {cfg.output_mean:g}, cap {cfg.output_cap}) lengths, seed {cfg.seed}, greedy, ignore_eos. "
-           "ITL = time between a request's consecutive tokens; 'buckets' = distinct graph batch sizes the "
-           f"decode steps touched (whole run / most within {cfg.window} decode steps).\n\n"]
-    out.append(md_table(["rate req/s", "requests", "prompt mean", "output mean", "output p99"],
-                        [[r, t["requests"], t.get("prompt_mean", 0), t.get("output_mean", 0), t.get("output_p99", 0)]
-                         for r, t in traces.items()]))
-    for rate in dict.fromkeys(r.rate for r in runs):
-        mine = [r for r in runs if r.rate == rate]
-        base_b = next((r for r in mine if r.config == "b"), None)
-        out.append(f"\n## {rate:g} requests/s\n\n")
-        # NOTE: the config with the most decode steps ((b) on a tie): one that starves decode says nothing
-        ref = max(mine, key=lambda r: (r.decode_steps, r.config == "b"))
-        ws = ref.working_set
-        over = "exceeds" if ws.max_window_buckets > 16 else "fits within"
-        out.append(f"Working set under ({ref.config}) {ref.label} (the config with the most decode steps, "
-                   f"{ref.decode_steps}): {ws.distinct_buckets} buckets touched, {ws.max_window_buckets} "
-                   f"within {ws.window} decode steps, mean batch {ws.mean_batch:.1f}: {over} a pool of 16.\n\n")
-        out.append(md_table(
-            ["config", "start-up s", "start-up capture s", "tok/s", "ITL p50 ms", "ITL p99 ms", "ITL p99.9 ms",
-             "ITL max ms", "TTFT p99 ms", "p99 ITL / (b)", "peak graph MiB", "driver delta MiB", "hit rate",
-             "captures serving", "evictions", "buckets (window)", "mean batch", "finished/started/requests"],
-            [[f"({r.config}) {r.label}", r.startup_s, r.startup_capture_s, r.tokens_per_s, r.latency.itl_p50_ms,
-              r.latency.itl_p99_ms, r.latency.itl_p999_ms, r.latency.itl_max_ms, r.latency.ttft_p99_ms,
-              ratio(r.latency.itl_p99_ms, base_b.latency.itl_p99_ms) if base_b else math.nan,
-              r.peak_graph_mib, r.driver_delta_mib, r.hit_rate, r.captures_serving, r.evictions_serving,
-              f"{r.working_set.distinct_buckets} ({r.working_set.max_window_buckets})", r.working_set.mean_batch,
-              f"{r.latency.finished}/{r.latency.started}/{r.latency.requests}"] for r in mine],
-        ))
-    return "".join(out)
 
 
 def run_trace_bench(cfg: TraceBenchConfig, out_dir: Path, argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -240,37 +157,28 @@ def run_trace_bench(cfg: TraceBenchConfig, out_dir: Path, argv: Sequence[str] | 
     ladder = list(probe.pool_config().ladder().sizes)
     configs = [c for c in serving_configs(ladder, cfg.budget_mib * MIB) if c.key in cfg.configs]
     progress(f"trace bench on {env.gpu}: {len(cfg.rates)} loads x {len(configs)} configs x {cfg.duration_s:g} s")
-    progress(f"process warm-up (untimed eager run): {warm_process(cfg):.1f} s")
+    warm = warm_process(cfg)
+    progress(f"process warm-up (untimed, graphs off): {warm.seconds:.1f} s, {warm.decode_steps} decode steps at "
+             f"{len(warm.contexts)} context lengths up to {cfg.max_context}; slowest decode step "
+             f"{warm.first_pass_max_ms:.0f} ms (JIT compiles), then {warm.second_pass_max_ms:.0f} ms on a second pass")
     runs: list[RunResult] = []
     traces: dict[float, dict[str, float]] = {}
     results: dict[str, Any] = {}
     body = ""
     for rate in cfg.rates:
         traces[rate] = summarize_trace(generate_trace(cfg.trace_config(rate)), cfg.duration_s)
-        mine = [run_one(cfg, sc, rate, ladder) for sc in configs]
-        base = next((r for r in mine if r.config == "a"), None)
-        for r in mine:
-            r.driver_delta_mib = r.driver_end_mib - base.driver_end_mib if base else math.nan
+        mine: list[RunResult] = []
+        for sc in configs:
+            mine.append(run_one(cfg, sc, rate, ladder))
+            base = next((r for r in mine if r.config == "a"), None)
+            for r in mine:
+                r.driver_delta_mib = r.driver_end_mib - base.driver_end_mib if base else math.nan
+            # NOTE: rewritten after every run (the plot after every load), so a run cut short keeps its numbers
+            results, body = write_trace_report(runs + mine, traces, cfg, ladder, env, out_dir, warm.as_dict(),
+                                               plot=sc is configs[-1])
         runs += mine
-        # NOTE: rewritten after every load level, so a run cut short still leaves its numbers.
-        results, body = _write(runs, traces, cfg, ladder, env, out_dir)
     print(body, flush=True)
     return results
-
-
-def _write(runs: list[RunResult], traces: dict[float, dict[str, float]], cfg: TraceBenchConfig,
-           ladder: list[int], env: common.EnvInfo, out_dir: Path) -> tuple[dict[str, Any], str]:
-    from graphpool.bench.plots import plot_itl_cdfs
-
-    rates = list(dict.fromkeys(r.rate for r in runs))
-    per_load = {f"{rate:g} req/s": {f"({r.config}) {r.label}": r.itls_ms for r in runs if r.rate == rate}
-                for rate in rates}
-    png = plot_itl_cdfs(per_load, out_dir / "trace_itl_cdf.png")
-    body = markdown(runs, traces, cfg) + f"\n![ITL CDFs]({png.name})\n"
-    results = {"config": cfg, "ladder": ladder, "traces": traces,
-               "runs": [{k: v for k, v in vars(r).items() if k != "itls_ms"} for r in runs]}
-    common.write_report(out_dir, "trace", env, results, body, "Serving trace: graph policies side by side")
-    return results, body
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
