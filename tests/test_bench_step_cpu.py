@@ -59,22 +59,24 @@ def test_decode_setup_layout_is_the_engines() -> None:
     assert torch.equal(logits, again)
 
 
-def test_compile_twin_has_the_same_weights_cache_and_plain_torch_ops() -> None:
-    from graphpool.bench.compile_step import torch_ops_twin
+def test_compile_setup_has_the_same_weights_cache_and_inputs_over_plain_torch_ops() -> None:
+    from graphpool.bench.compile_step import plain_ops_setup
     from graphpool.model.llama import LlamaModel
     from graphpool.model.ops import kernel_ops
     from graphpool.model.weights import init_random_weights
 
-    model = LlamaModel(TINY, max_positions=64, ops=kernel_ops())  # the Triton op set (torch refs on the CPU)
+    cfg = StepBenchConfig(models=(TINY,), batch_sizes=(1, 3), context_len=20, block_size=8, device="cpu")
+    model = LlamaModel(TINY, max_positions=36, ops=kernel_ops())  # the Triton op set (torch refs on the CPU)
     init_random_weights(model, seed=0)
-    setup = DecodeSetup.create(model.eval(), max_batch_size=2, context_len=20, block_size=8)
-    twin = torch_ops_twin(setup, TINY, max_positions=64)
-    assert model.attn_backend == "triton" and twin.model.attn_backend == "torch"
-    assert twin.kv_caches is setup.kv_caches and twin.inputs is setup.inputs  # shared, not copied
-    for (name, a), (_, b) in zip(model.named_parameters(), twin.model.named_parameters(), strict=True):
+    setup = DecodeSetup.create(model.eval(), max_batch_size=3, context_len=20, block_size=8)
+    plain = plain_ops_setup(TINY, torch.device("cpu"), torch.float32, cfg)
+    assert model.attn_backend == "triton" and plain.model.attn_backend == "torch"
+    for (name, a), (_, b) in zip(model.named_parameters(), plain.model.named_parameters(), strict=True):
         assert torch.equal(a, b), name
+    for (k1, v1), (k2, v2) in zip(setup.kv_caches, plain.kv_caches, strict=True):
+        assert torch.equal(k1, k2) and torch.equal(v1, v2)
+    for key, value in setup.inputs.items():
+        assert torch.equal(value, plain.inputs[key]), key
     with torch.inference_mode():
-        ours, plain = setup.step_fn()(setup.batch(2)), twin.step_fn()(setup.batch(2))
-    torch.testing.assert_close(plain, ours, rtol=1e-4, atol=1e-4)
-    plain_setup = replace(setup, model=twin.model)
-    assert torch_ops_twin(plain_setup, TINY, max_positions=64) is plain_setup  # already plain ops: no copy
+        ours, theirs = setup.step_fn()(setup.batch(3)), plain.step_fn()(plain.batch(3))
+    torch.testing.assert_close(theirs, ours, rtol=1e-4, atol=1e-4)

@@ -68,5 +68,5 @@ def test_trace_bench_runs_two_configs_through_the_engine(tmp_path: Path) -> None
     assert runs["a"]["decode_steps"] >= 20  # eager decode is not starved by prefill (kernel variants pre-warmed)
     warm = res["process_warmup"]
     assert warm["contexts"][-1] == 255 and warm["decode_steps"] >= 2 * len(warm["contexts"])
-    assert 0 < warm["second_pass_max_ms"] < 1000  # nothing left to JIT-compile on the second pass
+    assert 0 < warm["second_pass_max_ms"] < 250  # nothing left to JIT-compile on the second pass (a JIT: ~0.5 s)
     assert (tmp_path / "trace_itl_cdf.png").exists()

@@ -10,20 +10,20 @@ result: it is recorded in the row, never raised.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
 
 from graphpool.bench import common
 from graphpool.bench.common import median, progress
-from graphpool.bench.decode import DecodeSetup, StepFn, build_random_model
+from graphpool.bench.decode import DecodeSetup, StepFn, build_random_model, model_label
 from graphpool.model.config import ModelConfig
 
 if TYPE_CHECKING:
-    from graphpool.bench.step import StepRow
+    from graphpool.bench.step import StepBenchConfig, StepRow
 
 COMPILE_NOTE = ("torch.compile(mode=\"reduce-overhead\") of the same step built from plain PyTorch ops "
                 "(attn_backend=\"torch\", the same random weights, KV cache and inputs): inductor cannot "
@@ -31,13 +31,12 @@ COMPILE_NOTE = ("torch.compile(mode=\"reduce-overhead\") of the same step built 
                 "loop-carried type error)")
 
 
-def torch_ops_twin(setup: DecodeSetup, model: str | ModelConfig, max_positions: int) -> DecodeSetup:
-    """The same decode setup (KV cache, inputs) over a plain-torch-ops model with the same random weights."""
-    if setup.model.attn_backend == "torch":
-        return setup
-    m = setup.model
-    twin = build_random_model(model, m.device, m.dtype, "torch", max_positions=max_positions)
-    return dataclasses.replace(setup, model=twin)
+def plain_ops_setup(model: str | ModelConfig, device: torch.device, dtype: torch.dtype,
+                    cfg: StepBenchConfig) -> DecodeSetup:
+    """The step bench's decode setup rebuilt over plain torch ops: the same seeded random weights, KV cache
+    contents and inputs as the Triton run (the same seeds and shapes), only attn_backend="torch"."""
+    m = build_random_model(model, device, dtype, "torch", max_positions=cfg.context_len + 16)
+    return DecodeSetup.create(m, max(cfg.batch_sizes), cfg.context_len, cfg.block_size)
 
 
 def mark_kv_static(setup: DecodeSetup) -> None:
@@ -85,3 +84,19 @@ def compile_step(step: StepFn, static: dict[str, torch.Tensor], row: StepRow, wa
         progress(f"  bs={row.batch_size}: torch.compile {row.compile_ms:.2f} ms/step after {row.compile_s:.1f} s "
                  f"(plain-ops eager {row.torch_ops_eager_ms:.2f} ms, rel err {row.compile_rel_err:.1e}, "
                  f"cudagraph skips {row.compile_cudagraph_skips})")
+
+
+@torch.inference_mode()
+def compile_model(model: str | ModelConfig, cfg: StepBenchConfig, device: torch.device, dtype: torch.dtype,
+                  rows: dict[int, StepRow], save: Callable[[], None] = lambda: None) -> None:
+    """torch.compile at each of cfg.compile_sizes that has a row; `save` after each size."""
+    sizes = [bs for bs in cfg.compile_sizes if bs in rows]
+    if not sizes:
+        return
+    setup = plain_ops_setup(model, device, dtype, cfg)
+    mark_kv_static(setup)
+    progress(f"{model_label(model)}: torch.compile of the plain-torch-ops step at bs {sizes}")
+    step = setup.step_fn()
+    for bs in sizes:
+        compile_step(step, setup.batch(bs), rows[bs], cfg.warmup, cfg.reps)
+        save()

@@ -23,6 +23,12 @@ from graphpool.pool import InputSpec
 StepFn = Callable[[Mapping[str, torch.Tensor]], torch.Tensor]
 
 
+def model_label(model: str | ModelConfig) -> str:
+    if isinstance(model, str):
+        return model.removeprefix("random:")
+    return f"custom(h={model.hidden_size},L={model.num_layers})"
+
+
 def build_random_model(
     model: str | ModelConfig, device: torch.device, dtype: torch.dtype, attn_backend: str, max_positions: int
 ) -> LlamaModel:

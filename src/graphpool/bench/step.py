@@ -14,8 +14,8 @@ import torch
 
 from graphpool.bench import common
 from graphpool.bench.common import md_table, median, progress, ratio
-from graphpool.bench.compile_step import COMPILE_NOTE, compile_step, mark_kv_static, torch_ops_twin
-from graphpool.bench.decode import DecodeSetup, StepFn, build_random_model, decode_input_specs
+from graphpool.bench.compile_step import COMPILE_NOTE, compile_model
+from graphpool.bench.decode import DecodeSetup, StepFn, build_random_model, decode_input_specs, model_label
 from graphpool.model.config import ModelConfig
 
 DEFAULT_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -70,12 +70,6 @@ class StepRow:
     speedup: float = math.nan  # eager / graph
     graph_over_floor: float = math.nan
     notes: list[str] = field(default_factory=list)
-
-
-def model_label(model: str | ModelConfig) -> str:
-    if isinstance(model, str):
-        return model.removeprefix("random:")
-    return f"custom(h={model.hidden_size},L={model.num_layers})"
 
 
 def _capture(step: StepFn, static: dict[str, torch.Tensor]) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, float]:
@@ -133,9 +127,10 @@ def bench_model(
     bandwidth: float,
     rows: list[StepRow],
     save: Callable[[], None] = lambda: None,
-) -> None:
-    """Appends one row per batch size to `rows`; calls `save` after each phase (eager + graph, pool, each
-    compile), so a run cut short keeps what it measured. torch.compile runs last: it is the slow part."""
+) -> dict[int, StepRow]:
+    """Appends one row per batch size to `rows` (and returns them by batch size); calls `save` after each
+    phase (eager + graph, pool), so a run cut short keeps what it measured. torch.compile is not here: it
+    runs after every model's other numbers (compile_step.compile_model), being the slow, risky part."""
     label = model_label(model)
     max_bs = max(cfg.batch_sizes)
     t0 = time.perf_counter()
@@ -170,23 +165,14 @@ def bench_model(
         mine[bs] = row
     save()
     if not cuda:
-        return
+        return mine
     if cfg.use_pool:
         for bs, (ms, cap) in _pool_times(setup, cfg.batch_sizes, cfg).items():
             mine[bs].pool_ms = ms
             mine[bs].notes.append(f"pool capture {cap * 1e3:.0f} ms (warm-up + capture)")
         progress(f"  {label}: pool.run timed at {len(cfg.batch_sizes)} sizes")
         save()
-    sizes = [bs for bs in cfg.compile_sizes if bs in mine]
-    if not sizes:
-        return
-    twin = torch_ops_twin(setup, model, max_positions=cfg.context_len + 16)
-    mark_kv_static(twin)
-    progress(f"  {label}: torch.compile of the plain-torch-ops step at bs {sizes}")
-    twin_step = twin.step_fn()
-    for bs in sizes:
-        compile_step(twin_step, twin.batch(bs), mine[bs], cfg.warmup, cfg.reps)
-        save()
+    return mine
 
 
 def markdown(rows: Sequence[StepRow], bandwidth: float, cfg: StepBenchConfig) -> str:
@@ -233,9 +219,15 @@ def run_step_bench(cfg: StepBenchConfig, out_dir: Path, argv: Sequence[str] | No
         body = markdown(rows, bandwidth, cfg) + f"\n![step time per batch size]({png.name})\n"
         common.write_report(out_dir, "step", env, results, body, "Decode step: eager vs graph vs compile vs HBM floor")
 
+    by_model = []
     for model in cfg.models:
-        bench_model(model, cfg, device, dtype, bandwidth, rows, save)
+        by_model.append(bench_model(model, cfg, device, dtype, bandwidth, rows, save))
         common.free_device_memory(device)  # the model and its KV cache died with bench_model's frame
+    if device.type == "cuda":
+        # NOTE: every model's eager/graph/pool numbers are saved before the first compile (minutes, can fail)
+        for model, mine in zip(cfg.models, by_model, strict=True):
+            compile_model(model, cfg, device, dtype, mine, save)
+            common.free_device_memory(device)
     print(body)
     return results
 
