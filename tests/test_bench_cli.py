@@ -25,6 +25,18 @@ def test_bench_subcommands_parse_with_defaults() -> None:
     assert t.quick and t.configs == "abe" and t.out == Path("x")
 
 
+def test_trace_profiles_default_and_quick() -> None:
+    from graphpool.bench.trace import config_from_args
+
+    full = config_from_args(_parse(["trace"]))
+    # the default profile fits ~4 min on the H200: 3 loads x 8 s x 7 configs of serving (+ ~1 s a run)
+    assert full.rates == (4.0, 16.0, 40.0) and full.duration_s == 8.0 and full.configs == tuple("abcdefg")
+    assert len(full.rates) * len(full.configs) * (full.duration_s + 1.0) <= 200
+    quick = config_from_args(_parse(["trace", "--quick"]))
+    assert quick.rates == (16.0, 40.0) and quick.duration_s == 5.0
+    assert config_from_args(_parse(["trace", "--quick", "--duration", "3", "--rates", "8"])).rates == (8.0,)
+
+
 def test_memory_bench_refuses_a_cpu_device_with_a_clear_error(capsys: pytest.CaptureFixture[str],
                                                               tmp_path: Path) -> None:
     assert main(["memory", "--device", "cpu", "--out", str(tmp_path)]) == 2
