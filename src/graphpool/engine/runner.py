@@ -61,7 +61,7 @@ class ModelRunner:
             max_len_bound=self._step_bound,
         )
         hidden = self.model(static["input_ids"], meta, self.kv_caches)
-        return self.model.compute_logits(hidden)  # [bs, vocab]
+        return self.model.compute_logits(hidden, upcast=False)  # [bs, vocab] in the model's dtype
 
     def _to_device(self, values: list[int], dtype: torch.dtype) -> torch.Tensor:
         return torch.tensor(values, dtype=dtype, pin_memory=self._pin).to(self.device, non_blocking=True)
@@ -93,7 +93,7 @@ class ModelRunner:
     def decode(self, seqs: list[Sequence], slots: list[int]) -> tuple[torch.Tensor, bool]:
         """One token per sequence -> (logits [bs, vocab], whether a graph was replayed).
 
-        The logits are a view into the pool's output buffer: valid until the next decode.
+        The logits are float32, upcast from the graph's model-dtype output buffer.
         """
         lens = [seq.num_tokens for seq in seqs]
         max_len = max(lens)
@@ -114,8 +114,9 @@ class ModelRunner:
         self._step_bound = self.len_bound if max_len <= self.len_bound else 1 << (max_len - 1).bit_length()
         try:
             if width > self.max_blocks:
-                return self._decode_step(inputs), False
-            logits = self.pool.run(inputs, max_len_in_batch=max_len)
+                return self._decode_step(inputs).float(), False
+            # NOTE: upcast outside the graph, so graph memory holds model-dtype logits only.
+            logits = self.pool.run(inputs, max_len_in_batch=max_len).float()
             replayed = self.pool.last_replayed
         finally:
             self._step_bound = self.len_bound

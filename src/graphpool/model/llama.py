@@ -164,9 +164,11 @@ class LlamaModel(nn.Module):
         assert residual is not None
         return self.ops.add_rms_norm(x, residual, self.norm.weight, self.norm.eps)[0]
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [T, hidden] -> float32 logits [T, vocab]."""
-        return nn.functional.linear(hidden, self.lm_head_weight).float()
+    def compute_logits(self, hidden: torch.Tensor, upcast: bool = True) -> torch.Tensor:
+        """hidden [T, hidden] -> logits [T, vocab]: float32, or the model's dtype with ``upcast=False`` (a
+        captured decode graph then holds a third of the logits bytes: 2 bytes a row entry instead of 2 + 4)."""
+        logits = nn.functional.linear(hidden, self.lm_head_weight)
+        return logits.float() if upcast else logits
 
     def allocate_kv_caches(self, num_blocks: int, block_size: int) -> list[KVCache]:
         """Zeroed per-layer caches `[num_blocks, block_size, num_kv_heads, head_dim]` (for tests and tools)."""
