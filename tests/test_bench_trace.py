@@ -142,3 +142,34 @@ def test_every_serving_config_is_a_valid_engine_config() -> None:
     assert len({b.num_kv_blocks for b in built.values()}) == 1
     assert built["a"].num_kv_blocks == (8 << 30) // (2 * 16 * 16 * 8 * 64 * 4)  # fp32 on CPU
     assert all(not b.profile_steps for b in built.values())
+
+
+def test_trace_bench_rotates_config_order_per_load_and_reports_after_every_run(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    from graphpool.bench import trace
+    from graphpool.bench.trace_warmup import WarmupReport
+    from test_bench_report import _run
+
+    ran: list[tuple[float, str]] = []
+
+    def fake_run_one(cfg: Any, sc: Any, rate: float, ladder: Any) -> Any:
+        ran.append((rate, sc.key))
+        r = _run(sc.key, 4.0, rate=rate)
+        r.label = sc.label
+        return r
+
+    monkeypatch.setattr(trace, "run_one", fake_run_one)
+    monkeypatch.setattr(trace, "warm_process", lambda cfg: WarmupReport(contexts=[32, 2047], decode_steps=4))
+    cfg = TraceBenchConfig(rates=(4.0, 16.0, 40.0), configs=tuple("abc"), device="cpu")
+    res = trace.run_trace_bench(cfg, tmp_path, ["test"])
+    assert [k for _, k in ran] == list("abc" "bca" "cab")  # no policy always first
+    runs = res["runs"]
+    assert [(r["rate"], r["config"], r["run_order"]) for r in runs[3:6]] == [(16.0, "b", 0), (16.0, "c", 1),
+                                                                           (16.0, "a", 2)]
+    assert json.loads((tmp_path / "trace.json").read_text())["results"]["process_warmup"]["decode_steps"] == 4
+    md = (tmp_path / "trace.md").read_text()
+    table16 = md.split("## 16 requests/s")[1].split("##")[0]
+    assert [ln[3] for ln in table16.splitlines() if ln.startswith("| (")] == list("abc")  # listed in order
+    assert "process warm-up (graphs off) ran 4 eager decode steps at 2 context lengths up to 2047" in md

@@ -168,17 +168,20 @@ def run_trace_bench(cfg: TraceBenchConfig, out_dir: Path, argv: Sequence[str] | 
     traces: dict[float, dict[str, float]] = {}
     results: dict[str, Any] = {}
     body = ""
-    for rate in cfg.rates:
+    for i, rate in enumerate(cfg.rates):
         traces[rate] = summarize_trace(generate_trace(cfg.trace_config(rate)), cfg.duration_s)
         mine: list[RunResult] = []
-        for sc in configs:
+        # NOTE: the order rotates by one config per load, so no policy always runs first (or right after (a))
+        order = configs[i % len(configs):] + configs[:i % len(configs)]
+        for sc in order:
             mine.append(run_one(cfg, sc, rate, ladder))
+            mine[-1].run_order = len(mine) - 1
             base = next((r for r in mine if r.config == "a"), None)
             for r in mine:
                 r.driver_delta_mib = r.driver_end_mib - base.driver_end_mib if base else math.nan
             # NOTE: rewritten after every run (the plot after every load), so a run cut short keeps its numbers
             results, body = write_trace_report(runs + mine, traces, cfg, ladder, env, out_dir, warm.as_dict(),
-                                               plot=sc is configs[-1])
+                                               plot=sc is order[-1])
         runs += mine
     print(body, flush=True)
     return results

@@ -38,6 +38,7 @@ class RunResult:
     decode_steps: int
     aborted: int
     prefill_steps: int = 0  # NOTE: with decode_steps, shows a config whose scheduling starved decode
+    run_order: int = 0  # position among its load's runs (the order rotates by load)
     stats_end: dict[str, Any] | None = None
     itls_ms: list[float] = field(default_factory=list, repr=False)
 
@@ -85,7 +86,7 @@ def markdown(runs: Sequence[RunResult], traces: dict[float, dict[str, float]], c
                         [[r, t["requests"], t.get("prompt_mean", 0), t.get("output_mean", 0), t.get("output_p99", 0)]
                          for r, t in traces.items()]))
     for rate in dict.fromkeys(r.rate for r in runs):
-        mine = [r for r in runs if r.rate == rate]
+        mine = sorted((r for r in runs if r.rate == rate), key=lambda r: r.config)
         base_b = next((r for r in mine if r.config == "b"), None)
         out.append(f"\n## {rate:g} requests/s\n\n")
         ref = working_set_reference(mine)
@@ -119,7 +120,8 @@ def write_trace_report(runs: list[RunResult], traces: dict[float, dict[str, floa
     png = out_dir / "trace_itl_cdf.png"
     if plot:
         rates = list(dict.fromkeys(r.rate for r in runs))
-        per_load = {f"{rate:g} req/s": {f"({r.config}) {r.label}": r.itls_ms for r in runs if r.rate == rate}
+        per_load = {f"{rate:g} req/s": {f"({r.config}) {r.label}": r.itls_ms
+                                        for r in sorted(runs, key=lambda r: r.config) if r.rate == rate}
                     for rate in rates}
         png = plot_itl_cdfs(per_load, png)
     body = markdown(runs, traces, cfg) + f"\n![ITL CDFs]({png.name})\n"
