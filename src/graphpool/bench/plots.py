@@ -88,6 +88,10 @@ def plot_itl_cdfs(per_load: Mapping[str, Mapping[str, Sequence[float]]], path: P
     """
     plt = _pyplot()
     loads = list(per_load)
+    # NOTE: one colour per configuration across every panel, even where a panel lacks some configurations
+    labels = list(dict.fromkeys(label for load in loads for label in per_load[load]))
+    cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    colour = {label: cycle[i % len(cycle)] for i, label in enumerate(labels)}
     fig, axes = plt.subplots(2, len(loads), figsize=(6 * len(loads), 8), squeeze=False)
     for col, load in enumerate(loads):
         top, bottom = axes[0][col], axes[1][col]
@@ -96,8 +100,9 @@ def plot_itl_cdfs(per_load: Mapping[str, Mapping[str, Sequence[float]]], path: P
             if not xs:
                 continue
             n = len(xs)
-            top.plot(xs, [(i + 1) / n for i in range(n)], label=label, linewidth=1.2)
-            bottom.plot(xs, [max(1.0 - i / n, 1.0 / n) for i in range(n)], label=label, linewidth=1.2)
+            style = {"label": label, "linewidth": 1.2, "color": colour[label]}
+            top.plot(xs, [(i + 1) / n for i in range(n)], **style)
+            bottom.plot(xs, [max(1.0 - i / n, 1.0 / n) for i in range(n)], **style)
         for ax in (top, bottom):
             ax.set_xscale("log")
             ax.set_xlabel("inter-token latency, ms (log)")
