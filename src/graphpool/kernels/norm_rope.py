@@ -22,11 +22,16 @@ def _check_norm(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | 
         )
 
 
-def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    _check_norm(x, weight, None)
+def rms_norm_unchecked(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """The RMSNorm formula without input checks (the model's torch ops call it every layer, every step)."""
     h = x.float()
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return (weight * h.to(x.dtype)).to(x.dtype)
+    return weight * h.to(x.dtype)
+
+
+def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    _check_norm(x, weight, None)
+    return rms_norm_unchecked(x, weight, eps).to(x.dtype)
 
 
 def add_rms_norm_ref(
@@ -73,7 +78,8 @@ def _check_rope(
         )
 
 
-def _rotate_ref(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def rotate_ref(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Neox-style rotation of ``x [T, heads, D]`` by float32 ``cos, sin [T, 1, D/2]`` (no input checks)."""
     x1, x2 = x.float().chunk(2, dim=-1)
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
 
@@ -84,12 +90,13 @@ def apply_rotary_ref(
     _check_rope(positions, q, k, cos, sin)
     c = cos[positions].float().unsqueeze(1)  # [T, 1, D/2]
     s = sin[positions].float().unsqueeze(1)
-    return _rotate_ref(q, c, s), _rotate_ref(k, c, s)
+    return rotate_ref(q, c, s), rotate_ref(k, c, s)
 
 
-def _write_kv_ref(
+def write_kv_ref(
     k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 ) -> None:
+    """Store k, v ``[T, Hkv, D]`` at flat slots ``slot_mapping [T]`` int64 (in place, no input checks)."""
     heads, dim = k_cache.shape[-2:]
     k_cache.view(-1, heads, dim).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
     v_cache.view(-1, heads, dim).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
@@ -107,7 +114,7 @@ def apply_rotary_and_write_kv_ref(
     slot_mapping: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     q_rot, k_rot = apply_rotary_ref(positions, q, k, cos, sin)
-    _write_kv_ref(k_cache, v_cache, slot_mapping, k_rot, v)
+    write_kv_ref(k_cache, v_cache, slot_mapping, k_rot, v)
     return q_rot, k_rot
 
 

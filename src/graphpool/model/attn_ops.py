@@ -1,4 +1,5 @@
-"""Attention over the paged KV cache: cache writes, prefill attention, torch decode attention.
+"""Attention over the paged KV cache: prefill attention, torch decode attention (cache writes:
+`graphpool.kernels.norm_rope.write_kv_ref`).
 
 KV cache per layer: `[num_blocks, block_size, num_kv_heads, head_dim]`; flat slot = block * block_size + offset.
 """
@@ -7,15 +8,6 @@ from __future__ import annotations
 
 import torch
 from torch.nn import functional as F
-
-
-def write_kv(
-    k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-) -> None:
-    """Store k, v [T, Hkv, D] at flat slots `slot_mapping` [T] int64 (in place, graph-capturable)."""
-    heads, dim = k_cache.shape[-2:]
-    k_cache.view(-1, heads, dim).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
-    v_cache.view(-1, heads, dim).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
 
 
 def prefill_attention(

@@ -14,27 +14,20 @@ from typing import Literal
 
 import torch
 
-from graphpool.model.attn_ops import paged_decode_attention_torch, write_kv
+# NOTE: the torch ops share their formulas with graphpool.kernels' references (one copy of the numerics),
+# but call the check-free forms: no per-layer host-side validation in an eager step.
+from graphpool.kernels.norm_rope import rms_norm_unchecked as rms_norm_torch
+from graphpool.kernels.norm_rope import rotate_ref as _rotate
+from graphpool.kernels.norm_rope import write_kv_ref as write_kv
+from graphpool.model.attn_ops import paged_decode_attention_torch
 
 AttnBackend = Literal["torch", "triton"]
 Tensor = torch.Tensor
 
 
-def rms_norm_torch(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    # NOTE: the statistics in float32, the weight applied in the input dtype (as the reference models do).
-    h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * h.to(x.dtype)
-
-
 def add_rms_norm_torch(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
     s = x + residual
     return rms_norm_torch(s, weight, eps), s
-
-
-def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    x1, x2 = x.float().chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
 
 
 def rotary_and_write_kv_torch(
