@@ -9,6 +9,8 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
+from graphpool.kernels.decode_attention import effective_len_bound
+
 
 def prefill_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: list[int], scale: float
@@ -50,12 +52,14 @@ def paged_decode_attention_torch(
 
     Graph-capturable: reads ceil(max_len_bound / block_size) blocks of every row and masks positions
     >= context_lens; no host sync, shapes depend only on host ints. Every row needs context_lens >= 1.
+
+    NOTE: not `graphpool.kernels.decode_attention.paged_decode_attention_ref`: that reference upcasts the
+    gathered K/V to float32 (exact, twice the bytes); this backend keeps the matmuls in the cache dtype.
     """
     bs, num_heads, dim = q.shape
     _, block_size, kv_heads, _ = k_cache.shape
-    max_blocks = block_tables.shape[1]
-    # NOTE: max_len_bound <= 0 means the whole block table (the same convention as the Triton kernel).
-    num_blocks = max_blocks if max_len_bound <= 0 else min(-(-max_len_bound // block_size), max_blocks)
+    # NOTE: the kernels' bound convention (<= 0: the whole block table), so both backends read the same blocks.
+    num_blocks = -(-effective_len_bound(max_len_bound, block_tables.shape[1], block_size) // block_size)
     length = num_blocks * block_size
     ids = block_tables[:, :num_blocks].reshape(-1)
     # [bs, kv_heads, length, D]
