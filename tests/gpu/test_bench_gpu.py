@@ -35,7 +35,7 @@ def test_step_bench_compiles_the_plain_ops_step_with_its_graphs(tmp_path: Path) 
     r = {row.batch_size: row for row in rows}[4]
     assert r.compile_error is None
     assert math.isfinite(r.compile_ms) and r.compile_ms > 0 and r.compile_s > 0 and r.torch_ops_eager_ms > 0
-    assert r.compile_rel_err < 2e-2  # bf16: inductor fuses and rounds differently from eager
+    assert r.compile_rel_err < 5e-2  # bf16: inductor fuses and rounds differently from eager (a bug: ~1)
     assert r.compile_cudagraph_skips == 0  # the KV cache write is a static-address mutation, not a skip
     assert math.isnan({row.batch_size: row for row in rows}[1].compile_ms)  # only the sizes asked for
 
