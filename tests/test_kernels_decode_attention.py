@@ -178,7 +178,7 @@ def test_package_imports_and_runs_without_triton() -> None:
 # the kernel module is imported, hence a subprocess. Two interpreter limits of triton 3.6: tl.dot on bf16 is
 # wrong (fp32/fp16 are checked here, bf16 on the GPU), and a loaded scalar used as a loop bound trips
 # numpy >= 2 (`int()` of a 1-element array), patched below for the run.
-_INTERP_SCRIPT = """
+_INTERP_PRELUDE = """
 import json, os, sys
 os.environ["TRITON_INTERPRET"] = "1"
 import torch
@@ -192,6 +192,20 @@ def _patch(tensor, scope):
 
 interp._patch_lang_tensor = _patch
 sys.path.insert(0, os.environ["GP_TESTS_DIR"])
+"""
+
+
+def run_in_triton_interpreter(script: str) -> list[float]:
+    """Run ``script`` (after the prelude above) in a fresh interpreter; it prints a JSON list last."""
+    env = {**os.environ, "GP_TESTS_DIR": os.path.dirname(__file__)}
+    proc = subprocess.run(
+        [sys.executable, "-c", _INTERP_PRELUDE + script], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+_INTERP_SCRIPT = """
 from test_kernels_decode_attention import make_case
 from graphpool.kernels._triton_decode_attention import paged_decode_attention_triton
 from graphpool.kernels.decode_attention import paged_decode_attention_ref
@@ -218,11 +232,6 @@ print(json.dumps(errors))
 
 def test_triton_kernel_in_interpreter_matches_reference() -> None:
     pytest.importorskip("triton")
-    env = {**os.environ, "GP_TESTS_DIR": os.path.dirname(__file__)}
-    proc = subprocess.run(
-        [sys.executable, "-c", _INTERP_SCRIPT], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    errors = json.loads(proc.stdout.strip().splitlines()[-1])
+    errors = run_in_triton_interpreter(_INTERP_SCRIPT)
     assert len(errors) == 6
     assert all(e < 2e-3 for e in errors), errors

@@ -1,10 +1,5 @@
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
@@ -18,6 +13,7 @@ from graphpool.kernels.norm_rope import (
     rms_norm,
     rms_norm_ref,
 )
+from test_kernels_decode_attention import run_in_triton_interpreter
 
 
 def test_rms_norm_ref_matches_float64_formula() -> None:
@@ -120,18 +116,6 @@ def test_bad_shapes_raise() -> None:
 
 # NOTE: see test_kernels_decode_attention for why a subprocess and the interpreter patch.
 _INTERP_SCRIPT = """
-import json, os
-os.environ["TRITON_INTERPRET"] = "1"
-import torch
-import triton.runtime.interpreter as interp
-
-_orig = interp._patch_lang_tensor
-
-def _patch(tensor, scope):
-    _orig(tensor, scope)
-    scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-interp._patch_lang_tensor = _patch
 from graphpool.kernels import _triton_norm_rope as tn
 from graphpool.kernels import norm_rope as nr
 
@@ -167,14 +151,6 @@ print(json.dumps(errors))
 
 def test_triton_kernels_in_interpreter_match_reference() -> None:
     pytest.importorskip("triton")
-    proc = subprocess.run(
-        [sys.executable, "-c", _INTERP_SCRIPT],
-        env=dict(os.environ),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    errors = json.loads(proc.stdout.strip().splitlines()[-1])
+    errors = run_in_triton_interpreter(_INTERP_SCRIPT)
     assert len(errors) == 18
     assert all(e < 1e-3 for e in errors), errors
