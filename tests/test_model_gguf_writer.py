@@ -12,45 +12,9 @@ import pytest
 import torch
 
 from graphpool.model import AttentionMetadata, load_model
+from graphpool.model.testing import TINY_HF_ROPE_SCALING, tiny_hf_model
 
-SCALING = {
-    "factor": 8.0,
-    "low_freq_factor": 1.0,
-    "high_freq_factor": 4.0,
-    "original_max_position_embeddings": 32,
-}
-
-
-def _tiny_hf(kind: str, tied: bool) -> torch.nn.Module:
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
-
-    common = {
-        "vocab_size": 300,
-        "hidden_size": 64,
-        "intermediate_size": 96,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "max_position_embeddings": 256,
-        "rms_norm_eps": 1e-6,
-        "tie_word_embeddings": tied,
-        "bos_token_id": 1,
-        "eos_token_id": 2,
-    }
-    torch.manual_seed(0)
-    if kind == "llama":
-        model = LlamaForCausalLM(
-            LlamaConfig(**common, rope_theta=10000.0, rope_scaling={"rope_type": "llama3", **SCALING})
-        )
-    else:
-        model = Qwen2ForCausalLM(Qwen2Config(**common, rope_theta=1e6))
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.uniform_(0.5, 1.5)
-            else:
-                p.normal_(0.0, 0.1)
-    return model.eval()
+SCALING = TINY_HF_ROPE_SCALING
 
 
 def _llama_cpp_permute(w: np.ndarray, heads: int) -> np.ndarray:
@@ -143,7 +107,7 @@ def _write_gguf(model: torch.nn.Module, kind: str, path: Path) -> None:
 
 @pytest.mark.parametrize(("kind", "tied"), [("llama", False), ("qwen2", True)])
 def test_written_gguf_matches_transformers(kind: str, tied: bool, tmp_path: Path) -> None:
-    hf = _tiny_hf(kind, tied)
+    hf = tiny_hf_model(kind, tied)
     path = tmp_path / "tiny.gguf"
     _write_gguf(hf, kind, path)
     model, cfg, tok = load_model(path, dtype=torch.float32)

@@ -9,47 +9,13 @@ import pytest
 import torch
 
 from graphpool.model import AttentionMetadata, load_model
-from graphpool.model.testing import paged_greedy
-
-ROPE_LLAMA3 = {
-    "rope_type": "llama3",
-    "factor": 8.0,
-    "low_freq_factor": 1.0,
-    "high_freq_factor": 4.0,
-    "original_max_position_embeddings": 32,
-}
+from graphpool.model.testing import paged_greedy, tiny_hf_model
 
 
 def _save_tiny(kind: str, folder: Path, tied: bool) -> torch.nn.Module:
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
-
-    common = {
-        "vocab_size": 300,
-        "hidden_size": 64,
-        "intermediate_size": 96,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "max_position_embeddings": 256,
-        "rms_norm_eps": 1e-6,
-        "tie_word_embeddings": tied,
-        "bos_token_id": 1,
-        "eos_token_id": 2,
-    }
-    torch.manual_seed(0)
-    if kind == "llama":
-        model = LlamaForCausalLM(LlamaConfig(**common, rope_theta=10000.0, rope_scaling=ROPE_LLAMA3))
-    else:
-        model = Qwen2ForCausalLM(Qwen2Config(**common, rope_theta=1e6))
-    # bigger-than-default weights (and nonzero biases) so that a wrong layout cannot hide behind tiny values
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.uniform_(0.5, 1.5)
-            else:
-                p.normal_(0.0, 0.1)
+    model = tiny_hf_model(kind, tied)
     model.save_pretrained(folder, safe_serialization=True)
-    return model.eval()
+    return model
 
 
 @pytest.mark.parametrize(("kind", "tied"), [("llama", False), ("llama", True), ("qwen2", True)])

@@ -55,3 +55,48 @@ def paged_greedy(
         out.append(next_ids)
         pos = pos + 1
     return torch.stack(out, dim=1).tolist()
+
+
+# Llama-3 rope scaling of `tiny_hf_model("llama", ...)`: a short original context so that positions past 32
+# exercise the scaled frequencies.
+TINY_HF_ROPE_SCALING = {
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 32,
+}
+
+
+def tiny_hf_model(kind: str, tied: bool) -> torch.nn.Module:
+    """A tiny random transformers model in eval mode: "llama" (Llama-3 rope scaling) or "qwen2" (q/k/v bias),
+    2 layers, hidden 64, 4 query / 2 KV heads, vocab 300; weights seeded (torch.manual_seed(0))."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    common = {
+        "vocab_size": 300,
+        "hidden_size": 64,
+        "intermediate_size": 96,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 256,
+        "rms_norm_eps": 1e-6,
+        "tie_word_embeddings": tied,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+    }
+    torch.manual_seed(0)
+    model: torch.nn.Module
+    if kind == "llama":
+        scaling = {"rope_type": "llama3", **TINY_HF_ROPE_SCALING}
+        model = LlamaForCausalLM(LlamaConfig(**common, rope_theta=10000.0, rope_scaling=scaling))
+    else:
+        model = Qwen2ForCausalLM(Qwen2Config(**common, rope_theta=1e6))
+    # bigger-than-default weights (and nonzero biases) so that a wrong layout cannot hide behind tiny values
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+            else:
+                p.normal_(0.0, 0.1)
+    return model.eval()
