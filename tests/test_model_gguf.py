@@ -7,7 +7,7 @@ import torch
 
 from graphpool.model import PRESETS, AttentionMetadata, LlamaModel, Tokenizer, load_model
 from graphpool.model.gguf_loader import default_gguf_path, unpermute_qk
-from graphpool.model.testing import paged_greedy
+from graphpool.model.testing import hf_greedy, paged_greedy
 
 PROMPTS = [
     "The capital of France is",
@@ -33,15 +33,6 @@ def hf_model() -> torch.nn.Module:
     return AutoModelForCausalLM.from_pretrained(
         str(path.parent), gguf_file=path.name, dtype=torch.float32
     ).eval()
-
-
-def _hf_greedy(hf: torch.nn.Module, prompt: list[int], n: int) -> list[int]:
-    """Greedy tokens from transformers, recomputing the whole sequence each step (no cache of its own)."""
-    ids = list(prompt)
-    with torch.no_grad():
-        for _ in range(n):
-            ids.append(int(hf(torch.tensor([ids])).logits[0, -1].argmax()))
-    return ids[len(prompt) :]
 
 
 def test_gguf_config_is_smollm2(ours: tuple[LlamaModel, Tokenizer]) -> None:
@@ -103,7 +94,7 @@ def test_greedy_tokens_match_transformers(
     prompts = [tok.encode(p) for p in PROMPTS]
     got = paged_greedy(model, prompts, 32, block_size=16)
     for prompt, tokens in zip(prompts, got, strict=True):
-        assert tokens == _hf_greedy(hf_model, prompt, 32), tok.decode(prompt)
+        assert tokens == hf_greedy(hf_model, prompt, 32), tok.decode(prompt)
 
 
 def test_paged_decode_equals_prefill_recomputation(ours: tuple[LlamaModel, Tokenizer]) -> None:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from graphpool.model import AttentionMetadata, load_model
-from graphpool.model.testing import paged_greedy, tiny_hf_model
+from graphpool.model.testing import hf_greedy, paged_greedy, tiny_hf_model
 
 
 def _save_tiny(kind: str, folder: Path, tied: bool) -> torch.nn.Module:
@@ -39,11 +39,7 @@ def test_hf_folder_logits_match_transformers(kind: str, tied: bool, tmp_path: Pa
     # and the paged decode path continues the same sequence as transformers would
     prompt = ids[:20].tolist()
     tokens = paged_greedy(model, [prompt], 8, block_size=4)[0]
-    seq = list(prompt)
-    with torch.no_grad():
-        for _ in range(8):
-            seq.append(int(hf(torch.tensor([seq])).logits[0, -1].argmax()))
-    assert tokens == seq[20:]
+    assert tokens == hf_greedy(hf, prompt, 8)
 
 
 def test_hf_folder_errors_are_clear(tmp_path: Path) -> None:

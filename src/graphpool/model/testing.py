@@ -100,3 +100,12 @@ def tiny_hf_model(kind: str, tied: bool) -> torch.nn.Module:
             else:
                 p.normal_(0.0, 0.1)
     return model.eval()
+
+
+def hf_greedy(hf: torch.nn.Module, prompt: list[int], n: int) -> list[int]:
+    """Greedy tokens from transformers, recomputing the whole sequence each step (no cache of its own)."""
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(n):
+            ids.append(int(hf(torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids[len(prompt) :]
