@@ -102,6 +102,25 @@ def write_kv_ref(
     v_cache.view(-1, heads, dim).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
 
 
+def rotary_and_write_kv_unchecked(
+    positions: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`apply_rotary_and_write_kv_ref` without input checks (the model's torch ops call it every layer)."""
+    c = cos[positions].float().unsqueeze(1)  # [T, 1, D/2]
+    s = sin[positions].float().unsqueeze(1)
+    q_rot, k_rot = rotate_ref(q, c, s), rotate_ref(k, c, s)
+    write_kv_ref(k_cache, v_cache, slot_mapping, k_rot, v)
+    return q_rot, k_rot
+
+
 def apply_rotary_and_write_kv_ref(
     positions: torch.Tensor,
     q: torch.Tensor,
@@ -113,9 +132,8 @@ def apply_rotary_and_write_kv_ref(
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    q_rot, k_rot = apply_rotary_ref(positions, q, k, cos, sin)
-    write_kv_ref(k_cache, v_cache, slot_mapping, k_rot, v)
-    return q_rot, k_rot
+    _check_rope(positions, q, k, cos, sin)
+    return rotary_and_write_kv_unchecked(positions, q, k, v, cos, sin, k_cache, v_cache, slot_mapping)
 
 
 def apply_rotary(

@@ -7,9 +7,10 @@ import math
 import torch
 from torch import nn
 
+from graphpool.kernels.norm_rope import rotate_ref as _rotate
 from graphpool.model.config import ModelConfig, RopeScaling
 from graphpool.model.linear import ColumnLinear, RowLinear
-from graphpool.model.ops import _rotate, rms_norm_torch
+from graphpool.model.ops import rms_norm_torch
 
 __all__ = ["RMSNorm", "RotaryEmbedding", "SwiGLU", "_rotate", "rope_inv_freq"]
 

@@ -17,8 +17,7 @@ import torch
 # NOTE: the torch ops share their formulas with graphpool.kernels' references (one copy of the numerics),
 # but call the check-free forms: no per-layer host-side validation in an eager step.
 from graphpool.kernels.norm_rope import rms_norm_unchecked as rms_norm_torch
-from graphpool.kernels.norm_rope import rotate_ref as _rotate
-from graphpool.kernels.norm_rope import write_kv_ref as write_kv
+from graphpool.kernels.norm_rope import rotary_and_write_kv_unchecked as rotary_and_write_kv_torch
 from graphpool.model.attn_ops import paged_decode_attention_torch
 
 AttnBackend = Literal["torch", "triton"]
@@ -28,26 +27,6 @@ Tensor = torch.Tensor
 def add_rms_norm_torch(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
     s = x + residual
     return rms_norm_torch(s, weight, eps), s
-
-
-def rotary_and_write_kv_torch(
-    positions: Tensor,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    cos: Tensor,
-    sin: Tensor,
-    k_cache: Tensor,
-    v_cache: Tensor,
-    slot_mapping: Tensor,
-) -> tuple[Tensor, Tensor]:
-    """Neox-style (half-split) rotary of q [T, Hq, D], k [T, Hkv, D] at positions [T] over float32
-    cos/sin caches [max_positions, D/2]; stores rotated k and v at `slot_mapping`. Returns (q, k) rotated."""
-    c = cos[positions].unsqueeze(1)  # [T, 1, D/2]
-    s = sin[positions].unsqueeze(1)
-    q, k = _rotate(q, c, s), _rotate(k, c, s)
-    write_kv(k_cache, v_cache, slot_mapping, k, v)
-    return q, k
 
 
 @dataclass(frozen=True)
