@@ -171,10 +171,12 @@ def test_admit_padded_hits_and_not_admitted() -> None:
     check(pool, 8)  # room: captured
     check(pool, 6)  # no room, rare: served padded by 8 (6*1.5 >= 8)
     assert pool.last_replayed
-    check(pool, 2)  # no room, no graph within ratio: eager
+    check(pool, 2)  # no room, rare, none within ratio: the larger graph still beats an eager step
+    assert pool.last_replayed
+    check(pool, 12)  # no room, rare, no larger graph: eager
     assert not pool.last_replayed
     st = pool.stats()
-    assert (st.hits, st.padded_hits, st.captures) == (0, 1, 1)
+    assert (st.hits, st.padded_hits, st.captures) == (0, 2, 1)
     assert st.fallbacks == {FallbackReason.NOT_ADMITTED: 1}
     check(pool, 2)
     check(pool, 2)  # third request of 2 within the window, more often than 8: admitted

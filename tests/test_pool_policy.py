@@ -102,6 +102,8 @@ def test_admit_frequent_room_serve_eager_admit() -> None:
     d = p.on_miss(_ctx(5, (7, 20), room=False, victim=7))
     assert d.action is Action.SERVE_WITH and d.size == 7
     d = p.on_miss(_ctx(5, (20,), room=False, victim=20))
+    assert d.action is Action.SERVE_WITH and d.size == 20  # past the ratio, still better than eager
+    d = p.on_miss(_ctx(5, (3,), room=False, victim=3))
     assert d.action is Action.EAGER and d.reason is FallbackReason.NOT_ADMITTED
     p.observe(5)
     p.observe(5)
@@ -127,7 +129,7 @@ def test_admit_frequent_guards_against_a_more_frequent_victim() -> None:
         p.observe(9)
     for _ in range(3):
         p.observe(5)
-    assert p.on_miss(_ctx(5, (9,), room=False, victim=9)).action is Action.EAGER
+    assert p.on_miss(_ctx(5, (9,), room=False, victim=9)).action is Action.SERVE_WITH  # not admitted
     p.observe(5)
     p.observe(5)  # 5 now more frequent than 9
     assert p.on_miss(_ctx(5, (9,), room=False, victim=9)).action is Action.CAPTURE
