@@ -52,7 +52,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         help="on a miss: capture at once, or admit sizes seen often (default: the pool's)")
     add("--graph-mempool", "graph_mempool", choices=["per_graph", "shared"],
         help="one memory pool per graph (eviction frees memory) or one shared pool")
-    add("--graph-warmup", "graph_warmup", help="capture at start-up: none (default), cover (a padding cover of the ladder), all, or sizes like 1,2,4,8")
+    add("--graph-warmup", "graph_warmup", help="capture at start-up: cover (default: a padding cover of the ladder), none, all, or sizes like 1,2,4,8")
     _ENGINE_FLAGS["--disable-cudagraph"] = "disable_cudagraph"
     group.add_argument("--disable-cudagraph", dest="disable_cudagraph", action="store_true", default=None,
                        help="run every decode step eagerly")
