@@ -54,10 +54,10 @@ def test_summary_reports_targets_met_and_missed(tmp_path: Path) -> None:
     assert "MISSED" in lines["graph >= 5x eager at bs <= 32 (models <= 1B)"]  # 4.75x at bs 32
     assert "met" in lines["8B graph within 1.3x of HBM floor at bs 1-64"]
     assert "met" in lines["memory bench: resident bytes never above the budget"]
-    assert "1.05x" in lines["graphpool (default: no warm-up): p99 ITL within 1.1x of capture-all"]
-    assert "met" in lines["graphpool (default: no warm-up): captures while serving < seed LRU-16's"]
-    assert "MISSED" in lines["graphpool + warm cover: captures while serving < seed LRU-16's"]  # 50 vs 40
-    assert "0.75x" in lines["graphpool + warm cover: p99 ITL within 1.1x of capture-all"]
+    assert "1.05x" in lines["graphpool admit, no warm-up: p99 ITL within 1.1x of capture-all"]
+    assert "met" in lines["graphpool admit, no warm-up: captures while serving < seed LRU-16's"]
+    assert "MISSED" in lines["graphpool default (admit + warm cover): captures while serving < seed LRU-16's"]  # 50 vs 40
+    assert "0.75x" in lines["graphpool default (admit + warm cover): p99 ITL within 1.1x of capture-all"]
     assert "MISSED" in lines["graphpool + budget: peak graph memory <= 256 MiB"]
     # the step tables: compile beside its plain-ops eager baseline, and compile failures spelled out
     assert "| 32 | 19 | 4 | 4.75 | - | - | - | 5 | 25 | 31 |" in text

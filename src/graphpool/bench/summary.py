@@ -3,9 +3,10 @@
     python -m graphpool.bench.summary RESULTS_DIR                            # print them
     python -m graphpool.bench.summary RESULTS_DIR --write-doc docs/benchmarks.md  # replace the doc's block
 
-RESULTS_DIR holds step/step.json, memory/memory.json, trace/trace.json (any may be missing). The doc's
-generated block lies between the BEGIN/END markers below; everything outside it is prose. Targets (issue 5)
-are reported as met or missed with the numbers; they are never asserted.
+RESULTS_DIR holds step/step.json, memory/memory.json, trace/trace.json (any may be missing; a bench's JSON
+directly in RESULTS_DIR also counts). The doc's generated block lies between the BEGIN/END markers below;
+everything outside it is prose. Targets (issue 5) are reported as met or missed with the numbers; they are
+never asserted.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ Targets = list[list[str]]
 
 def _load(results_dir: Path, bench: str) -> dict[str, Any] | None:
     path = results_dir / bench / f"{bench}.json"
+    if not path.exists():
+        path = results_dir / f"{bench}.json"  # a folder written by one bench's --out
     if not path.exists():
         return None
     return json.loads(path.read_text())
@@ -155,7 +158,7 @@ def _load_table(mine: dict[str, dict[str, Any]]) -> str:
 
 def trace_targets(mine: dict[str, dict[str, Any]], budget_mib: float, targets: Targets) -> None:
     b, d, f = mine.get("b"), mine.get("d"), mine.get("f")
-    for key, name in (("e", "graphpool (default: no warm-up)"), ("g", "graphpool + warm cover")):
+    for key, name in (("e", "graphpool admit, no warm-up"), ("g", "graphpool default (admit + warm cover)")):
         r = mine.get(key)
         if r is None:
             continue
@@ -206,6 +209,8 @@ def summarize(results_dir: Path, link_dir: Path | None = None) -> str:
 
     def img(rel: str, alt: str) -> str:
         path = results_dir / rel
+        if not path.exists():
+            path = results_dir / Path(rel).name
         return f"\n![{alt}]({Path(os.path.relpath(path, base)).as_posix()})\n" if path.exists() else ""
 
     out: list[str] = []
