@@ -83,7 +83,8 @@ class DecodeSetup:
         return {k: v[:bs].clone() for k, v in self.inputs.items()}
 
     def step_fn(self) -> StepFn:
-        """The engine's decode step on static inputs: returns float32 logits [bs, vocab]."""
+        """The engine's decode step on static inputs: logits [bs, vocab] in the model's dtype, as the engine's
+        decode graphs hold them (the runner upcasts after the replay)."""
         model, kv, bound = self.model, self.kv_caches, self.context_len
 
         def step(static: Mapping[str, torch.Tensor]) -> torch.Tensor:
@@ -95,7 +96,7 @@ class DecodeSetup:
                 context_lens=static["context_lens"],
                 max_len_bound=bound,
             )
-            return model.compute_logits(model(static["input_ids"], meta, kv))
+            return model.compute_logits(model(static["input_ids"], meta, kv), upcast=False)
 
         return step
 
