@@ -145,7 +145,8 @@ def test_graph_path_with_small_pool_matches(loaded, prompt_ids, hf_reference) ->
     misses and evictions with a pool of 2 over a ladder 1, 2, 3, 4, 6, 8."""
     capturer = EagerCapturer()
     engine = make_engine(loaded, capturer=capturer, max_graph_pool_size=2, graph_max_batch_size=8,
-                         graph_split_batch_size=4, graph_grow_step_size=2, graph_miss_policy="capture")
+                         graph_split_batch_size=4, graph_grow_step_size=2, graph_miss_policy="capture",
+                         graph_warmup="none")
     final: dict[str, RequestOutput] = {}
     queue = list(enumerate(prompt_ids))
     steps = 0
