@@ -1,4 +1,7 @@
-"""Diagnostic: where does the first config of a new load level stall? Per-step wall times + Triton JIT count."""
+"""Diagnostic: where does the first config of a new load level stall? Per-step wall times + Triton JIT count.
+
+Run on a GPU: TRITON_CACHE_DIR=/tmp/tc PYTHONPATH=src python3 scripts/diag_stall.py c e  (config letters)
+"""
 from __future__ import annotations
 
 import os
