@@ -20,6 +20,14 @@ def _pyplot() -> Any:
     return plt
 
 
+def _save(plt: Any, fig: Any, path: Path) -> Path:
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def _finite(xs: Sequence[float], ys: Sequence[float]) -> tuple[list[float], list[float]]:
     pairs = [(x, y) for x, y in zip(xs, ys, strict=True) if y is not None and not math.isnan(y)]
     return [p[0] for p in pairs], [p[1] for p in pairs]
@@ -46,11 +54,7 @@ def plot_step(rows: Sequence[StepRow], path: Path) -> Path:
         ax.set_title(model)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def plot_memory(curves: Mapping[str, Sequence[tuple[int, float]]], path: Path, title: str,
@@ -73,11 +77,7 @@ def plot_memory(curves: Mapping[str, Sequence[tuple[int, float]]], path: Path, t
     ax.set_title(title)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def plot_itl_cdfs(per_load: Mapping[str, Mapping[str, Sequence[float]]], path: Path) -> Path:
@@ -113,8 +113,4 @@ def plot_itl_cdfs(per_load: Mapping[str, Mapping[str, Sequence[float]]], path: P
             top.legend(fontsize=7, loc="lower right")
         bottom.set_yscale("log")
         bottom.set_ylabel("fraction of tokens slower (1 - CDF)")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
