@@ -7,6 +7,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from graphpool.bench.latency import cdf_points
+
 if TYPE_CHECKING:
     from graphpool.bench.step import StepRow
 
@@ -96,12 +98,12 @@ def plot_itl_cdfs(per_load: Mapping[str, Mapping[str, Sequence[float]]], path: P
     for col, load in enumerate(loads):
         top, bottom = axes[0][col], axes[1][col]
         for label, itls in per_load[load].items():
-            xs = sorted(x for x in itls if x > 0)
+            xs, cdf = cdf_points([x for x in itls if x > 0])
             if not xs:
                 continue
             n = len(xs)
             style = {"label": label, "linewidth": 1.2, "color": colour[label]}
-            top.plot(xs, [(i + 1) / n for i in range(n)], **style)
+            top.plot(xs, cdf, **style)
             bottom.plot(xs, [max(1.0 - i / n, 1.0 / n) for i in range(n)], **style)
         for ax in (top, bottom):
             ax.set_xscale("log")
