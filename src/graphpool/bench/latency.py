@@ -41,7 +41,7 @@ class LatencySummary:
 
 
 def summarize_latency(timelines: Sequence[RequestTimeline]) -> LatencySummary:
-    itls = [x * 1e3 for tl in timelines for x in tl.itls()]
+    itls = all_itls_ms(timelines)
     ttfts = [t * 1e3 for tl in timelines if (t := tl.ttft()) is not None]
     return LatencySummary(
         requests=len(timelines),
