@@ -2,21 +2,19 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
 import warnings
 from types import ModuleType
 
-_warned: set[str] = set()
 
-
+# NOTE: cached, because every CUDA call of a kernel entry point (several per layer per eager step) asks; a
+# failed import is then neither retried each call nor warned about twice.
+@functools.cache
 def triton_impl(module: str) -> ModuleType | None:
     """``graphpool.kernels.<module>`` if triton imports, else None (with one warning per module)."""
     try:
         return importlib.import_module(f"graphpool.kernels.{module}")
     except ImportError as exc:  # a CUDA torch without triton: the torch reference is correct, only slower
-        if module not in _warned:
-            _warned.add(module)
-            warnings.warn(
-                f"triton unavailable ({exc}); {module} falls back to the torch reference", stacklevel=3
-            )
+        warnings.warn(f"triton unavailable ({exc}); {module} falls back to the torch reference", stacklevel=3)
         return None
