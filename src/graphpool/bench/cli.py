@@ -24,7 +24,7 @@ def _add_benches(p: argparse.ArgumentParser) -> None:
     for name, module, text in (
         ("step", step, "decode step per batch size: eager, graph, torch.compile, HBM floor"),
         ("memory", memory, "graph memory held: shared vs per_graph mempool, eviction, byte budget"),
-        ("trace", trace, "a serving trace through the engine under six graph policies"),
+        ("trace", trace, "a serving trace through the engine under seven graph policies"),
     ):
         q = bench_sub.add_parser(name, help=text, description=text)
         module.add_args(q)
