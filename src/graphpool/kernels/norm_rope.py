@@ -84,13 +84,19 @@ def rotate_ref(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
 
 
+def _rotary_unchecked(
+    positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    c = cos[positions].float().unsqueeze(1)  # [T, 1, D/2]
+    s = sin[positions].float().unsqueeze(1)
+    return rotate_ref(q, c, s), rotate_ref(k, c, s)
+
+
 def apply_rotary_ref(
     positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     _check_rope(positions, q, k, cos, sin)
-    c = cos[positions].float().unsqueeze(1)  # [T, 1, D/2]
-    s = sin[positions].float().unsqueeze(1)
-    return rotate_ref(q, c, s), rotate_ref(k, c, s)
+    return _rotary_unchecked(positions, q, k, cos, sin)
 
 
 def write_kv_ref(
@@ -114,9 +120,7 @@ def rotary_and_write_kv_unchecked(
     slot_mapping: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`apply_rotary_and_write_kv_ref` without input checks (the model's torch ops call it every layer)."""
-    c = cos[positions].float().unsqueeze(1)  # [T, 1, D/2]
-    s = sin[positions].float().unsqueeze(1)
-    q_rot, k_rot = rotate_ref(q, c, s), rotate_ref(k, c, s)
+    q_rot, k_rot = _rotary_unchecked(positions, q, k, cos, sin)
     write_kv_ref(k_cache, v_cache, slot_mapping, k_rot, v)
     return q_rot, k_rot
 
