@@ -66,7 +66,6 @@ class RotaryEmbedding(nn.Module):
         freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
         self.register_buffer("cos", freqs.cos().to(device), persistent=False)
         self.register_buffer("sin", freqs.sin().to(device), persistent=False)
-        self.max_positions = max_positions
 
 
 class SwiGLU(nn.Module):

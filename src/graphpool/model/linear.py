@@ -23,7 +23,6 @@ class _Linear(nn.Module):
         self, in_features: int, out_features: int, bias: bool, device: torch.device, dtype: torch.dtype
     ) -> None:
         super().__init__()
-        self.in_features, self.out_features = in_features, out_features
         # NOTE: uninitialised on purpose: the loader (or random init) fills every parameter on the device.
         self.weight = nn.Parameter(
             torch.empty(out_features, in_features, device=device, dtype=dtype), requires_grad=False
