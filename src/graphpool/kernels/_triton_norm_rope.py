@@ -144,11 +144,11 @@ def rotary_triton(
         if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
             raise ValueError("the Triton rotary kernel needs caches with a unit last stride")
         block_size = k_cache.shape[1]
+        kc_strides, vc_strides = k_cache.stride()[:3], v_cache.stride()[:3]
     else:
         v, k_cache, v_cache, slots = k, k_out, k_out, positions  # placeholders, never touched
         block_size = 1
-    kc_strides = k_cache.stride()[:3] if kv_write is not None else (0, 0, 0)
-    vc_strides = v_cache.stride()[:3] if kv_write is not None else (0, 0, 0)
+        kc_strides = vc_strides = (0, 0, 0)
     _rotary_kernel[(tokens,)](
         positions, q, k, cos, sin, q_out, k_out,
         v, k_cache, v_cache, slots,
