@@ -222,6 +222,15 @@ def test_sampler_greedy_is_exact_argmax() -> None:
     assert torch.equal(out[1::2], logits.argmax(-1)[1::2])
 
 
+def test_sampler_takes_model_dtype_logits() -> None:
+    logits = torch.randn(8, 1000).to(torch.bfloat16)  # what a bf16 decode graph outputs
+    greedy = [_sampling_seq(str(i), temperature=0) for i in range(8)]
+    assert torch.equal(Sampler(torch.device("cpu"), 0).sample(logits, greedy), logits.float().argmax(-1))
+    mixed = [_sampling_seq(str(i), temperature=0 if i % 2 else 0.8, top_p=0.9) for i in range(8)]
+    out = Sampler(torch.device("cpu"), 0).sample(logits, mixed)
+    assert out.dtype == torch.int64 and torch.equal(out[1::2], logits.float().argmax(-1)[1::2])
+
+
 def test_sampler_top_k_and_top_p_restrict_support() -> None:
     torch.manual_seed(0)
     logits = torch.randn(1, 50)

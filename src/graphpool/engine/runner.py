@@ -93,7 +93,9 @@ class ModelRunner:
     def decode(self, seqs: list[Sequence], slots: list[int]) -> tuple[torch.Tensor, bool]:
         """One token per sequence -> (logits [bs, vocab], whether a graph was replayed).
 
-        The logits are float32, upcast from the graph's model-dtype output buffer.
+        The logits are in the model's dtype (graph memory then holds a third of the bytes of float32 + the
+        matmul's own output), a view into the graph's output buffer: valid until the next decode. The
+        sampler upcasts only when it needs probabilities.
         """
         lens = [seq.num_tokens for seq in seqs]
         max_len = max(lens)
@@ -114,9 +116,8 @@ class ModelRunner:
         self._step_bound = self.len_bound if max_len <= self.len_bound else 1 << (max_len - 1).bit_length()
         try:
             if width > self.max_blocks:
-                return self._decode_step(inputs).float(), False
-            # NOTE: upcast outside the graph, so graph memory holds model-dtype logits only.
-            logits = self.pool.run(inputs, max_len_in_batch=max_len).float()
+                return self._decode_step(inputs), False
+            logits = self.pool.run(inputs, max_len_in_batch=max_len)
             replayed = self.pool.last_replayed
         finally:
             self._step_bound = self.len_bound

@@ -8,7 +8,10 @@ from graphpool.engine.sequence import Sequence
 
 
 class Sampler:
-    """`sample(logits [bs, vocab] float32, seqs) -> next token ids [bs] int64` (on the logits' device).
+    """`sample(logits [bs, vocab], seqs) -> next token ids [bs] int64` (on the logits' device).
+
+    Logits may be in the model's dtype: an all-greedy batch takes the argmax as it is (an upcast is exact,
+    so the argmax is the same) and allocates nothing more; sampling upcasts to float32 first.
 
     Sampling uses the exponential-race form (argmax of p / E with E ~ Exp(1)), which needs one random number
     per vocab entry and lets each seeded request draw them from its own generator: a seeded request's output
@@ -29,6 +32,7 @@ class Sampler:
         greedy_tokens = logits.argmax(dim=-1)
         if all(s.params.temperature == 0 for s in seqs):
             return greedy_tokens
+        logits = logits.float()
         params = [s.params for s in seqs]
         # NOTE: greedy rows get temperature 1 here and take the argmax below, so they stay exact.
         temps = torch.tensor([p.temperature or 1.0 for p in params], dtype=torch.float32)
