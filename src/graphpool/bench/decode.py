@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
-from graphpool.model.attention import AttentionMetadata
+from graphpool.engine.decode_step import decode_forward
+from graphpool.engine.decode_step import decode_input_specs as engine_decode_specs
 from graphpool.model.config import ModelConfig
 from graphpool.model.llama import LlamaModel
 from graphpool.model.presets import get_preset
@@ -83,22 +84,9 @@ class DecodeSetup:
         return {k: v[:bs].clone() for k, v in self.inputs.items()}
 
     def step_fn(self) -> StepFn:
-        """The engine's decode step on static inputs: logits [bs, vocab] in the model's dtype, as the engine's
-        decode graphs hold them (the runner upcasts after the replay)."""
+        """The engine's decode step on static inputs (`graphpool.engine.decode_step`), at this context."""
         model, kv, bound = self.model, self.kv_caches, self.context_len
-
-        def step(static: Mapping[str, torch.Tensor]) -> torch.Tensor:
-            meta = AttentionMetadata(
-                is_prefill=False,
-                positions=static["positions"],
-                slot_mapping=static["slot_mapping"],
-                block_tables=static["block_tables"],
-                context_lens=static["context_lens"],
-                max_len_bound=bound,
-            )
-            return model.compute_logits(model(static["input_ids"], meta, kv), upcast=False)
-
-        return step
+        return lambda static: decode_forward(model, kv, static, bound)
 
     def weight_bytes_read(self, bs: int) -> int:
         """Bytes of weights one decode step must read: every matrix once; an untied input embedding only
@@ -124,12 +112,5 @@ class DecodeSetup:
 
 
 def decode_input_specs(setup: DecodeSetup) -> list[InputSpec]:
-    """The pool's input specs for the engine's decode layout (pad rows: dummy slot 0, block 0, length 1)."""
-    max_blocks = setup.inputs["block_tables"].shape[1]
-    return [
-        InputSpec("input_ids", (), torch.int64, 0),
-        InputSpec("positions", (), torch.int64, 0),
-        InputSpec("slot_mapping", (), torch.int64, 0),
-        InputSpec("block_tables", (max_blocks,), torch.int32, 0),
-        InputSpec("context_lens", (), torch.int32, 1),
-    ]
+    """The pool's input specs for the engine's decode layout at this setup's block-table width."""
+    return engine_decode_specs(setup.inputs["block_tables"].shape[1])

@@ -9,10 +9,11 @@ import numpy as np
 import torch
 
 from graphpool.engine.config import EngineConfig
+from graphpool.engine.decode_step import decode_forward, decode_input_specs
 from graphpool.engine.kv_cache import BlockManager, KVCache
 from graphpool.engine.sequence import Sequence
 from graphpool.model.attention import AttentionMetadata
-from graphpool.pool import GraphPool, InputSpec
+from graphpool.pool import GraphPool
 from graphpool.pool.capture import Capturer
 
 
@@ -35,13 +36,6 @@ class ModelRunner:
         self._pin = self.device.type == "cuda"
         # NOTE: a capturer stands in for CUDA graphs (tests run the graph path on the CPU with one)
         self.graphs_enabled = not config.disable_cudagraph and (self.device.type == "cuda" or capturer is not None)
-        specs = [
-            InputSpec("input_ids", (), torch.int64, pad_value=0),
-            InputSpec("positions", (), torch.int64, pad_value=0),
-            InputSpec("slot_mapping", (), torch.int64, pad_value=0),
-            InputSpec("block_tables", (self.max_blocks,), torch.int32, pad_value=0),
-            InputSpec("context_lens", (), torch.int32, pad_value=1),
-        ]
         # NOTE: the attention length bound the next decode step bakes in. Graph and eager steps alike use
         # len_bound: the decode kernel's launch constants follow the bound, so a bound that moved with each
         # step's max length made Triton JIT-compile new variants while serving (about a second each, seen on
@@ -49,19 +43,10 @@ class ModelRunner:
         # length exit at once, so the larger bound costs little. Longer contexts (never graphed) round the
         # bound up to a power of two to keep the variants few.
         self._step_bound = self.len_bound
-        self.pool = GraphPool(self._decode_step, specs, config.pool_config(), device=self.device, capturer=capturer)
+        self.pool = GraphPool(self._decode_step, decode_input_specs(self.max_blocks), config.pool_config(), device=self.device, capturer=capturer)
 
     def _decode_step(self, static: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        meta = AttentionMetadata(
-            is_prefill=False,
-            positions=static["positions"],
-            slot_mapping=static["slot_mapping"],
-            block_tables=static["block_tables"],
-            context_lens=static["context_lens"],
-            max_len_bound=self._step_bound,
-        )
-        hidden = self.model(static["input_ids"], meta, self.kv_caches)
-        return self.model.compute_logits(hidden, upcast=False)  # [bs, vocab] in the model's dtype
+        return decode_forward(self.model, self.kv_caches, static, self._step_bound)
 
     def _to_device(self, values: list[int], dtype: torch.dtype) -> torch.Tensor:
         return torch.tensor(values, dtype=dtype, pin_memory=self._pin).to(self.device, non_blocking=True)
