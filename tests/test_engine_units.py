@@ -90,6 +90,35 @@ def test_engine_config_pool_config_and_defaults() -> None:
     assert not EngineConfig(device="cpu", disable_cudagraph=True).pool_config().enabled
 
 
+
+def test_engine_config_sizes_the_pool_for_warmup_all() -> None:
+    # "all" at the default pool size would capture 16 of the 46 sizes and evict while serving.
+    full = EngineConfig(device="cpu", graph_warmup="all")
+    assert full.max_graph_pool_size == 46 == len(full.pool_config().ladder().sizes)
+    small = EngineConfig(device="cpu", graph_warmup="all", graph_max_batch_size=16, graph_split_batch_size=8)
+    assert small.max_graph_pool_size == 16  # a 9-size ladder fits the default
+    assert EngineConfig(device="cpu").max_graph_pool_size == 16
+    assert EngineConfig(device="cpu", graph_warmup="all", max_graph_pool_size=64).max_graph_pool_size == 64
+    with pytest.raises(ValueError, match=r"captures 46 graphs .* max_graph_pool_size is 16.*>= 46"):
+        EngineConfig(device="cpu", graph_warmup="all", max_graph_pool_size=16)
+    with pytest.raises(ValueError, match=r"captures 3 graphs .* max_graph_pool_size is 2"):
+        EngineConfig(device="cpu", graph_warmup="1,2,4", max_graph_pool_size=2)
+
+
+def test_resolve_device_gives_an_indexed_cuda_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    from graphpool.engine.config import resolve_device
+
+    assert resolve_device("cpu") == torch.device("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    # NOTE: torch.cuda.set_device refuses an index-less device ("cuda"): the server's engine thread died on it.
+    assert resolve_device("cuda") == torch.device("cuda", 1)
+    assert resolve_device("auto") == torch.device("cuda", 1)
+    assert resolve_device("cuda:0") == torch.device("cuda", 0)
+    with pytest.raises(ValueError, match="2 CUDA device"):
+        resolve_device("cuda:2")
+
 # block manager -----------------------------------------------------------------------------------------
 def test_block_manager_allocate_append_free() -> None:
     bm = BlockManager(num_blocks=6, block_size=4, max_blocks_per_seq=8)

@@ -39,7 +39,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     add("--block-size", "block_size", type=int, help="tokens per KV block (default 16)")
     add("--seed", "seed", type=int, help="engine random seed (default 0)")
     group = parser.add_argument_group("CUDA graph pool")
-    add("--max-graph-pool-size", "max_graph_pool_size", type=int, help="most graphs resident at once (16)")
+    add("--max-graph-pool-size", "max_graph_pool_size", type=int, help="most graphs resident at once (default 16; the whole ladder with --graph-warmup all)")
     add("--graph-max-batch-size", "graph_max_batch_size", type=int, help="largest graph batch size (256)")
     add("--graph-split-batch-size", "graph_split_batch_size", type=int,
         help="every batch size up to this one gets its own graph size (32)")

@@ -32,17 +32,28 @@ def parse_bytes(value: int | str) -> int:
 
 
 def resolve_device(device: str) -> torch.device:
+    """`auto`, `cpu`, `cuda` or `cuda:N` -> a torch.device; a CUDA device always carries its index.
+
+    NOTE: the index matters: `torch.cuda.set_device` (the server's engine thread) refuses an index-less
+    device, and the pool keys its capture stream by index.
+    """
     if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError):
         raise ValueError(f"device must be 'auto', 'cpu' or 'cuda[:N]', got {device!r}") from None
     if dev.type not in ("cpu", "cuda"):
         raise ValueError(f"device must be 'auto', 'cpu' or 'cuda[:N]', got {device!r}")
-    if dev.type == "cuda" and not torch.cuda.is_available():
+    if dev.type == "cpu":
+        return dev
+    if not torch.cuda.is_available():
         raise ValueError(f"device {device!r} asked for, but CUDA is not available on this machine")
-    return dev
+    count = torch.cuda.device_count()
+    index = torch.cuda.current_device() if dev.index is None else dev.index
+    if index >= count:
+        raise ValueError(f"device {device!r} asked for, but this machine has {count} CUDA device(s)")
+    return torch.device("cuda", index)
 
 
 # NOTE: "cover" = the pool's padding cover of the ladder (few sizes, every size within the padding ratio of
@@ -65,7 +76,8 @@ class EngineConfig:
     seed: int = 0
     profile_steps: bool = False  # synchronize around each step's forward to time it (benchmarks only)
     # graph pool settings (the seed's names)
-    max_graph_pool_size: int = 16
+    # NOTE: None -> 16 (the seed's default), or the whole ladder when graph_warmup="all" asks for every size.
+    max_graph_pool_size: int | None = None
     graph_max_batch_size: int = 256
     graph_split_batch_size: int = 32
     graph_grow_step_size: int = 16
@@ -86,7 +98,7 @@ class EngineConfig:
             raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
         if self.attn_backend not in _ATTN_BACKENDS:
             raise ValueError(f"attn_backend must be one of {_ATTN_BACKENDS}, got {self.attn_backend!r}")
-        for name in ("max_num_seqs", "max_model_len", "block_size", "max_graph_pool_size",
+        for name in ("max_num_seqs", "max_model_len", "block_size",
                      "graph_max_batch_size", "graph_split_batch_size", "graph_grow_step_size"):
             _check_positive_int(name, getattr(self, name))
         for name in ("num_kv_blocks", "max_num_batched_tokens", "graph_max_len_in_batch"):
@@ -125,8 +137,31 @@ class EngineConfig:
         for name in ("disable_cudagraph", "profile_steps"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        self._resolve_pool_size()
         # NOTE: the pool's own settings are validated by PoolConfig; build it now so errors surface here.
         self.pool_config()
+
+    def _resolve_pool_size(self) -> None:
+        """Sizes the pool for what warm-up asks, or refuses a warm-up the pool would evict while serving."""
+        from graphpool.pool import PoolConfig
+
+        ladder = PoolConfig(max_batch_size=self.graph_max_batch_size, split_batch_size=self.graph_split_batch_size,
+                            grow_step=self.graph_grow_step_size).ladder()
+        wanted = len(ladder.sizes) if self.graph_warmup == "all" else None
+        if isinstance(self.graph_warmup, tuple):
+            wanted = len({ladder.find_closest(s) or s for s in self.graph_warmup})
+        size = self.max_graph_pool_size
+        if size is None:
+            object.__setattr__(self, "max_graph_pool_size", max(16, wanted or 0) if wanted else 16)
+            return
+        _check_positive_int("max_graph_pool_size", size)
+        if wanted is not None and wanted > size:
+            what = "every ladder size" if self.graph_warmup == "all" else "the sizes asked for"
+            raise ValueError(
+                f"graph_warmup={self.graph_warmup!r} captures {wanted} graphs ({what}) but max_graph_pool_size "
+                f"is {size}: the pool would hold only {size} and evict while serving. Set max_graph_pool_size "
+                f">= {wanted} (or leave it unset to size the pool to the warm-up), or use graph_warmup='cover'"
+            )
 
     @property
     def torch_device(self) -> torch.device:
