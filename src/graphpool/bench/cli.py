@@ -13,18 +13,19 @@ _HELP = ("Benchmarks; each prints its tables and writes JSON, Markdown and PNG u
 
 def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     """Registers `bench` on the `graphpool` command's subparsers."""
-    _add_benches(sub.add_parser("bench", help="benchmarks: decode step, graph memory, serving trace",
+    _add_benches(sub.add_parser("bench", help="benchmarks: decode step, graph memory, serving trace, live server",
                                 description=_HELP))
 
 
 def _add_benches(p: argparse.ArgumentParser) -> None:
-    from graphpool.bench import memory, step, trace
+    from graphpool.bench import memory, serve, step, trace
 
     bench_sub = p.add_subparsers(dest="bench", required=True, metavar="BENCH")
     for name, module, text in (
         ("step", step, "decode step per batch size: eager, graph, torch.compile, HBM floor"),
         ("memory", memory, "graph memory held: shared vs per_graph mempool, eviction, byte budget"),
         ("trace", trace, "a serving trace through the engine under seven graph policies"),
+        ("serve", serve, "a live server per graph configuration, driven by a streaming openai client"),
     ):
         q = bench_sub.add_parser(name, help=text, description=text)
         module.add_args(q)

@@ -1,0 +1,147 @@
+"""The client side of `bench serve`: a seeded Poisson trace sent as streaming completions (openai AsyncOpenAI)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from graphpool.bench.common import progress
+from graphpool.bench.latency import RequestTimeline
+from graphpool.bench.workload import TraceRequest, prompt_token_ids
+
+# NOTE: common words that are one token each (with their leading space) in Llama-style BPE vocabularies, so a
+# text prompt of n words is about n tokens; the server's usage counts are what the report shows.
+_WORD_TEXT = (
+    "the of and to in is was for on that with as by at from his her he she it they this which be are were "
+    "had have has not but or an all one two new first time year people world city state school house water "
+    "day life work part place case group number night point home room fact month lot right study book eye "
+    "job word side kind head power hour game line end member law car name team minute idea body back parent "
+    "face level office door health person art war history party result change morning reason research girl "
+    "guy moment air teacher force education"
+)
+_WORDS = tuple(_WORD_TEXT.split())
+
+
+def text_prompt(req: TraceRequest, seed: int) -> str:
+    rng = np.random.default_rng((seed, req.index, 1))
+    return " ".join(rng.choice(_WORDS, size=req.prompt_len).tolist())
+
+
+@dataclass
+class RequestResult:
+    index: int
+    scheduled_s: float  # from the trace: seconds after the run's start
+    prompt_len: int  # asked for (text prompts: words)
+    output_len: int  # max_tokens asked for (ignore_eos, so the tokens expected)
+    timeline: RequestTimeline  # arrival_s = when it was sent; token_times = chunks that carried text
+    end_s: float = float("nan")
+    prompt_tokens: int = 0  # the server's usage count
+    completion_tokens: int = 0
+    error: str | None = None
+
+    def e2e_s(self) -> float | None:
+        return self.end_s - self.timeline.arrival_s if self.error is None else None
+
+
+@dataclass
+class ClientRun:
+    results: list[RequestResult]
+    duration_s: float  # first send to last finish
+    max_in_flight: int
+    progress_lines: int = 0
+    errors_sample: list[str] = field(default_factory=list)
+
+
+async def _one(client: object, model: str, req: TraceRequest, prompt: str | list[int], res: RequestResult,
+               t0: float) -> None:
+    tl = res.timeline
+    tl.arrival_s = time.perf_counter() - t0
+    try:
+        stream = await client.completions.create(  # type: ignore[attr-defined]
+            model=model, prompt=prompt, max_tokens=req.output_len, temperature=0.0, stream=True,
+            stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
+        )
+        async for chunk in stream:
+            now = time.perf_counter() - t0
+            if chunk.choices and chunk.choices[0].text:
+                tl.token_times.append(now)
+            if chunk.usage is not None:
+                res.prompt_tokens = chunk.usage.prompt_tokens
+                res.completion_tokens = chunk.usage.completion_tokens
+        res.end_s = time.perf_counter() - t0
+        if res.completion_tokens != req.output_len:
+            res.error = f"got {res.completion_tokens} of {req.output_len} tokens"
+        elif not tl.token_times:
+            res.error = "no chunk carried text (a model without a tokenizer streams no text)"
+        tl.finished = res.error is None
+    except Exception as exc:  # NOTE: any failure (HTTP, stream, timeout) is this request's error, by type
+        res.end_s = time.perf_counter() - t0
+        res.error = f"{type(exc).__name__}: {exc}"[:300]
+
+
+async def run_trace(url: str, model: str, trace: Sequence[TraceRequest], seed: int, token_ids: bool,
+                    concurrency: int | None, label: str, request_timeout_s: float = 600.0,
+                    progress_every_s: float = 5.0) -> ClientRun:
+    """Sends each request at its scheduled time (waiting for a slot under ``concurrency``), streams it, and
+    returns once every request has finished or failed."""
+    import httpx
+    import openai
+
+    limits = httpx.Limits(max_connections=max(len(trace), 1) + 8, max_keepalive_connections=256)
+    client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="EMPTY", max_retries=0, timeout=request_timeout_s,
+                                http_client=httpx.AsyncClient(limits=limits, timeout=request_timeout_s))
+    sem = asyncio.Semaphore(concurrency) if concurrency else None
+    results = [RequestResult(r.index, r.arrival_s, r.prompt_len, r.output_len, RequestTimeline(r.arrival_s, r.output_len))
+               for r in trace]
+    prompts = [prompt_token_ids(r, seed) if token_ids else text_prompt(r, seed) for r in trace]
+    state = {"sent": 0, "done": 0, "in_flight": 0, "max_in_flight": 0, "lines": 0}
+
+    async def send(req: TraceRequest, res: RequestResult, prompt: str | list[int], t0: float) -> None:
+        if sem is not None:
+            await sem.acquire()
+        state["sent"] += 1
+        state["in_flight"] += 1
+        state["max_in_flight"] = max(state["max_in_flight"], state["in_flight"])
+        try:
+            await _one(client, model, req, prompt, res, t0)
+        finally:
+            state["in_flight"] -= 1
+            state["done"] += 1
+            if sem is not None:
+                sem.release()
+
+    def report(t0: float) -> None:
+        errors = sum(r.error is not None for r in results)
+        progress(f"  {label}: {state['done']}/{state['sent']} requests done/sent of {len(trace)}, "
+                 f"{state['in_flight']} in flight, {errors} errors, {time.perf_counter() - t0:.1f} s elapsed")
+        state["lines"] += 1
+
+    async def ticker(t0: float) -> None:
+        while True:
+            await asyncio.sleep(progress_every_s)
+            report(t0)
+
+    t0 = time.perf_counter()
+    tick = asyncio.create_task(ticker(t0))
+    tasks = []
+    try:
+        for req, res, prompt in zip(trace, results, prompts, strict=True):
+            delay = req.arrival_s - (time.perf_counter() - t0)
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(send(req, res, prompt, t0)))
+        await asyncio.gather(*tasks)
+    finally:
+        tick.cancel()
+        await client.close()
+    report(t0)
+    sent = [r.timeline.arrival_s for r in results]
+    ends = [r.end_s for r in results]
+    duration = (max(ends) - min(sent)) if results else 0.0
+    errors = [r.error for r in results if r.error is not None]
+    return ClientRun(results=results, duration_s=duration, max_in_flight=state["max_in_flight"],
+                     progress_lines=state["lines"], errors_sample=list(dict.fromkeys(errors))[:5])

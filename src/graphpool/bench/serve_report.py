@@ -1,0 +1,221 @@
+"""`bench serve` results: one summary per (configuration, seed), median and min-max over seeds, the targets,
+and the JSON / Markdown / ITL-CDF report."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from graphpool.bench import common
+from graphpool.bench.common import MIB, md_table, median, percentile
+from graphpool.bench.latency import all_itls_ms
+
+# serving-time deltas of the pool's counters (after the run minus right after start-up)
+DELTA_KEYS = ("captures", "hits", "padded_hits", "misses", "evictions", "eager_steps", "fallbacks")
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    config: str  # letter
+    label: str
+    seed: int
+    model: str
+    rate: float
+    trace_s: float
+    requests: int
+    errors: int
+    itl_gaps: int
+    output_tokens: int
+    output_tok_s: float
+    ttft_ms: dict[str, float]  # p50 / p99 / p99.9
+    itl_ms: dict[str, float]
+    e2e_ms: dict[str, float]
+    itl_max_ms: float
+    startup_s: float  # process start to GET /health 200 (NaN for --url)
+    startup_capture_s: float  # graphpool_graph_capture_seconds right after start-up (0 when graphs are off)
+    startup_captures: float
+    serving: dict[str, float]  # DELTA_KEYS: after the run minus after start-up
+    resident_graphs: float
+    resident_mib: float
+    prompt_tokens_mean: float
+    max_in_flight: int
+    stop_s: float
+    killed: bool
+    errors_sample: list[str] = field(default_factory=list)
+
+
+def pcts(xs: Sequence[float]) -> dict[str, float]:
+    return {"p50": percentile(xs, 50), "p99": percentile(xs, 99), "p99.9": percentile(xs, 99.9)}
+
+
+def summarize_run(config: str, label: str, seed: int, model: str, rate: float, trace_s: float, client: Any,
+                  before: Mapping[str, float], after: Mapping[str, float], startup_s: float, stop: tuple[float, bool]
+                  ) -> tuple[RunSummary, list[float]]:
+    """A run's summary and its ITLs in ms (``client``: serve_client.ClientRun)."""
+    ok = [r for r in client.results if r.error is None]
+    itls = all_itls_ms([r.timeline for r in ok])
+    ttfts = [t * 1e3 for r in ok if (t := r.timeline.ttft()) is not None]
+    tokens = sum(r.completion_tokens for r in client.results)
+    summary = RunSummary(
+        config=config, label=label, seed=seed, model=model, rate=rate, trace_s=trace_s,
+        requests=len(client.results), errors=len(client.results) - len(ok), itl_gaps=len(itls),
+        output_tokens=tokens, output_tok_s=tokens / client.duration_s if client.duration_s > 0 else math.nan,
+        ttft_ms=pcts(ttfts), itl_ms=pcts(itls), e2e_ms=pcts([r.e2e_s() * 1e3 for r in ok]),
+        itl_max_ms=max(itls) if itls else math.nan, startup_s=startup_s,
+        startup_capture_s=before.get("capture_seconds", 0.0), startup_captures=before.get("captures", 0.0),
+        serving={k: after.get(k, 0.0) - before.get(k, 0.0) for k in DELTA_KEYS},
+        resident_graphs=after.get("resident", 0.0), resident_mib=after.get("resident_bytes", 0.0) / MIB,
+        prompt_tokens_mean=sum(r.prompt_tokens for r in ok) / len(ok) if ok else math.nan,
+        max_in_flight=client.max_in_flight, stop_s=stop[0], killed=stop[1], errors_sample=client.errors_sample,
+    )
+    return summary, itls
+
+
+def load_runs(runs_dir: Path) -> list[RunSummary]:
+    runs = [RunSummary(**json.loads(p.read_text())) for p in sorted(runs_dir.glob("*.json"))]
+    shapes = {(r.model, r.rate, r.trace_s) for r in runs}
+    if len(shapes) > 1:
+        raise ValueError(f"{runs_dir} holds runs of different models/rates/durations {sorted(shapes)}: "
+                         "give each its own --out")
+    return runs
+
+
+def save_run(runs_dir: Path, run: RunSummary, itls_ms: Sequence[float]) -> Path:
+    import numpy as np
+
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    stem = f"{run.config}-seed{run.seed}"
+    np.save(runs_dir / f"{stem}.itl.npy", np.asarray(itls_ms, dtype=np.float32))
+    path = runs_dir / f"{stem}.json"
+    path.write_text(json.dumps(common._jsonable(asdict(run)), indent=1) + "\n")
+    return path
+
+
+def _get(run: RunSummary, key: str) -> float:
+    """A number of a run by dotted key: 'itl_ms.p99.9' style for the dicts (split on the first dot)."""
+    head, _, rest = key.partition(".")
+    v = getattr(run, head)
+    v = v[rest] if rest else v
+    return math.nan if v is None else float(v)
+
+
+def spread(runs: Sequence[RunSummary], key: str) -> tuple[float, float, float]:
+    """(median, min, max) over seeds, NaNs left out."""
+    xs = [x for r in runs if not math.isnan(x := _get(r, key))]
+    return (median(xs), min(xs), max(xs)) if xs else (math.nan, math.nan, math.nan)
+
+
+def _num(v: float) -> str:
+    return f"{v:.3g}" if abs(v) < 100 else f"{v:.0f}"
+
+
+def _cell(runs: Sequence[RunSummary], key: str) -> str:
+    m, lo, hi = spread(runs, key)
+    if math.isnan(m):
+        return "-"
+    return _num(m) if len(runs) == 1 or lo == hi else f"{_num(m)} [{_num(lo)}-{_num(hi)}]"
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    met: bool | None  # None: cannot be judged from these runs
+    detail: str
+
+    def line(self) -> str:
+        verdict = {True: "met", False: "MISSED", None: "n/a"}[self.met]
+        return f"- {verdict}: {self.name} ({self.detail})"
+
+
+def evaluate_targets(by_config: Mapping[str, Sequence[RunSummary]]) -> list[Target]:
+    """The issue's targets on medians over seeds: b = capture all, c = the seed, d = graphpool default."""
+    errors = sum(r.errors for rs in by_config.values() for r in rs)
+    runs = sum(len(rs) for rs in by_config.values())
+    out = [Target("0 errors", errors == 0 if runs else None, f"{errors} errors in {runs} runs")]
+    b, c, d = (by_config.get(k, ()) for k in "bcd")
+
+    def med(rs: Sequence[RunSummary], key: str) -> float:
+        return spread(rs, key)[0]
+
+    if b and d:
+        pb, pd = med(b, "itl_ms.p99.9"), med(d, "itl_ms.p99.9")
+        ok = None if math.isnan(pb) or math.isnan(pd) else pd <= 1.1 * pb
+        out.append(Target("default ITL p99.9 <= 1.1x capture-all's", ok,
+                          f"{pd:.2f} ms vs {pb:.2f} ms: {common.ratio(pd, pb):.2f}x"))
+        sb, sd = med(b, "startup_capture_s"), med(d, "startup_capture_s")
+        ok = None if math.isnan(sb) or math.isnan(sd) or sb <= 0 else sd <= 0.1 * sb
+        out.append(Target("default start-up capture time <= 10% of capture-all's", ok,
+                          f"{sd:.2f} s vs {sb:.2f} s (graphpool_graph_capture_seconds after start-up): "
+                          f"{100 * common.ratio(sd, sb):.1f}%"))
+    else:
+        out.append(Target("default vs capture-all (ITL p99.9, start-up capture)", None, "needs configs b and d"))
+    if c and d:
+        cc, cd = med(c, "serving.captures"), med(d, "serving.captures")
+        ok = None if cc == 0 else cc >= 5 * cd
+        out.append(Target(">= 5x fewer captures while serving than the seed", ok,
+                          f"default {cd:.0f} vs seed {cc:.0f}" + (f": {cc / cd:.1f}x fewer" if cd else "")))
+    else:
+        out.append(Target(">= 5x fewer captures while serving than the seed", None, "needs configs c and d"))
+    return out
+
+
+COLUMNS = [
+    ("seeds", None), ("errors", "errors"), ("start-up s", "startup_s"), ("start-up capture s", "startup_capture_s"),
+    ("TTFT p50 ms", "ttft_ms.p50"), ("TTFT p99", "ttft_ms.p99"), ("TTFT p99.9", "ttft_ms.p99.9"),
+    ("ITL p50 ms", "itl_ms.p50"), ("ITL p99", "itl_ms.p99"), ("ITL p99.9", "itl_ms.p99.9"),
+    ("ITL max", "itl_max_ms"), ("E2E p50 ms", "e2e_ms.p50"), ("E2E p99", "e2e_ms.p99"),
+    ("E2E p99.9", "e2e_ms.p99.9"), ("output tok/s", "output_tok_s"), ("ITL gaps", "itl_gaps"),
+    ("captures serving", "serving.captures"), ("hits", "serving.hits"), ("padded hits", "serving.padded_hits"),
+    ("misses", "serving.misses"), ("evictions", "serving.evictions"), ("eager steps", "serving.eager_steps"),
+    ("resident graphs", "resident_graphs"), ("resident MiB", "resident_mib"),
+]
+
+
+def markdown(by_config: Mapping[str, Sequence[RunSummary]], targets: Sequence[Target], png: str | None) -> str:
+    first = next(r for rs in by_config.values() for r in rs)
+    rows = [[f"({k}) {rs[0].label}", len(rs), *(_cell(rs, key) for _, key in COLUMNS[1:])]
+            for k, rs in sorted(by_config.items())]
+    body = (f"Model `{first.model}`, Poisson {first.rate:g} req/s for {first.trace_s:g} s per run; each cell is the "
+            "median over seeds [min-max]. Latencies are client-side (openai AsyncOpenAI, streamed completions); "
+            "ITL = gaps between streamed chunks that carry text; captures and the other pool counters are "
+            "/metrics after the run minus /metrics right after start-up.\n\n")
+    body += md_table(["configuration", *(c for c, _ in COLUMNS)], rows)
+    body += "\nTargets (medians over seeds):\n\n" + "\n".join(t.line() for t in targets) + "\n"
+    samples = [f"({r.config}) seed {r.seed}: {e}" for rs in by_config.values() for r in rs for e in r.errors_sample]
+    if samples:
+        body += "\nErrors (first of each kind):\n\n" + "\n".join(f"- {s}" for s in samples[:20]) + "\n"
+    if png:
+        body += f"\n![ITL CDFs]({png})\n"
+    return body
+
+
+def write_serve_report(out_dir: Path, env: common.EnvInfo, extra: Mapping[str, Any], plot: bool = True
+                       ) -> tuple[dict[str, Any], str, list[Target]]:
+    """Reads every run under <out>/runs, writes serve.json, serve.md and serve_itl_cdf.png."""
+    import numpy as np
+
+    runs = load_runs(out_dir / "runs")
+    if not runs:
+        raise ValueError(f"no runs under {out_dir / 'runs'}")
+    by_config: dict[str, list[RunSummary]] = {}
+    for r in sorted(runs, key=lambda r: (r.config, r.seed)):
+        by_config.setdefault(r.config, []).append(r)
+    targets = evaluate_targets(by_config)
+    png = None
+    if plot:
+        from graphpool.bench.plots import plot_itl_cdfs
+
+        itls = {f"({k}) {rs[0].label}": [float(x) for r in rs
+                                          for x in np.load(out_dir / "runs" / f"{k}-seed{r.seed}.itl.npy")]
+                for k, rs in by_config.items()}
+        png = plot_itl_cdfs({f"{runs[0].model} @ {runs[0].rate:g} req/s": itls}, out_dir / "serve_itl_cdf.png").name
+    body = markdown(by_config, targets, png)
+    aggregate = {k: {key: spread(rs, key) for _, key in COLUMNS if key is not None} for k, rs in by_config.items()}
+    results = {**extra, "runs": runs, "aggregate_median_min_max": aggregate,
+               "targets": [asdict(t) for t in targets]}
+    common.write_report(out_dir, "serve", env, results, body, "Serving benchmark: a live server, client-side latencies")
+    return results, body, targets

@@ -1,0 +1,139 @@
+"""The server under test for `bench serve`: a `python -m graphpool.server` subprocess, its health and /metrics."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+# NOTE: counters as the exposition names them (prometheus_client adds `_total` to a counter's samples)
+POOL_COUNTERS = {
+    "captures": "graphpool_graph_captures_total",
+    "capture_seconds": "graphpool_graph_capture_seconds_total",
+    "hits": "graphpool_graph_hits_total",
+    "padded_hits": "graphpool_graph_padded_hits_total",
+    "misses": "graphpool_graph_misses_total",
+    "evictions": "graphpool_graph_evictions_total",
+    "eager_steps": "graphpool_graph_eager_steps_total",
+    "capture_failures": "graphpool_graph_capture_failures_total",
+    "steps": "graphpool_graph_steps_total",
+    "generation_tokens": "graphpool_generation_tokens_total",
+    "preemptions": "graphpool_preemptions_total",
+}
+POOL_GAUGES = {"resident": "graphpool_graph_resident", "resident_bytes": "graphpool_graph_resident_bytes"}
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """The pool's and engine's counters and gauges from a /metrics body (names as in POOL_COUNTERS /
+    POOL_GAUGES; `fallbacks` sums graphpool_graph_fallbacks_total over its reasons). Absent ones are left out
+    (no pool when graphs are off)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    samples: dict[str, float] = {}
+    fallbacks: float | None = None
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == "graphpool_graph_fallbacks_total":
+                fallbacks = (fallbacks or 0.0) + s.value
+            else:
+                samples[s.name] = s.value
+    out = {key: samples[name] for key, name in (POOL_COUNTERS | POOL_GAUGES).items() if name in samples}
+    if fallbacks is not None:
+        out["fallbacks"] = fallbacks
+    return out
+
+
+def scrape(url: str, timeout_s: float = 30.0) -> dict[str, float]:
+    import httpx
+
+    r = httpx.get(f"{url}/metrics", timeout=timeout_s)
+    r.raise_for_status()
+    return parse_metrics(r.text)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class ServerProcess:
+    """A live server: its URL, the time from process start to GET /health 200, and its log file."""
+
+    url: str
+    startup_s: float
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = None  # None: an existing server (--url), never stopped here
+
+    def stop(self, timeout_s: float) -> tuple[float, bool]:
+        """SIGTERM, then SIGKILL after ``timeout_s``; returns (seconds to exit, whether it had to be killed)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return 0.0, False
+        t0 = time.perf_counter()
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout_s)
+            return time.perf_counter() - t0, False
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(30)
+            return time.perf_counter() - t0, True
+
+
+def log_tail(path: Path, lines: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no server log)"
+
+
+def start_server(server_args: Sequence[str], log_path: Path, timeout_s: float, host: str = "127.0.0.1") -> ServerProcess:
+    """Starts `python -m graphpool.server` on a free port and waits for GET /health to answer 200."""
+    import httpx
+
+    port = free_port(host)
+    cmd = [sys.executable, "-m", "graphpool.server", "--host", host, "--port", str(port), *server_args]
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    url = f"http://{host}:{port}"
+    with log_path.open("wb") as log:
+        log.write(f"$ {' '.join(cmd)}\n".encode())
+        log.flush()
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=os.environ.copy())
+    server = ServerProcess(url=url, startup_s=float("nan"), log_path=log_path, proc=proc)
+    deadline = t0 + timeout_s
+    with httpx.Client(timeout=5.0) as client:
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the server exited with status {proc.returncode} before it was healthy; "
+                                   f"last lines of {log_path}:\n{log_tail(log_path)}")
+            try:
+                if client.get(f"{url}/health").status_code == 200:
+                    server.startup_s = time.perf_counter() - t0
+                    return server
+            except httpx.TransportError:
+                pass  # not listening yet
+            if time.perf_counter() > deadline:
+                server.stop(10.0)
+                raise RuntimeError(f"the server was not healthy within {timeout_s:.0f} s; last lines of "
+                                   f"{log_path}:\n{log_tail(log_path)}")
+            time.sleep(0.1)
+
+
+def connect(url: str, timeout_s: float = 10.0) -> ServerProcess:
+    """An existing server (start-up time unknown: NaN)."""
+    import httpx
+
+    url = url.rstrip("/").removesuffix("/v1")
+    r = httpx.get(f"{url}/health", timeout=timeout_s)
+    if r.status_code != 200:
+        raise ValueError(f"{url}/health answered {r.status_code}: {r.text[:200]}")
+    return ServerProcess(url=url, startup_s=float("nan"), log_path=Path(os.devnull))
