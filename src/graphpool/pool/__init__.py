@@ -6,6 +6,7 @@ Imports nothing from graphpool.engine, graphpool.model or graphpool.server.
 from graphpool.pool.buckets import BucketLadder
 from graphpool.pool.capture import CAPTURE_ERRORS, CapturedGraph, Capturer, CudaGraphCapturer
 from graphpool.pool.config import DEFAULT_MISS_POLICY, PoolConfig
+from graphpool.pool.failures import CaptureError, CaptureFailureKind
 from graphpool.pool.policy import (
     Action,
     AdmitFrequent,
@@ -25,6 +26,8 @@ __all__ = [
     "Action",
     "AdmitFrequent",
     "BucketLadder",
+    "CaptureError",
+    "CaptureFailureKind",
     "CaptureOnMiss",
     "CapturedGraph",
     "Capturer",

@@ -1,4 +1,4 @@
-"""Capturing one graph: warm-up on a side stream, capture into a mempool, footprint, replay, release.
+"""Capturing one graph: warm-up and capture into the graph's own mempool, footprint, replay, release.
 
 The ``Capturer`` protocol is the seam between the pool and CUDA: ``CudaGraphCapturer`` is the real one;
 ``graphpool.pool.testing.EagerCapturer`` stands in for it in CPU tests.
@@ -6,7 +6,6 @@ The ``Capturer`` protocol is the seam between the pool and CUDA: ``CudaGraphCapt
 
 from __future__ import annotations
 
-import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -15,25 +14,17 @@ from typing import Any, Literal, Protocol
 
 import torch
 
-# NOTE: the exceptions a failed capture may raise (capture-time OOM is a RuntimeError subclass; CUDA errors
-# such as an invalidated capture surface as RuntimeError). Anything else is a bug and propagates.
-CAPTURE_ERRORS: tuple[type[BaseException], ...] = (torch.OutOfMemoryError, RuntimeError)
+from graphpool.pool import cuda_state
+from graphpool.pool.cuda_state import CAPTURE_LOCK
+from graphpool.pool.failures import CaptureError, CaptureFailureKind, classify, is_oom
 
-# NOTE: PyTorch allows one graph capture at a time per process; pools have their own locks, so captures by
-# different pools (e.g. two engines in one process) are serialized here.
-_CAPTURE_LOCK = threading.Lock()
+# NOTE: what a capturer raises for a failed capture (after cleaning up). Anything else (an error of the
+# eager warm-up, say) is the step's own and propagates: the eager step would raise it too.
+CAPTURE_ERRORS: tuple[type[BaseException], ...] = (CaptureError,)
 
-# NOTE: one capture stream per device for the whole process: cuBLAS keeps a workspace (32 MiB on Hopper) per
-# (handle, stream) for the life of the process, so a stream per pool would leak one workspace per pool.
-_SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
-
-
-def _side_stream(device: torch.device) -> torch.cuda.Stream:
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    stream = _SIDE_STREAMS.get(index)
-    if stream is None:
-        stream = _SIDE_STREAMS[index] = torch.cuda.Stream(device=index)
-    return stream
+# Released mempools kept while tensors still live in them (outputs held past an eviction); beyond this
+# many the oldest is dropped anyway: its blocks then go back on a later empty_cache() or allocation retry.
+_MAX_DRAINING = 16
 
 
 @dataclass(eq=False)
@@ -43,16 +34,17 @@ class CapturedGraph:
 
     size: int
     outputs: Any
-    footprint: int  # device bytes the capture took, driver view (0 where unmeasurable)
+    footprint: int  # device bytes the warm-up and capture took, driver view (0 where unmeasurable)
     seconds: float  # warm-up + capture wall time: the stall a capture costs
     native: Any  # torch.cuda.CUDAGraph, or the test double's callable
-    pool_id: Any = None  # the mempool handle the graph was captured into
+    pool_id: Any = None  # the id of the mempool the graph was captured into
+    mempool: Any = None  # the torch.cuda.MemPool holding the graph's memory
 
 
 class Capturer(Protocol):
     def capture(self, size: int, fn: Callable[[], Any]) -> CapturedGraph:
-        """Warm ``fn`` up, capture it, return the graph. Raises one of ``CAPTURE_ERRORS`` on failure, after
-        cleaning up its partial state."""
+        """Warm ``fn`` up, capture it, return the graph. Raises ``CaptureError`` on failure, after cleaning
+        up its partial state."""
 
     def replay(self, graph: CapturedGraph) -> None:
         """Re-run the captured work on the current stream (no host sync)."""
@@ -62,9 +54,11 @@ class Capturer(Protocol):
 
 
 class CudaGraphCapturer:
-    """Real CUDA graphs. ``layout="per_graph"``: one private mempool per graph, so releasing a graph gives its
-    memory back to the device. ``layout="shared"``: all graphs share one mempool (small while all are
-    resident, but eviction frees nothing until every graph on it is gone)."""
+    """Real CUDA graphs. ``layout="per_graph"``: one ``torch.cuda.MemPool`` per graph, which holds the eager
+    warm-up's blocks as well as the capture's, so the footprint is everything the graph made the process
+    hold, and releasing the graph gives exactly that memory back (no process-wide ``empty_cache()``).
+    ``layout="shared"``: all graphs share one MemPool (small while all are resident, but eviction frees
+    nothing until every graph on it is gone)."""
 
     def __init__(
         self,
@@ -81,55 +75,41 @@ class CudaGraphCapturer:
             raise ValueError(f"CudaGraphCapturer needs a CUDA device, got {self.device}")
         self.layout = layout
         self.warmup_iters = warmup_iters
-        self._shared_handle: Any = None
-        self._shared_live = 0  # graphs alive on _shared_handle
+        self._shared: Any = None  # the shared layout's MemPool
+        self._shared_live = 0  # graphs alive on self._shared
+        self._draining: list[Any] = []  # released MemPools that still had live tensors
 
-    def _pool_handle(self) -> Any:
-        if self.layout == "per_graph":
-            return torch.cuda.graph_pool_handle()
-        # NOTE: PyTorch asserts (use_count > 0) when capturing into a pool whose graphs all died, so a
-        # shared handle is only reused while at least one graph captured into it is alive.
-        if self._shared_handle is None or self._shared_live == 0:
-            self._shared_handle = torch.cuda.graph_pool_handle()
-        return self._shared_handle
+    @property
+    def fixed_overhead(self) -> int | None:
+        """Device bytes the capture stream took once per process (cuBLAS workspaces), outside any graph."""
+        return cuda_state.capture_stream_overhead(self.device)
 
     def capture(self, size: int, fn: Callable[[], Any]) -> CapturedGraph:
-        with _CAPTURE_LOCK, torch.cuda.device(self.device):
-            stream = _side_stream(self.device)
+        with CAPTURE_LOCK, torch.cuda.device(self.device):
+            self._drain()
+            stream = cuda_state.side_stream(self.device)
             t0 = time.perf_counter()
+            # NOTE: measured before the warm-up, which allocates in the graph's pool: a fresh pool takes new
+            # segments from the driver, so the delta is the graph's footprint. torch.cuda.graph() is not used:
+            # it runs gc.collect() and empty_cache() on entry (tens of ms per miss in a large process, and the
+            # eager steps would then pay cudaMalloc again).
+            free_before = torch.cuda.mem_get_info(self.device)[0]
+            mempool = self._pool_for_capture()
+            uses = mempool.use_count()
             # The static inputs were written on the current stream; warm up on the side stream after them.
             stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                for _ in range(self.warmup_iters):
-                    fn()
-            torch.cuda.synchronize()
-            # NOTE: a graph's private pool takes fresh segments from the driver, so the free-memory delta around
-            # capture is its footprint even with the warm-up's blocks still cached. torch.cuda.graph() is not
-            # used because it runs gc.collect() and empty_cache() on entry: tens of ms added to every miss in a
-            # large serving process, and the eager steps would then pay cudaMalloc again.
-            free_before = torch.cuda.mem_get_info(self.device)[0]
-            graph = torch.cuda.CUDAGraph()
-            handle = self._pool_handle()
-            caller_stream = torch.cuda.current_stream()
             try:
-                with torch.cuda.stream(stream):
-                    graph.capture_begin(pool=handle, capture_error_mode="thread_local")
-                    try:
-                        outputs = fn()
-                    finally:
-                        graph.capture_end()
+                with torch.cuda.stream(stream), torch.cuda.use_mem_pool(mempool):
+                    for _ in range(self.warmup_iters):
+                        fn()
                 torch.cuda.synchronize()
-            except CAPTURE_ERRORS as e:
-                # NOTE: if capture_end() raises (invalidated capture), torch.cuda.graph's __exit__ never restores
-                # the caller's stream: restore it, or later work would silently run on the side stream.
-                torch.cuda.set_stream(caller_stream)
-                # The step's finished frames still hold tensors from the graph's pool: drop them so the
-                # empty_cache below can give that memory back now.
+            except Exception as e:
                 traceback.clear_frames(e.__traceback__)
-                graph.reset()
-                del graph
-                torch.cuda.empty_cache()
+                self._retire_unused(mempool)
+                if is_oom(e):
+                    raise CaptureError(CaptureFailureKind.OOM, size, e) from e
                 raise
+            graph, outputs = self._record(size, fn, stream, mempool, uses)
             free_after = torch.cuda.mem_get_info(self.device)[0]
             if self.layout == "shared":
                 self._shared_live += 1
@@ -139,8 +119,78 @@ class CudaGraphCapturer:
                 footprint=max(0, free_before - free_after),
                 seconds=time.perf_counter() - t0,
                 native=graph,
-                pool_id=handle,
+                pool_id=mempool.id,
+                mempool=mempool,
             )
+
+    def _record(
+        self, size: int, fn: Callable[[], Any], stream: torch.cuda.Stream, mempool: Any, uses: int
+    ) -> tuple[torch.cuda.CUDAGraph, Any]:
+        graph = torch.cuda.CUDAGraph()
+        caller_stream = torch.cuda.current_stream()
+        step_error: Exception | None = None
+        failure: Exception | None = None
+        outputs = None
+        try:
+            with torch.cuda.stream(stream):
+                graph.capture_begin(pool=mempool.id, capture_error_mode="thread_local")
+                try:
+                    outputs = fn()
+                except Exception as e:
+                    step_error = e
+                graph.capture_end()
+            torch.cuda.synchronize()
+        except Exception as e:
+            failure = e
+        if step_error is None and failure is None:
+            return graph, outputs
+        torch.cuda.set_stream(caller_stream)
+        cause = step_error if step_error is not None else failure
+        assert cause is not None
+        for e in (step_error, failure):
+            if e is not None:
+                # the step's finished frames still hold tensors from the graph's pool
+                traceback.clear_frames(e.__traceback__)
+        outputs = None
+        self._undo_failed(graph, stream, mempool, uses)
+        del graph
+        self._retire_unused(mempool)
+        raise CaptureError(classify(cause, raised_by_step=step_error is not None), size, cause) from cause
+
+    def _undo_failed(self, graph: torch.cuda.CUDAGraph, stream: torch.cuda.Stream, mempool: Any, uses: int) -> None:
+        """Leave no capture state behind (see graphpool.pool.cuda_state): the stream, the allocator's
+        routing to the pool (before the graph, which its filter points at, is freed), the pool's uses, and
+        the generator's capture mode."""
+        cuda_state.end_open_capture(graph, stream)
+        cuda_state.end_stale_allocation(self.device, mempool.id)
+        graph.reset()
+        cuda_state.release_leaked_uses(self.device, mempool, uses)
+        cuda_state.reset_generator(self.device, stream)
+
+    def _pool_for_capture(self) -> Any:
+        if self.layout == "per_graph":
+            return torch.cuda.MemPool()
+        if self._shared is None:
+            self._shared = torch.cuda.MemPool()
+        return self._shared
+
+    def _retire_unused(self, mempool: Any) -> None:
+        """Retire a pool no graph uses (a fresh per-graph pool, or the shared one with no graph left)."""
+        if self.layout == "per_graph":
+            self._retire(mempool)
+        elif self._shared_live == 0 and mempool is self._shared:
+            self._shared = None
+            self._retire(mempool)
+
+    def _retire(self, mempool: Any) -> None:
+        self._draining.append(mempool)
+        self._drain()
+
+    def _drain(self) -> None:
+        """Drop the retired MemPools no tensor lives in any more: dropping one releases its last use and
+        empties that pool alone (MemPool's destructor calls the allocator's emptyCache(pool id))."""
+        keep = [mp for mp in self._draining if cuda_state.has_live_blocks(self.device, mp)]
+        self._draining = keep[-_MAX_DRAINING:]
 
     def replay(self, graph: CapturedGraph) -> None:
         graph.native.replay()
@@ -148,11 +198,13 @@ class CudaGraphCapturer:
     def release(self, graph: CapturedGraph) -> None:
         if graph.native is None:
             return
-        graph.native.reset()
-        if self.layout == "shared" and graph.pool_id == self._shared_handle:
-            self._shared_live -= 1
-        graph.native = None
-        graph.outputs = None
-        graph.pool_id = None
-        with torch.cuda.device(self.device):
-            torch.cuda.empty_cache()
+        with CAPTURE_LOCK, torch.cuda.device(self.device):
+            graph.native.reset()
+            mempool = graph.mempool
+            graph.native = None
+            graph.outputs = None
+            graph.pool_id = None
+            graph.mempool = None
+            if self.layout == "shared" and mempool is self._shared:
+                self._shared_live -= 1
+            self._retire_unused(mempool)

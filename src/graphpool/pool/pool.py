@@ -10,8 +10,9 @@ from typing import Any
 
 import torch
 
-from graphpool.pool.capture import CAPTURE_ERRORS, CapturedGraph, Capturer, CudaGraphCapturer
+from graphpool.pool.capture import CapturedGraph, Capturer, CudaGraphCapturer
 from graphpool.pool.config import PoolConfig
+from graphpool.pool.failures import CaptureError, CaptureFailureLog
 from graphpool.pool.policy import Action, MissContext, MissPolicy, ResidencyBook, make_policy
 from graphpool.pool.stats import FallbackReason, PoolStats, StatsCounters
 
@@ -87,6 +88,7 @@ class GraphPool:
         self._blocked: dict[int, FallbackReason] = {}  # sizes never replayed again
         self._counters = StatsCounters()
         self._evictions = _EvictionLog()
+        self._failures = CaptureFailureLog(logger)
         self._closed = False
         # Whether the latest run() replayed a graph: cheap to read for a single caller thread (the engine).
         self.last_replayed = False
@@ -259,10 +261,10 @@ class GraphPool:
         views = [{s.name: static[s.name][:size] for s in self.specs} for static in self._static]
         try:
             graph = self._capturer.capture(size, lambda: self.step(*views))  # type: ignore[union-attr]
-        except CAPTURE_ERRORS as e:
-            self._counters.capture_failures += 1
+        except CaptureError as e:
+            self._counters.capture_failed(e.kind.value)
             self._blocked[size] = FallbackReason.CAPTURE_FAILED
-            logger.warning("graph pool: capture of bs=%d failed (%s: %s); it will run eagerly", size, type(e).__name__, e)
+            self._failures.note(size, e)
             return None, FallbackReason.CAPTURE_FAILED
         self._counters.captured(graph.seconds)
         self._graphs[size] = graph

@@ -34,6 +34,9 @@ class PoolStats:
     misses: int = 0
     captures: int = 0
     capture_failures: int = 0
+    # failed captures by CaptureFailureKind value ("oom", "capture_invalidated", "error"); they sum to
+    # capture_failures
+    capture_failures_by_kind: dict[str, int] = field(default_factory=dict)
     evictions: int = 0
     fallbacks: dict[FallbackReason, int] = field(default_factory=dict)
     eager_steps: int = 0
@@ -52,6 +55,7 @@ class PoolStats:
             "misses": self.misses,
             "captures": self.captures,
             "capture_failures": self.capture_failures,
+            "capture_failures_by_kind": dict(self.capture_failures_by_kind),
             "evictions": self.evictions,
             "fallbacks": {r.value: n for r, n in self.fallbacks.items()},
             "eager_steps": self.eager_steps,
@@ -73,6 +77,7 @@ class StatsCounters:
         self.misses = 0
         self.captures = 0
         self.capture_failures = 0
+        self.capture_failures_by_kind: Counter[str] = Counter()
         self.evictions = 0
         self.fallbacks: Counter[FallbackReason] = Counter()
         self.capture_seconds_total = 0.0
@@ -80,6 +85,10 @@ class StatsCounters:
 
     def fallback(self, reason: FallbackReason) -> None:
         self.fallbacks[reason] += 1
+
+    def capture_failed(self, kind: str) -> None:
+        self.capture_failures += 1
+        self.capture_failures_by_kind[kind] += 1
 
     def captured(self, seconds: float) -> None:
         self.captures += 1
@@ -94,6 +103,7 @@ class StatsCounters:
             misses=self.misses,
             captures=self.captures,
             capture_failures=self.capture_failures,
+            capture_failures_by_kind=dict(self.capture_failures_by_kind),
             evictions=self.evictions,
             fallbacks=dict(self.fallbacks),
             eager_steps=sum(self.fallbacks.values()),

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from graphpool.pool.capture import CapturedGraph
+from graphpool.pool.failures import CaptureError, classify
 
 
 def copy_outputs(dst: Any, src: Any) -> None:
@@ -25,7 +26,9 @@ class EagerCapturer:
     (static inputs in, the same output tensors overwritten) match a real graph's.
 
     ``footprint``: fake bytes per graph, a constant or a function of the size.
-    ``fail_sizes``: sizes whose capture raises ``error(message)`` (mutable: tests may change it).
+    ``fail_sizes``: sizes whose capture fails with ``error(message)`` as if ``capture_end`` raised it
+    (mutable: tests may change it). ``capturing`` is True while the step runs "under capture", so a test
+    step can raise only there; both surface as ``CaptureError``, classified as the real capturer does.
     """
 
     def __init__(
@@ -42,12 +45,20 @@ class EagerCapturer:
         self.captured: list[int] = []  # sizes, in capture order
         self.released: list[int] = []
         self.replays = 0
+        self.capturing = False
 
     def capture(self, size: int, fn: Callable[[], Any]) -> CapturedGraph:
         fn()  # warm-up, as the real capturer does
         if size in self.fail_sizes:
-            raise self.error(f"EagerCapturer: induced capture failure at size {size}")
-        outputs = fn()
+            err = self.error(f"EagerCapturer: induced capture failure at size {size}")
+            raise CaptureError(classify(err, raised_by_step=False), size, err) from err
+        self.capturing = True
+        try:
+            outputs = fn()
+        except Exception as e:
+            raise CaptureError(classify(e, raised_by_step=True), size, e) from e
+        finally:
+            self.capturing = False
         nbytes = self.footprint(size) if callable(self.footprint) else self.footprint
         self.captured.append(size)
         return CapturedGraph(size=size, outputs=outputs, footprint=nbytes, seconds=self.seconds, native=fn)
