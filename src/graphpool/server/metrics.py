@@ -85,6 +85,14 @@ class EngineCollector(Collector):
         yield _counter("graph_misses", "Decode steps whose bucket had no resident graph", g.misses)
         yield _counter("graph_captures", "Graphs captured", g.captures)
         yield _counter("graph_capture_failures", "Graph captures that failed", g.capture_failures)
+        by_kind = CounterMetricFamily(
+            f"{PREFIX}_graph_capture_failures_by_kind",
+            "Graph captures that failed by kind (oom|capture_invalidated|error); each size that failed runs eagerly",
+            labels=["kind"],
+        )
+        for kind, count in sorted(g.capture_failures_by_kind.items()):
+            by_kind.add_metric([kind], count)
+        yield by_kind
         yield _counter("graph_evictions", "Graphs evicted from the pool", g.evictions)
         yield _counter("graph_eager_steps", "Decode steps run eagerly", g.eager_steps)
         fallbacks = CounterMetricFamily(
