@@ -52,6 +52,10 @@ class Capturer(Protocol):
     def release(self, graph: CapturedGraph) -> None:
         """Drop the graph, its outputs and its mempool reference, returning its memory where the layout can."""
 
+    def drain(self) -> None:
+        """Return the memory of released graphs whose outputs were still referenced when they were released,
+        once those are gone (called at the start of every step; cheap when there is nothing to do)."""
+
 
 class CudaGraphCapturer:
     """Real CUDA graphs. ``layout="per_graph"``: one ``torch.cuda.MemPool`` per graph, which holds the eager
@@ -194,6 +198,11 @@ class CudaGraphCapturer:
 
     def replay(self, graph: CapturedGraph) -> None:
         graph.native.replay()
+
+    def drain(self) -> None:
+        if self._draining:
+            with CAPTURE_LOCK, torch.cuda.device(self.device):
+                self._drain()
 
     def release(self, graph: CapturedGraph) -> None:
         if graph.native is None:

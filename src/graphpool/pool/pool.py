@@ -149,6 +149,8 @@ class GraphPool:
             raise ValueError("run() got an empty batch")
         reason = self._static_reason(bs, max_len_in_batch)
         with self.lock:
+            if self._capturer is not None:
+                self._capturer.drain()
             self._counters.steps += 1
             if reason is None:
                 graph, reason = self._acquire(self.ladder.find_closest(bs), mbs, rows)  # type: ignore[arg-type]
