@@ -11,7 +11,15 @@ from typing import Any
 import pytest
 import torch
 
-from graphpool.pool import CapturedGraph, CudaGraphCapturer, FallbackReason, GraphPool, PoolConfig
+from graphpool.pool import (
+    CapturedGraph,
+    CaptureError,
+    CaptureFailureKind,
+    CudaGraphCapturer,
+    FallbackReason,
+    GraphPool,
+    PoolConfig,
+)
 from graphpool.pool.memory_probe import probe_layout
 from graphpool.pool.toy import TOY_SPECS, ToyDecode
 
@@ -133,7 +141,8 @@ class OomCapturer(CudaGraphCapturer):
 
     def capture(self, size: int, fn: Callable[[], Any]) -> CapturedGraph:
         if size in self.fail:
-            raise torch.OutOfMemoryError(f"induced OOM at size {size}")
+            err = torch.OutOfMemoryError(f"induced OOM at size {size}")
+            raise CaptureError(CaptureFailureKind.OOM, size, err) from err
         return super().capture(size, fn)
 
 
@@ -147,6 +156,7 @@ def test_induced_capture_failures_fall_back_and_pool_keeps_working(small: ToyDec
     check_bitwise(pool, small, 6, seed=10)
     st = pool.stats()
     assert st.capture_failures == 1 and st.fallbacks == {FallbackReason.CAPTURE_FAILED: 3}
+    assert st.capture_failures_by_kind == {"oom": 1}
     assert st.resident_sizes == (6,) and st.hits == 1
     pool.close()
 
@@ -170,6 +180,7 @@ def test_step_that_raises_during_capture_falls_back(small: ToyDecode) -> None:
         assert torch.equal(out, small(padded(small, live, 3)))
     st = pool.stats()
     assert st.fallbacks == {FallbackReason.CAPTURE_FAILED: 2} and st.capture_failures == 1
+    assert st.capture_failures_by_kind == {"error": 1}
     assert st.resident_sizes == (3,) and st.hits == 1
     pool.close()
 
