@@ -267,8 +267,8 @@ BAD_REQUESTS: list[tuple[str, str, Any, str | None]] = [
     ("top_p above one", "/v1/completions", {"prompt": "hi", "top_p": 1.5}, "top_p"),
     ("n > 1", "/v1/completions", {"prompt": "hi", "n": 2}, "n"),
     ("logprobs", "/v1/completions", {"prompt": "hi", "logprobs": 2}, "logprobs"),
-    ("token id out of vocab", "/v1/completions", {"prompt": [1, 10**9]}, None),
-    ("batched prompts", "/v1/completions", {"prompt": ["a", "b"]}, "prompt"),
+    ("token id out of vocab", "/v1/completions", {"prompt": [1, 10**9]}, "prompt"),
+    ("empty prompt in a list", "/v1/completions", {"prompt": ["a", ""]}, "prompt[1]"),
     ("bad role", "/v1/chat/completions", {"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role"),
     ("not an object", "/v1/completions", [1, 2, 3], None),
 ]  # fmt: skip

@@ -20,7 +20,7 @@ from graphpool.engine.outputs import (
 )
 from graphpool.engine.runner import ModelRunner
 from graphpool.engine.sampler import Sampler
-from graphpool.engine.sampling import SamplingParams
+from graphpool.engine.sampling import InvalidParam, SamplingParams, check_text
 from graphpool.engine.scheduler import Scheduler
 from graphpool.engine.sequence import Sequence
 from graphpool.model.config import ModelConfig
@@ -96,10 +96,15 @@ class LLMEngine:
         token_ids = self.encode(prompt)
         n = len(token_ids)
         if n >= self.max_model_len:
-            raise ValueError(
-                f"the prompt has {n} tokens; max_model_len is {self.max_model_len}, which leaves no room for "
-                "output (a prompt must be shorter than max_model_len)"
+            raise InvalidParam(
+                "prompt", f"the prompt has {n} tokens; max_model_len is {self.max_model_len}, which leaves no "
+                "room for output (a prompt must be shorter than max_model_len)"
             )
+        vocab = self.model_config.vocab_size
+        bad_stops = [t for t in params.stop_token_ids or () if t >= vocab]
+        if bad_stops:
+            raise InvalidParam("stop_token_ids",
+                               f"stop_token_ids {bad_stops} are outside the vocabulary [0, {vocab})")
         total = min(n + params.max_tokens, self.max_model_len)
         if self.block_manager.blocks_for(total) > self.block_manager.num_usable_blocks:
             raise ValueError(
@@ -117,15 +122,17 @@ class LLMEngine:
     def encode(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
             if self.tokenizer is None:
-                raise ValueError(f"model {self.model_name!r} has no tokenizer: give prompts as token ids")
+                raise InvalidParam("prompt",
+                                   f"model {self.model_name!r} has no tokenizer: give prompts as token ids")
+            check_text(prompt, "prompt")
             token_ids = self.tokenizer.encode(prompt)
         else:
             token_ids = list(prompt)
             vocab = self.model_config.vocab_size
             if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in token_ids):
-                raise ValueError(f"prompt token ids must be ints in [0, {vocab})")
+                raise InvalidParam("prompt", f"prompt token ids must be ints in [0, {vocab})")
         if not token_ids:
-            raise ValueError("the prompt is empty")
+            raise InvalidParam("prompt", "the prompt is empty")
         return token_ids
 
     def abort_request(self, request_id: str) -> None:
@@ -133,6 +140,7 @@ class LLMEngine:
         seq = self._seqs.pop(request_id, None)
         if seq is not None:
             self.scheduler.finish(seq, "abort")
+            self.sampler.release(seq)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -194,6 +202,7 @@ class LLMEngine:
             reason = "stop"
         if reason is not None:
             self.scheduler.finish(seq, reason)
+            self.sampler.release(seq)
             del self._seqs[seq.request_id]
         return make_output(seq, [token])
 

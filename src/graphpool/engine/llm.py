@@ -9,7 +9,7 @@ from typing import Any
 
 from graphpool.engine.config import DEFAULT_MODEL, EngineConfig
 from graphpool.engine.engine import LLMEngine
-from graphpool.engine.sampling import SamplingParams
+from graphpool.engine.sampling import SamplingParams, check_text
 from graphpool.pool import PoolStats
 
 Messages = Sequence[Mapping[str, str]]
@@ -76,6 +76,11 @@ class LLM:
         if not messages:
             raise ValueError("chat needs at least one message")
         conversations = [messages] if isinstance(messages[0], Mapping) else list(messages)
+        for conversation in conversations:
+            for i, message in enumerate(conversation):  # type: ignore[arg-type]
+                for key, value in message.items():
+                    if isinstance(value, str):
+                        check_text(value, f"messages[{i}].{key}")
         token_ids = [self.engine.tokenizer.apply_chat_template(list(c)) for c in conversations]  # type: ignore[arg-type]
         texts = [self.engine.tokenizer.decode(ids, skip_special_tokens=False) for ids in token_ids]
         return self._run(texts, token_ids, params, use_tqdm)

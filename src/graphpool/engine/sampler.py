@@ -1,9 +1,10 @@
-"""Sampling from a batch of logits: greedy, temperature, top-k, top-p, per-request seeds."""
+"""Sampling from a batch of logits: penalties, greedy, temperature, top-k, top-p, per-request seeds."""
 
 from __future__ import annotations
 
 import torch
 
+from graphpool.engine.penalties import TokenCounts, apply_penalties
 from graphpool.engine.sequence import Sequence
 
 
@@ -16,19 +17,55 @@ class Sampler:
     Sampling uses the exponential-race form (argmax of p / E with E ~ Exp(1)), which needs one random number
     per vocab entry and lets each seeded request draw them from its own generator: a seeded request's output
     does not depend on the rest of the batch.
+
+    Rows with penalties get them applied (float32, on a copy: the logits may be a graph's output buffer)
+    before the greedy argmax or the draw; `release(seq)` frees a finished request's token counts. A batch
+    without penalties does no penalty work at all.
     """
 
     def __init__(self, device: torch.device, seed: int) -> None:
         self.device = device
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(seed)
+        self.token_counts = TokenCounts(device)
 
     def make_generator(self, seed: int) -> torch.Generator:
         gen = torch.Generator(device=self.device)
         gen.manual_seed(seed)
         return gen
 
+    def release(self, seq: Sequence) -> None:
+        self.token_counts.release(seq)
+
     def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        penalised = [i for i, s in enumerate(seqs) if s.params.has_penalties]
+        if not penalised:
+            return self._choose(logits, seqs)
+        pen_seqs = [seqs[i] for i in penalised]
+        rows = self.token_counts.rows(pen_seqs, logits.shape[1])
+        index = torch.tensor(penalised, dtype=torch.int64).to(logits.device, non_blocking=True)
+        penalties = [s.params for s in pen_seqs]
+
+        def column(name: str, off: float) -> torch.Tensor | None:
+            values = [getattr(p, name) for p in penalties]
+            if all(v == off for v in values):
+                return None
+            return torch.tensor(values, dtype=torch.float32).to(logits.device, non_blocking=True)
+
+        rows_logits = apply_penalties(
+            logits.index_select(0, index).float(),
+            self.token_counts.counts.index_select(0, rows),
+            self.token_counts.prompt.index_select(0, rows),
+            presence=column("presence_penalty", 0.0),
+            frequency=column("frequency_penalty", 0.0),
+            repetition=column("repetition_penalty", 1.0),
+        )
+        full = logits.to(torch.float32, copy=True).index_copy_(0, index, rows_logits)
+        tokens = self._choose(full, seqs)
+        self.token_counts.add(rows, tokens.index_select(0, index))
+        return tokens
+
+    def _choose(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         greedy_tokens = logits.argmax(dim=-1)
         if all(s.params.temperature == 0 for s in seqs):
             return greedy_tokens

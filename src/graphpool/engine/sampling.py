@@ -1,9 +1,21 @@
-"""Per-request sampling parameters (the vLLM-style `SamplingParams`)."""
+"""Per-request sampling parameters (the vLLM-style `SamplingParams`) and the checks on request input."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
+# NOTE: what torch.Generator.manual_seed accepts; a negative seed s draws the stream of 2**64 + s.
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
+PENALTY_MIN, PENALTY_MAX = -2.0, 2.0  # OpenAI's documented range for presence/frequency penalties
+
+
+class InvalidParam(ValueError):
+    """A request input the engine refuses; `param` names the field (the server's 400 body reports it)."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 @dataclass(frozen=True)
@@ -14,6 +26,12 @@ class SamplingParams:
     request its own random stream, so its output does not depend on what else is in the batch. `stop` strings
     end generation with the text truncated before the stop string; `stop_token_ids` (and the model's EOS unless
     `ignore_eos`) end it with the token kept in `token_ids` but not in the text.
+
+    Penalties change the logits before greedy or sampled choice, in this order: `repetition_penalty` (> 0,
+    1 = off; Hugging Face semantics: a token already in the prompt or the output has its logit divided by the
+    penalty if positive, multiplied if negative), then `frequency_penalty` and `presence_penalty` (OpenAI
+    semantics, in [-2, 2], 0 = off: `logit - count * frequency - (count > 0) * presence`, where count is how
+    often the token occurs in the output so far, prompt excluded).
     """
 
     temperature: float = 1.0
@@ -24,44 +42,88 @@ class SamplingParams:
     stop: list[str] | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
 
     def __post_init__(self) -> None:
-        if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)):
-            raise ValueError(f"temperature must be a number, got {self.temperature!r}")
-        if not (math.isfinite(self.temperature) and self.temperature >= 0):
-            raise ValueError(f"temperature must be >= 0 (0 is greedy), got {self.temperature}")
-        if isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float)):
-            raise ValueError(f"top_p must be a number, got {self.top_p!r}")
+        _number(self.temperature, "temperature")
+        if not self.temperature >= 0:
+            raise InvalidParam(
+                "temperature", f"temperature must be >= 0 (0 is greedy), got {self.temperature}"
+            )
+        _number(self.top_p, "top_p")
         if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+            raise InvalidParam("top_p", f"top_p must be in (0, 1], got {self.top_p}")
         if not _is_int(self.top_k) or self.top_k < 0:
-            raise ValueError(f"top_k must be an int >= 0 (0 disables it), got {self.top_k!r}")
+            raise InvalidParam("top_k", f"top_k must be an int >= 0 (0 disables it), got {self.top_k!r}")
         if not _is_int(self.max_tokens) or self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be an int >= 1, got {self.max_tokens!r}")
-        if self.seed is not None and not _is_int(self.seed):
-            raise ValueError(f"seed must be an int or None, got {self.seed!r}")
+            raise InvalidParam("max_tokens", f"max_tokens must be an int >= 1, got {self.max_tokens!r}")
+        if self.seed is not None and not (_is_int(self.seed) and SEED_MIN <= self.seed <= SEED_MAX):
+            raise InvalidParam(
+                "seed",
+                f"seed must be an int in [-2**63, 2**64 - 1] (what torch generators accept) or None, "
+                f"got {self.seed!r}",
+            )
         if self.stop is not None:
             if isinstance(self.stop, str):
                 object.__setattr__(self, "stop", [self.stop])
             stops = list(self.stop)  # type: ignore[arg-type]
             if not all(isinstance(s, str) and s for s in stops):
-                raise ValueError(f"stop must be a list of non-empty strings, got {self.stop!r}")
+                raise InvalidParam("stop", f"stop must be a list of non-empty strings, got {self.stop!r}")
             object.__setattr__(self, "stop", stops)
         if self.stop_token_ids is not None:
             ids = list(self.stop_token_ids)
             if not all(_is_int(t) and t >= 0 for t in ids):
-                raise ValueError(f"stop_token_ids must be non-negative ints, got {self.stop_token_ids!r}")
+                raise InvalidParam(
+                    "stop_token_ids", f"stop_token_ids must be non-negative ints, got {self.stop_token_ids!r}"
+                )
             object.__setattr__(self, "stop_token_ids", ids)
         if not isinstance(self.ignore_eos, bool):
-            raise ValueError(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
+            raise InvalidParam("ignore_eos", f"ignore_eos must be a bool, got {self.ignore_eos!r}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            _number(value, name)
+            if not PENALTY_MIN <= value <= PENALTY_MAX:
+                raise InvalidParam(name, f"{name} must be in [-2, 2] (0 is off), got {value}")
+        _number(self.repetition_penalty, "repetition_penalty")
+        if not self.repetition_penalty > 0:
+            raise InvalidParam(
+                "repetition_penalty",
+                f"repetition_penalty must be > 0 (1 is off), got {self.repetition_penalty}",
+            )
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
 
     @property
+    def has_penalties(self) -> bool:
+        return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
+
+    @property
     def max_stop_len(self) -> int:
         return max((len(s) for s in self.stop), default=0) if self.stop else 0
+
+
+def check_text(text: str, param: str) -> None:
+    """Refuse text that is not valid Unicode for UTF-8 (a lone surrogate such as JSON's "\\ud800"): the
+    tokenizer would raise a TypeError on it."""
+    if text.isascii():
+        return
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise InvalidParam(
+            param,
+            f"{param} holds a lone UTF-16 surrogate (U+{ord(text[e.start]):04X}) at character {e.start}: "
+            "text must be valid Unicode",
+        ) from None
+
+
+def _number(value: object, name: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise InvalidParam(name, f"{name} must be a finite number, got {value!r}")
 
 
 def _is_int(value: object) -> bool:

@@ -33,6 +33,7 @@ class Sequence:
         self.status = Status.WAITING
         self.finish_reason: str | None = None
         self.num_preemptions = 0
+        self.penalty_row: int | None = None  # the sampler's token-count row, for requests with penalties
         # detokenizer state (see engine.detokenize)
         self.text = ""
         self.emitted_len = 0  # chars of `text` already handed out as delta_text

@@ -1,4 +1,4 @@
-"""From an OpenAI request to the engine's input: prompt, token count and SamplingParams (or an APIError)."""
+"""From an OpenAI request to the engine's inputs: prompts, token counts and SamplingParams (or an APIError)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 import jinja2
 
-from graphpool.engine.sampling import SamplingParams
+from graphpool.engine.sampling import InvalidParam, SamplingParams, check_text
 from graphpool.server.protocol import APIError, ChatCompletionRequest, ChatMessage, CompletionRequest
 
 
@@ -28,7 +28,8 @@ class PromptBuilder:
         self.served_model_names = served_model_names
 
     # ---- per endpoint ----
-    def completion(self, req: CompletionRequest) -> EngineInput:
+    def completion(self, req: CompletionRequest) -> list[EngineInput]:
+        """One input per prompt (`prompt` may be a list of strings or of token-id lists), in order."""
         self._common_checks(req)
         if req.logprobs is not None:
             raise APIError("logprobs are not supported by this server", param="logprobs")
@@ -36,17 +37,24 @@ class PromptBuilder:
             raise APIError("best_of > 1 is not supported by this server", param="best_of")
         if req.suffix:
             raise APIError("suffix is not supported by this server", param="suffix")
-        prompt = self._single_prompt(req.prompt)
-        if isinstance(prompt, str):
-            ids = self._encode(prompt)
-            text = prompt
-        else:
-            ids = prompt
-            text = self._decode(prompt) if req.echo else ""
+        prompts = _prompts(req.prompt)
         max_tokens = 16 if req.max_tokens is None else req.max_tokens
-        params = self._params(req, len(ids), max_tokens)
-        # NOTE: token ids, tokenized exactly as engine.encode does (the model tokenizer's default special tokens).
-        return EngineInput(prompt=ids, prompt_text=text, num_prompt_tokens=len(ids), params=params)
+        inputs = []
+        for i, prompt in enumerate(prompts):
+            param = "prompt" if len(prompts) == 1 else f"prompt[{i}]"
+            if isinstance(prompt, str):
+                _check_text(prompt, param)
+                ids = self._encode(prompt)
+                text = prompt
+            else:
+                ids = prompt
+                text = self._decode(prompt) if req.echo else ""
+            params = self._params(req, len(ids), max_tokens, prompt_param=param)
+            # NOTE: token ids, tokenized exactly as engine.encode does (the tokenizer's default special tokens).
+            inputs.append(
+                EngineInput(prompt=ids, prompt_text=text, num_prompt_tokens=len(ids), params=params)
+            )
+        return inputs
 
     def chat(self, req: ChatCompletionRequest) -> EngineInput:
         self._common_checks(req)
@@ -56,7 +64,10 @@ class PromptBuilder:
             raise APIError("tools are not supported by this server", param="tools")
         if req.response_format is not None and req.response_format.get("type", "text") != "text":
             raise APIError("only response_format type 'text' is supported", param="response_format")
-        ids = self.render_chat([_message_dict(m, i) for i, m in enumerate(req.messages)])
+        messages = [_message_dict(m, i) for i, m in enumerate(req.messages)]
+        for i, m in enumerate(messages):
+            _check_text(m["content"], f"messages[{i}].content")
+        ids = self.render_chat(messages)
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         if max_tokens is None:  # NOTE: OpenAI's chat default: as many tokens as the context leaves
             max_tokens = max(self.max_model_len - len(ids), 1)
@@ -76,34 +87,19 @@ class PromptBuilder:
         self.check_model(req.model)
         if req.n is not None and req.n != 1:
             raise APIError(f"n > 1 is not supported by this server (got n={req.n})", param="n")
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(req, name):
-                raise APIError(f"{name} is not supported by this server (only 0)", param=name)
         if req.logit_bias:
             raise APIError("logit_bias is not supported by this server", param="logit_bias")
 
-    def _single_prompt(self, prompt: Any) -> str | list[int]:
-        if isinstance(prompt, str):
-            if not prompt:
-                raise APIError("prompt must not be empty", param="prompt")
-            return prompt
-        if len(prompt) == 0:
-            raise APIError("prompt must not be empty", param="prompt")
-        if all(isinstance(t, int) for t in prompt):
-            return list(prompt)
-        if len(prompt) != 1:
-            raise APIError(
-                f"batched prompts are not supported: send one prompt per request (got {len(prompt)})",
-                param="prompt",
-            )
-        return self._single_prompt(prompt[0])
-
     def _params(
-        self, req: CompletionRequest | ChatCompletionRequest, num_prompt_tokens: int, max_tokens: int
+        self,
+        req: CompletionRequest | ChatCompletionRequest,
+        num_prompt_tokens: int,
+        max_tokens: int,
+        prompt_param: str = "prompt",
     ) -> SamplingParams:
         chat = isinstance(req, ChatCompletionRequest)
         name = "max_completion_tokens" if chat and req.max_completion_tokens is not None else "max_tokens"
-        prompt_param = "messages" if chat else "prompt"
+        prompt_param = "messages" if chat else prompt_param
         if num_prompt_tokens == 0:
             raise APIError("prompt must not be empty", param=prompt_param)
         if max_tokens < 1:
@@ -124,6 +120,8 @@ class PromptBuilder:
                 code="context_length_exceeded",
             )
         stop = [req.stop] if isinstance(req.stop, str) else (req.stop or None)
+        for s in stop or ():
+            _check_text(s, "stop")
         try:
             return SamplingParams(
                 temperature=1.0 if req.temperature is None else req.temperature,
@@ -134,9 +132,12 @@ class PromptBuilder:
                 stop=stop,
                 stop_token_ids=req.stop_token_ids or None,
                 ignore_eos=req.ignore_eos,
+                presence_penalty=req.presence_penalty or 0.0,
+                frequency_penalty=req.frequency_penalty or 0.0,
+                repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
             )
-        except ValueError as e:
-            raise APIError(str(e)) from None
+        except InvalidParam as e:
+            raise APIError(str(e), param=e.param) from None
 
     # ---- tokenizer ----
     def _need_tokenizer(self) -> Any:
@@ -159,6 +160,30 @@ class PromptBuilder:
             return list(tok.apply_chat_template(messages))
         except (ValueError, jinja2.TemplateError) as e:
             raise APIError(f"cannot apply the chat template: {e}", param="messages") from None
+
+
+def _prompts(prompt: str | list[str] | list[int] | list[list[int]]) -> list[str | list[int]]:
+    """A completion's prompts: a string, a token-id list, or a non-empty list of either (one choice each)."""
+    if isinstance(prompt, str):
+        if not prompt:
+            raise APIError("prompt must not be empty", param="prompt")
+        return [prompt]
+    if len(prompt) == 0:
+        raise APIError("prompt must not be empty", param="prompt")
+    if all(isinstance(t, int) for t in prompt):
+        return [list(prompt)]  # type: ignore[arg-type]
+    items: list[str | list[int]] = [p if isinstance(p, str) else list(p) for p in prompt]  # type: ignore[union-attr]
+    for i, p in enumerate(items):
+        if len(p) == 0:
+            raise APIError(f"prompt[{i}] must not be empty", param=f"prompt[{i}]")
+    return items
+
+
+def _check_text(text: str, param: str) -> None:
+    try:
+        check_text(text, param)
+    except InvalidParam as e:
+        raise APIError(str(e), param=e.param) from None
 
 
 def _message_dict(m: ChatMessage, index: int) -> dict[str, str]:

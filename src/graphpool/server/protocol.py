@@ -37,6 +37,9 @@ class APIError(Exception):
 def error_body(
     message: str, *, param: str | None = None, code: str | None = None, type: str = "invalid_request_error"
 ) -> dict[str, Any]:
+    # NOTE: a message may quote the request (a model name, a pydantic input); a lone surrogate in it would
+    # make the UTF-8 encoding of the response itself fail, so such characters are written as escapes.
+    message = message.encode("utf-8", "backslashreplace").decode("utf-8")
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
 
@@ -63,6 +66,7 @@ class _SamplingFields(BaseModel):
     logit_bias: dict[str, float] | None = None
     user: str | None = None
     # Extensions (vLLM spells them the same way).
+    repetition_penalty: float | None = Field(default=None, gt=0.0)
     top_k: int | None = Field(default=None, ge=-1)
     ignore_eos: bool = False
     stop_token_ids: list[int] | None = None

@@ -1,4 +1,5 @@
-"""The two generation endpoints: one engine request per HTTP request, streamed (SSE) or collected."""
+"""The two generation endpoints: one engine request per prompt (a completion may carry several prompts, one
+choice each), streamed (SSE) or collected."""
 
 from __future__ import annotations
 
@@ -27,37 +28,77 @@ def sse(data: dict[str, Any] | str) -> str:
 
 
 class AbortingStreamingResponse(StreamingResponse):
-    """Aborts the engine request when the response ends before the request finished (client gone)."""
+    """Aborts the engine requests when the response ends before they finished (client gone)."""
 
-    def __init__(self, content: AsyncIterator[str], engine: AsyncEngine, stream: RequestStream) -> None:
+    def __init__(
+        self, content: AsyncIterator[str], engine: AsyncEngine, streams: list[RequestStream]
+    ) -> None:
         super().__init__(
             content,
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
         self._engine = engine
-        self._stream = stream
+        self._streams = streams
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
             # NOTE: covers a disconnect before the body iterator even started, and cancellation mid-stream.
-            if not self._stream.finished:
-                self._engine.abort(self._stream.request_id)
+            _abort_unfinished(self._engine, self._streams)
+
+
+def _abort_unfinished(engine: AsyncEngine, streams: list[RequestStream]) -> None:
+    for stream in streams:
+        if not stream.finished:
+            engine.abort(stream.request_id)
+
+
+async def merged(streams: list[RequestStream]) -> AsyncIterator[tuple[int, Any]]:
+    """(choice index, output) from all streams as they come, until every stream has finished."""
+    if len(streams) == 1:
+        async for out in streams[0]:
+            yield 0, out
+        return
+    queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
+
+    async def pump(index: int, stream: RequestStream) -> None:
+        try:
+            async for out in stream:
+                queue.put_nowait((index, out))
+        except Exception as e:  # NOTE: re-raised by the reader below
+            queue.put_nowait((index, e))
+
+    tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        remaining = len(streams)
+        while remaining:
+            index, item = await queue.get()
+            if isinstance(item, Exception):
+                raise item
+            remaining -= item.finished
+            yield index, item
+    finally:
+        for task in tasks:
+            task.cancel()
 
 
 class _Timer:
+    """Time to first token (of any choice) and request time (until the last choice finished)."""
+
     def __init__(self, metrics: ServerMetrics) -> None:
         self.metrics = metrics
         self.start = time.perf_counter()
         self.first_token = False
+        self.unfinished = 1
 
     def on_output(self, num_tokens: int, finished: bool) -> None:
         if not self.first_token and num_tokens > 0:
             self.first_token = True
             self.metrics.time_to_first_token.observe(time.perf_counter() - self.start)
-        if finished:
+        self.unfinished -= finished
+        if finished and self.unfinished == 0:
             self.metrics.request_seconds.observe(time.perf_counter() - self.start)
 
 
@@ -72,57 +113,80 @@ class OpenAIServing:
 
     async def completions(self, req: CompletionRequest, raw: Request) -> Response:
         timer = _Timer(self.metrics)
-        inp = self.builder.completion(req)
-        return await self._serve(req, inp, raw, timer, chat=False)
+        inputs = self.builder.completion(req)
+        return await self._serve(req, inputs, raw, timer, chat=False)
 
     async def chat(self, req: ChatCompletionRequest, raw: Request) -> Response:
         timer = _Timer(self.metrics)
         inp = self.builder.chat(req)
-        return await self._serve(req, inp, raw, timer, chat=True)
+        return await self._serve(req, [inp], raw, timer, chat=True)
+
+    async def _add(self, request_id: str, inputs: list[EngineInput], chat: bool) -> list[RequestStream]:
+        streams: list[RequestStream] = []
+        try:
+            for i, inp in enumerate(inputs):
+                rid = request_id if len(inputs) == 1 else f"{request_id}-{i}"
+                streams.append(await self.engine.add_request(rid, inp.prompt, inp.params))
+        except ValueError as e:
+            _abort_unfinished(self.engine, streams)
+            param = getattr(e, "param", None)
+            if param == "prompt":
+                param = "messages" if chat else ("prompt" if len(inputs) == 1 else f"prompt[{len(streams)}]")
+            raise APIError(str(e), param=param) from None
+        except BaseException:
+            _abort_unfinished(self.engine, streams)
+            raise
+        return streams
 
     async def _serve(
         self,
         req: CompletionRequest | ChatCompletionRequest,
-        inp: EngineInput,
+        inputs: list[EngineInput],
         raw: Request,
         timer: _Timer,
         chat: bool,
     ) -> Response:
         request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
-        try:
-            stream = await self.engine.add_request(request_id, inp.prompt, inp.params)
-        except ValueError as e:
-            raise APIError(str(e)) from None
+        streams = await self._add(request_id, inputs, chat)
+        timer.unfinished = len(streams)
         header = {"id": request_id, "created": int(time.time()), "model": req.model or self.model_name}
+        echo = isinstance(req, CompletionRequest) and req.echo
         if req.stream:
             include_usage = req.stream_options is not None and req.stream_options.include_usage
-            echo = inp.prompt_text if isinstance(req, CompletionRequest) and req.echo else None
-            body = self._stream_body(stream, header, timer, chat, echo, include_usage)
-            return AbortingStreamingResponse(body, self.engine, stream)
-        last = await self._collect(stream, raw, timer)
-        if last is None:  # client disconnected; nobody reads this
+            echoes = [inp.prompt_text if echo else None for inp in inputs]
+            body = self._stream_body(streams, header, timer, chat, echoes, include_usage)
+            return AbortingStreamingResponse(body, self.engine, streams)
+        lasts = await self._collect(streams, raw, timer)
+        if lasts is None:  # client disconnected; nobody reads this
             return Response(status_code=499)
-        usage = _usage(last)
-        reason = last.finish_reason
+        usage = _usage(lasts)
         if chat:
+            last = lasts[0]
             choice = {
                 "index": 0,
                 "message": {"role": "assistant", "content": last.text},
                 "logprobs": None,
-                "finish_reason": reason,
+                "finish_reason": last.finish_reason,
             }
             return JSONResponse({**header, "object": "chat.completion", "choices": [choice], "usage": usage})
-        text = inp.prompt_text + last.text if isinstance(req, CompletionRequest) and req.echo else last.text
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
-        return JSONResponse({**header, "object": "text_completion", "choices": [choice], "usage": usage})
+        choices = [
+            {
+                "index": i,
+                "text": inp.prompt_text + last.text if echo else last.text,
+                "logprobs": None,
+                "finish_reason": last.finish_reason,
+            }
+            for i, (inp, last) in enumerate(zip(inputs, lasts, strict=True))
+        ]
+        return JSONResponse({**header, "object": "text_completion", "choices": choices, "usage": usage})
 
-    async def _collect(self, stream: RequestStream, raw: Request, timer: _Timer) -> Any | None:
-        async def collect() -> Any:
-            last = None
-            async for out in stream:
+    async def _collect(self, streams: list[RequestStream], raw: Request, timer: _Timer) -> list[Any] | None:
+        async def collect() -> list[Any]:
+            lasts: list[Any] = [None] * len(streams)
+            async for index, out in merged(streams):
                 timer.on_output(len(out.token_ids), out.finished)
-                last = out
-            return last
+                lasts[index] = out
+            return lasts
 
         task = asyncio.ensure_future(collect())
         try:
@@ -138,54 +202,60 @@ class OpenAIServing:
         finally:
             if not task.done():
                 task.cancel()
-            if not stream.finished:
-                self.engine.abort(stream.request_id)
+            _abort_unfinished(self.engine, streams)
 
     async def _stream_body(
         self,
-        stream: RequestStream,
+        streams: list[RequestStream],
         header: dict[str, Any],
         timer: _Timer,
         chat: bool,
-        echo: str | None,
+        echoes: list[str | None],
         include_usage: bool,
     ) -> AsyncIterator[str]:
         obj = "chat.completion.chunk" if chat else "text_completion"
         extra = {"usage": None} if include_usage else {}
 
-        def chunk(text: str | None, finish_reason: str | None = None, role: bool = False) -> str:
+        def chunk(index: int, text: str | None, finish_reason: str | None = None, role: bool = False) -> str:
             if chat:
                 delta: dict[str, str] = {"role": "assistant", "content": ""} if role else {}
                 if text is not None:
                     delta["content"] = text
-                choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+                choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
             else:
-                choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+                choice = {
+                    "index": index,
+                    "text": text or "",
+                    "logprobs": None,
+                    "finish_reason": finish_reason,
+                }
             return sse({**header, "object": obj, "choices": [choice], **extra})
 
         if chat:
-            yield chunk(None, role=True)
-        if echo:
-            yield chunk(echo)
-        last = None
+            yield chunk(0, None, role=True)
+        for index, echo in enumerate(echoes):
+            if echo:
+                yield chunk(index, echo)
+        lasts: list[Any] = [None] * len(streams)
         try:
-            async for out in stream:
+            async for index, out in merged(streams):
                 timer.on_output(len(out.token_ids), out.finished)
                 if out.delta_text:
-                    yield chunk(out.delta_text)
-                last = out
+                    yield chunk(index, out.delta_text)
+                if out.finished:
+                    yield chunk(index, None, out.finish_reason)
+                lasts[index] = out
         except EngineDeadError as e:
             yield sse(error_body(str(e), type="server_error"))
             yield sse("[DONE]")
             return
-        assert last is not None and last.finished
-        yield chunk(None, last.finish_reason)
+        assert all(last is not None and last.finished for last in lasts)
         if include_usage:
-            yield sse({**header, "object": obj, "choices": [], "usage": _usage(last)})
+            yield sse({**header, "object": obj, "choices": [], "usage": _usage(lasts)})
         yield sse("[DONE]")
 
 
-def _usage(out: Any) -> dict[str, int]:
-    prompt = len(out.prompt_token_ids)
-    completion = len(out.token_ids)
+def _usage(outs: list[Any]) -> dict[str, int]:
+    prompt = sum(len(out.prompt_token_ids) for out in outs)
+    completion = sum(len(out.token_ids) for out in outs)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
