@@ -78,16 +78,29 @@ def build_app(engine: AsyncEngine, metrics: ServerMetrics, served_model_name: st
             return JSONResponse({"status": "ok"})
         return JSONResponse({"status": "error", "error": repr(engine.error)}, status_code=503)
 
+    card = {
+        "id": model_name,
+        "object": "model",
+        "created": created,
+        "owned_by": "graphpool",
+        "max_model_len": builder.max_model_len,
+    }
+
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        card = {
-            "id": model_name,
-            "object": "model",
-            "created": created,
-            "owned_by": "graphpool",
-            "max_model_len": builder.max_model_len,
-        }
         return {"object": "list", "data": [card]}
+
+    # NOTE: `:path`, since model names may hold slashes ("org/name"; clients send them unescaped or as %2F).
+    @app.get("/v1/models/{model_id:path}")
+    async def retrieve_model(model_id: str) -> dict[str, Any]:
+        if model_id != model_name:
+            raise APIError(
+                f"The model `{model_id}` does not exist; this server serves {[model_name]}",
+                param="model",
+                code="model_not_found",
+                status_code=404,
+            )
+        return card
 
     @app.get("/metrics")
     async def prometheus() -> Response:
