@@ -129,6 +129,11 @@ def gguf_has_tokenizer(reader: Any) -> bool:
     return "tokenizer.ggml.tokens" in reader.fields
 
 
-def gguf_chat_template(reader: Any) -> str | None:
-    field = reader.fields.get("tokenizer.chat_template")
-    return None if field is None else str(field.contents())
+def gguf_tokenizer_metadata(reader: Any) -> dict[str, Any]:
+    """Every ``tokenizer.*`` value in full (the vocabulary and merges too) and ``general.architecture``:
+    what a tokenizer is built from, without reading the file again."""
+    return {
+        key: field.contents()
+        for key, field in reader.fields.items()
+        if key.startswith("tokenizer.") or key == "general.architecture"
+    }

@@ -10,15 +10,15 @@ import torch
 from graphpool.model.config import ModelConfig
 from graphpool.model.gguf_loader import (
     default_gguf_path,
-    gguf_chat_template,
     gguf_config,
     gguf_has_tokenizer,
+    gguf_tokenizer_metadata,
     iter_gguf_weights,
     open_gguf,
 )
 from graphpool.model.llama import AttnBackend, LlamaModel
 from graphpool.model.presets import PRESETS
-from graphpool.model.tokenizer import Tokenizer, tokenizer_from_folder, tokenizer_from_gguf
+from graphpool.model.tokenizer import Tokenizer, tokenizer_from_folder, tokenizer_from_gguf_metadata
 from graphpool.model.weights import WeightLoader, init_random_weights
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -81,7 +81,7 @@ def _load_gguf(path: Path, **kwargs: object) -> tuple[LlamaModel, ModelConfig, T
         loader.load(name, tensor)
     loader.finish()
     tokenizer = (
-        tokenizer_from_gguf(path, gguf_chat_template(reader), config.eos_token_ids)
+        tokenizer_from_gguf_metadata(gguf_tokenizer_metadata(reader), path, config.eos_token_ids)
         if gguf_has_tokenizer(reader)
         else None
     )

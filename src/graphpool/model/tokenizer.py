@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 
 class Tokenizer:
@@ -41,12 +44,73 @@ class Tokenizer:
 
 
 def tokenizer_from_gguf(path: Path, chat_template: str | None, eos_token_ids: Sequence[int]) -> Tokenizer:
+    """transformers' own GGUF path: it reads the file again (twice, in transformers 5)."""
     from transformers import AutoTokenizer
 
     hf = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     if chat_template:
         hf.chat_template = chat_template
     return Tokenizer(hf, eos_token_ids)
+
+
+_SPECIAL_TOKEN_IDS = {
+    "bos_token": "bos_token_id",
+    "eos_token": "eos_token_id",
+    "unk_token": "unknown_token_id",
+    "pad_token": "padding_token_id",
+}
+
+
+def hf_tokenizer_from_gguf_metadata(meta: Mapping[str, Any]) -> Any | None:
+    """The Hugging Face tokenizer a GGUF file describes, from its already-read ``tokenizer.*`` and
+    ``general.architecture`` values, through transformers' own GGUF converter; None where this
+    transformers has no such converter (before 5.0).
+
+    The grouping mirrors ``transformers.integrations.gguf.get_gguf_tokenizer``, which takes a path and reads
+    the file itself; tests/test_model_tokenizer_gguf.py holds the result equal to ``AutoTokenizer``'s.
+    """
+    try:
+        from transformers.integrations.gguf.gguf_tokenizer_mapping import (
+            GGUF_TOKENIZER_MAPPING,
+            convert_gguf_tokenizer,
+        )
+        from transformers.tokenization_utils_tokenizers import TokenizersBackend
+    except ImportError:
+        return None
+    groups = {
+        group: {name: meta[f"tokenizer.{key}"] for key, name in renames.items() if f"tokenizer.{key}" in meta}
+        for group, renames in GGUF_TOKENIZER_MAPPING.items()
+    }
+    tokenizer_dict, tokenizer_config = groups["tokenizer"], groups["tokenizer_config"]
+    kind = tokenizer_dict.get("tokenizer_type")
+    if kind == "llama":  # llama.cpp adds BOS to a sentencepiece vocabulary unless the file says otherwise
+        tokenizer_config.setdefault("add_bos_token", True)
+    elif kind == "gemma4":
+        tokenizer_config["add_bos_token"] = False
+    tokens = tokenizer_dict["tokens"]
+    for name, key in _SPECIAL_TOKEN_IDS.items():
+        token_id = meta.get(f"tokenizer.ggml.{key}")
+        tokenizer_config[name] = tokens[token_id] if token_id is not None else None
+    backend, extra = convert_gguf_tokenizer(meta["general.architecture"], tokenizer_dict)
+    return TokenizersBackend(tokenizer_object=backend, **tokenizer_config, **extra)
+
+
+def tokenizer_from_gguf_metadata(
+    meta: Mapping[str, Any], path: Path, eos_token_ids: Sequence[int]
+) -> Tokenizer:
+    """The GGUF's tokenizer from its already-read metadata; with a transformers older than 5, which has no
+    converter to reuse, transformers reads ``path`` itself."""
+    hf = hf_tokenizer_from_gguf_metadata(meta)
+    if hf is None:
+        logger.info("transformers %s has no GGUF tokenizer converter; it reads %s again", _version(), path)
+        return tokenizer_from_gguf(path, meta.get("tokenizer.chat_template"), eos_token_ids)
+    return Tokenizer(hf, eos_token_ids)
+
+
+def _version() -> str:
+    import transformers
+
+    return str(transformers.__version__)
 
 
 def tokenizer_from_folder(folder: Path, eos_token_ids: Sequence[int]) -> Tokenizer | None:

@@ -18,14 +18,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response
 
 from graphpool.server.async_engine import AsyncEngine, EngineDeadError
-from graphpool.server.metrics import ServerMetrics, read_snapshot
+from graphpool.server.metrics import ServerMetrics
 from graphpool.server.prompts import PromptBuilder
 from graphpool.server.protocol import APIError, ChatCompletionRequest, CompletionRequest, error_body
 from graphpool.server.serving import OpenAIServing
 
 logger = logging.getLogger(__name__)
 
-METRICS_SNAPSHOT_TIMEOUT_S = 5.0
+ENGINE_STOP_TIMEOUT_S = 5.0
 M = TypeVar("M", bound=BaseModel)
 
 
@@ -45,7 +45,8 @@ def build_app(engine: AsyncEngine, metrics: ServerMetrics, served_model_name: st
         try:
             yield
         finally:
-            await asyncio.to_thread(engine.shutdown)
+            # NOTE: bounded: a step still running past this is left to the daemon thread (the process exits).
+            await asyncio.to_thread(engine.shutdown, ENGINE_STOP_TIMEOUT_S)
 
     app = FastAPI(title="graphpool", lifespan=lifespan)
     app.state.engine = engine
@@ -74,6 +75,8 @@ def build_app(engine: AsyncEngine, metrics: ServerMetrics, served_model_name: st
 
     @app.get("/health")
     async def health() -> Response:
+        if engine.draining:
+            return JSONResponse({"status": "shutting_down"}, status_code=503)
         if engine.is_alive:
             return JSONResponse({"status": "ok"})
         return JSONResponse({"status": "error", "error": repr(engine.error)}, status_code=503)
@@ -102,18 +105,10 @@ def build_app(engine: AsyncEngine, metrics: ServerMetrics, served_model_name: st
             )
         return card
 
+    # NOTE: renders what the engine thread published after its last step; never waits for a step.
     @app.get("/metrics")
     async def prometheus() -> Response:
-        snapshot = None
-        if engine.is_alive:
-            try:
-                snapshot = await asyncio.wait_for(engine.call(read_snapshot), METRICS_SNAPSHOT_TIMEOUT_S)
-            except asyncio.TimeoutError:
-                logger.warning(
-                    "engine busy for %.0f s; /metrics reports the previous snapshot",
-                    METRICS_SNAPSHOT_TIMEOUT_S,
-                )
-        return Response(metrics.render(snapshot), media_type=CONTENT_TYPE_LATEST)
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     # NOTE: bodies are parsed here, not by FastAPI, so that a JSON body is read whatever its Content-Type
     # (curl -d sends form-encoded) and every parse error gets the same 400 body.

@@ -2,107 +2,48 @@
 
 NOTE: every call on the engine (add, abort, step, stats) happens on the engine thread. Handlers hand
 commands over through a thread-safe queue; outputs come back to each request's asyncio queue through
-``loop.call_soon_threadsafe``, one callback per event loop per step.
+``loop.call_soon_threadsafe``, one callback per event loop per step. After each step (and each batch of
+commands) the thread hands the observer the engine to publish a snapshot from, so that readers such as
+/metrics never wait for a step.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import queue
 import threading
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from graphpool.server.streams import (
+    Abort,
+    Add,
+    Call,
+    Command,
+    Drain,
+    EngineDeadError,
+    RequestStream,
+    ShuttingDownError,
+    StepObserver,
+    Stop,
+    deliver,
+    put_all,
+    settle,
+)
 
 if TYPE_CHECKING:
     from graphpool.engine.engine import RequestOutput
     from graphpool.engine.sampling import SamplingParams
 
+__all__ = ["AsyncEngine", "EngineDeadError", "RequestStream", "ShuttingDownError", "StepObserver"]
+
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 IDLE_WAIT_S = 0.005
-
-
-class EngineDeadError(RuntimeError):
-    """The engine loop stopped (a step raised, or the server is shutting down)."""
-
-
-class StepObserver(Protocol):
-    """Called on the engine thread after each step (metrics)."""
-
-    def on_step(self, engine: Any, outputs: list[RequestOutput]) -> None: ...
-
-    def on_abort(self, request_id: str) -> None: ...
-
-
-class RequestStream:
-    """The outputs of one request, in order; ends after the output with ``finished=True``."""
-
-    def __init__(self, request_id: str, loop: asyncio.AbstractEventLoop) -> None:
-        self.request_id = request_id
-        self.loop = loop
-        self.finished = False
-        self._queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
-
-    def _put(self, item: RequestOutput | BaseException) -> None:
-        self._queue.put_nowait(item)
-
-    async def __aiter__(self) -> AsyncIterator[RequestOutput]:
-        while not self.finished:
-            item = await self._queue.get()
-            if isinstance(item, BaseException):
-                self.finished = True
-                raise item
-            self.finished = item.finished
-            yield item
-
-
-@dataclass
-class _Add:
-    request_id: str
-    prompt: str | list[int]
-    params: SamplingParams
-    stream: RequestStream
-    accepted: asyncio.Future[None]
-
-
-@dataclass
-class _Abort:
-    request_id: str
-
-
-@dataclass
-class _Call:
-    fn: Callable[[Any], Any]
-    loop: asyncio.AbstractEventLoop
-    result: asyncio.Future[Any]
-
-
-@dataclass
-class _Stop:
-    pass
-
-
-_Command = _Add | _Abort | _Call | _Stop
-
-
-def _deliver(loop: asyncio.AbstractEventLoop, fn: Callable[..., None], *args: Any) -> None:
-    try:
-        loop.call_soon_threadsafe(fn, *args)
-    except RuntimeError:
-        # NOTE: the loop is closed: nobody is left to read this output.
-        logger.debug("event loop closed; dropped a delivery")
-
-
-def _settle(fut: asyncio.Future[Any], value: Any = None, error: BaseException | None = None) -> None:
-    if fut.done():  # the awaiting handler was cancelled
-        return
-    if error is not None:
-        fut.set_exception(error)
-    else:
-        fut.set_result(value)
 
 
 class AsyncEngine:
@@ -111,7 +52,7 @@ class AsyncEngine:
     def __init__(self, engine: Any, observer: StepObserver | None = None) -> None:
         self.engine = engine
         self.observer = observer
-        self._commands: queue.SimpleQueue[_Command] = queue.SimpleQueue()
+        self._commands: queue.SimpleQueue[Command] = queue.SimpleQueue()
         self._streams: dict[str, RequestStream] = {}
         self._thread: threading.Thread | None = None
         self.error: BaseException | None = None
@@ -119,6 +60,8 @@ class AsyncEngine:
         # NOTE: once closed (under the lock), no command enters the queue: none can wait unanswered.
         self._lock = threading.Lock()
         self._closed = False
+        self.draining = False
+        self._drain: Drain | None = None  # engine thread only
 
     # ---- lifecycle (any thread) ----
     def start(self) -> None:
@@ -133,10 +76,12 @@ class AsyncEngine:
         self._stopping = True
         with self._lock:
             if not self._closed:
-                self._commands.put(_Stop())
+                self._commands.put(Stop())
         self._thread.join(timeout)
         if self._thread.is_alive():
-            logger.warning("engine loop did not stop within %.0f s", timeout)
+            logger.warning(
+                "engine loop did not stop within %.1f s (a step still running); leaving it", timeout
+            )
         self._thread = None
 
     @property
@@ -150,9 +95,9 @@ class AsyncEngine:
         """Hands the request to the engine; raises ValueError (the engine's reason) if it was refused."""
         self._check_alive()
         loop = asyncio.get_running_loop()
-        stream = RequestStream(request_id, loop)
+        stream = RequestStream(request_id, loop, prompt)
         accepted: asyncio.Future[None] = loop.create_future()
-        self._submit(_Add(request_id, prompt, params, stream, accepted))
+        self._submit(Add(request_id, prompt, params, stream, accepted))
         try:
             await accepted
         except asyncio.CancelledError:
@@ -165,27 +110,44 @@ class AsyncEngine:
         if self._thread is not None:
             with self._lock:
                 if not self._closed:
-                    self._commands.put(_Abort(request_id))
+                    self._commands.put(Abort(request_id))
 
     async def call(self, fn: Callable[[Any], T]) -> T:
         """Runs ``fn(engine)`` on the engine thread between two steps."""
         self._check_alive()
         loop = asyncio.get_running_loop()
         result: asyncio.Future[T] = loop.create_future()
-        self._submit(_Call(fn, loop, result))
+        self._submit(Call(fn, loop, result))
         return await result
 
-    def _submit(self, cmd: _Command) -> None:
+    async def drain(self, timeout: float) -> int:
+        """Refuses new requests from now on, lets the running ones finish for up to ``timeout`` seconds, then
+        ends the rest with finish_reason "abort" (after the step in flight). Returns how many were aborted."""
+        loop = asyncio.get_running_loop()
+        result: asyncio.Future[int] = loop.create_future()
+        with self._lock:
+            self.draining = True
+            if self._closed or self._thread is None:
+                return 0
+            # NOTE: queued behind every add submitted before the flag, so none of those is missed.
+            self._commands.put(Drain(time.monotonic() + timeout, loop, result))
+        return await result
+
+    def _submit(self, cmd: Command) -> None:
         with self._lock:
             if self._closed:
                 raise EngineDeadError(
                     f"the engine loop stopped: {self.error!r}" if self.error else "the engine loop stopped"
                 )
+            if self.draining and isinstance(cmd, Add):
+                raise ShuttingDownError("the server is shutting down and accepts no new requests")
             self._commands.put(cmd)
 
     def _check_alive(self) -> None:
         if self.error is not None:
             raise EngineDeadError(f"the engine loop stopped after an error: {self.error!r}")
+        if self.draining:
+            raise ShuttingDownError("the server is shutting down and accepts no new requests")
         if self._thread is None or self._stopping or not self._thread.is_alive():
             raise EngineDeadError("the engine loop is not running")
 
@@ -197,15 +159,19 @@ class AsyncEngine:
                 import torch
 
                 # NOTE: the current device is per thread; lazy captures on this thread use its current stream.
-                torch.cuda.set_device(device)
+                torch.cuda.set_device(
+                    device.index if device.index is not None else torch.cuda.current_device()
+                )
+            self._publish()
             stalled = False
             while True:
                 busy = self.engine.has_unfinished_requests()
                 # NOTE: a step that scheduled nothing (unfinished requests, none schedulable) must not spin.
-                if not self._drain(block=not busy, timeout=IDLE_WAIT_S if stalled else None):
+                if not self._drain_commands(block=not busy, timeout=IDLE_WAIT_S if stalled else None):
                     break
                 if self.engine.has_unfinished_requests():
                     stalled = not self._step()
+                self._check_drain()
         except Exception as e:  # NOTE: not swallowed: logged, and every waiting request gets the error.
             logger.exception("engine loop stopped after an error")
             self.error = e
@@ -217,9 +183,9 @@ class AsyncEngine:
             else:
                 self._fail_all(EngineDeadError("the server is shutting down"))
 
-    def _drain(self, block: bool, timeout: float | None = None) -> bool:
+    def _drain_commands(self, block: bool, timeout: float | None = None) -> bool:
         """Applies queued commands (waiting for one if ``block``, or up to ``timeout``); False on stop."""
-        cmd: _Command | None = None
+        cmd: Command | None = None
         if block:
             cmd = self._commands.get()
         elif timeout is not None:
@@ -227,41 +193,49 @@ class AsyncEngine:
                 cmd = self._commands.get(timeout=timeout)
             except queue.Empty:
                 return True
+        applied = False
         while True:
             if cmd is None:
                 try:
                     cmd = self._commands.get_nowait()
                 except queue.Empty:
-                    return True
-            if isinstance(cmd, _Stop):
+                    break
+            if isinstance(cmd, Stop):
                 return False
             self._apply(cmd)
+            applied = True
             cmd = None
+        if applied:
+            self._publish()
+            self._check_drain()
+        return True
 
-    def _apply(self, cmd: _Command) -> None:
-        if isinstance(cmd, _Add):
+    def _apply(self, cmd: Command) -> None:
+        if isinstance(cmd, Add):
             loop = cmd.stream.loop
             if cmd.accepted.done():  # handler already gone
                 return
             try:
                 self.engine.add_request(cmd.request_id, cmd.prompt, cmd.params)
             except ValueError as e:
-                _deliver(loop, _settle, cmd.accepted, None, e)
+                deliver(loop, settle, cmd.accepted, None, e)
                 return
             self._streams[cmd.request_id] = cmd.stream
-            _deliver(loop, _settle, cmd.accepted, None, None)
-        elif isinstance(cmd, _Abort):
+            deliver(loop, settle, cmd.accepted, None, None)
+        elif isinstance(cmd, Abort):
             stream = self._streams.pop(cmd.request_id, None)
             self.engine.abort_request(cmd.request_id)
             if stream is not None and self.observer is not None:
                 self.observer.on_abort(cmd.request_id)
-        elif isinstance(cmd, _Call):
+        elif isinstance(cmd, Call):
             try:
                 value = cmd.fn(self.engine)
             except Exception as e:  # NOTE: handed back to the awaiting caller, not swallowed.
-                _deliver(cmd.loop, _settle, cmd.result, None, e)
+                deliver(cmd.loop, settle, cmd.result, None, e)
                 return
-            _deliver(cmd.loop, _settle, cmd.result, value, None)
+            deliver(cmd.loop, settle, cmd.result, value, None)
+        elif isinstance(cmd, Drain):
+            self._drain = cmd
 
     def _step(self) -> bool:
         """One engine step; returns whether it produced any output."""
@@ -273,29 +247,69 @@ class AsyncEngine:
             stream = self._streams.get(out.request_id)
             if stream is None:  # aborted meanwhile
                 continue
+            stream._last = out
             if out.finished:
                 del self._streams[out.request_id]
             by_loop.setdefault(stream.loop, []).append((stream, out))
         for loop, items in by_loop.items():
-            _deliver(loop, _put_all, items)
+            deliver(loop, put_all, items)
+        self._publish()
         return bool(outputs)
+
+    def _check_drain(self) -> None:
+        """Answers a pending drain once no request runs, or at its deadline after aborting what is left."""
+        drain = self._drain
+        if drain is None or (self._streams and time.monotonic() < drain.deadline):
+            return
+        self._drain = None
+        streams, self._streams = self._streams, {}
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[RequestStream, RequestOutput]]] = {}
+        for request_id, stream in streams.items():
+            self.engine.abort_request(request_id)
+            if self.observer is not None:
+                self.observer.on_abort(request_id)
+            by_loop.setdefault(stream.loop, []).append((stream, self._aborted_output(stream)))
+        for loop, items in by_loop.items():
+            deliver(loop, put_all, items)
+        if streams:
+            self._publish()
+        deliver(drain.loop, settle, drain.result, len(streams), None)
+
+    def _aborted_output(self, stream: RequestStream) -> RequestOutput:
+        """The last output of an aborted request: everything generated so far, finish_reason "abort".
+
+        Text held back as a possible start of a stop string is not sent (as when a client aborts).
+        """
+        last = stream._last
+        if last is not None:
+            return dataclasses.replace(
+                last, new_token_ids=[], delta_text="", finished=True, finish_reason="abort"
+            )
+        from graphpool.engine.outputs import RequestOutput
+
+        prompt = stream._prompt
+        prompt_ids = self.engine.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        return RequestOutput(stream.request_id, prompt_ids, [], [], "", "", True, "abort")
+
+    def _publish(self) -> None:
+        if self.observer is not None:
+            self.observer.publish(self.engine)
 
     def _fail_all(self, error: BaseException) -> None:
         streams, self._streams = self._streams, {}
         for stream in streams.values():
-            _deliver(stream.loop, stream._put, error)
+            deliver(stream.loop, stream._put, error)
+        if self._drain is not None:
+            deliver(self._drain.loop, settle, self._drain.result, 0, None)
         # Commands still queued: refuse adds and calls so that no handler waits forever.
         while True:
             try:
                 cmd = self._commands.get_nowait()
             except queue.Empty:
                 return
-            if isinstance(cmd, _Add):
-                _deliver(cmd.stream.loop, _settle, cmd.accepted, None, error)
-            elif isinstance(cmd, _Call):
-                _deliver(cmd.loop, _settle, cmd.result, None, error)
-
-
-def _put_all(items: list[tuple[RequestStream, RequestOutput]]) -> None:
-    for stream, out in items:
-        stream._put(out)
+            if isinstance(cmd, Add):
+                deliver(cmd.stream.loop, settle, cmd.accepted, None, error)
+            elif isinstance(cmd, Call):
+                deliver(cmd.loop, settle, cmd.result, None, error)
+            elif isinstance(cmd, Drain):
+                deliver(cmd.loop, settle, cmd.result, 0, None)

@@ -9,12 +9,13 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 logger = logging.getLogger("graphpool.server")
 
 MiB = 1 << 20
+DEFAULT_SHUTDOWN_TIMEOUT_S = 5.0
 
 
 def add_server_args(parser: argparse.ArgumentParser) -> None:
@@ -25,6 +26,14 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
         "--served-model-name", default=None, help="the model name clients send (default: the engine's)"
     )
     group.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    group.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=DEFAULT_SHUTDOWN_TIMEOUT_S,
+        metavar="SECONDS",
+        help="on SIGTERM/SIGINT: refuse new requests, let running ones finish for up to this long, then end "
+        "them with finish_reason 'abort' and exit; a second signal exits at once (default %(default)s)",
+    )
 
 
 DESCRIPTION = (
@@ -56,11 +65,12 @@ def run_serve(args: argparse.Namespace) -> int:
 
     try:
         config = engine_config_from_args(args)
+        if args.shutdown_timeout < 0:
+            raise ValueError(f"--shutdown-timeout must be >= 0 seconds, got {args.shutdown_timeout}")
     except ValueError as e:  # a bad flag value, with EngineConfig's reason
         print(f"graphpool serve: {e}", file=sys.stderr)
         return 2
-    serve(args, config)
-    return 0
+    return serve(args, config)
 
 
 def describe_startup(engine: Any, config: Any, load_seconds: float) -> list[str]:
@@ -96,32 +106,46 @@ def describe_startup(engine: Any, config: Any, load_seconds: float) -> list[str]
 
 
 def make_server(
-    engine: Any, host: str, port: int, served_model_name: str | None = None, log_level: str = "info"
+    engine: Any,
+    host: str,
+    port: int,
+    served_model_name: str | None = None,
+    log_level: str = "info",
+    shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT_S,
+    on_ready: Callable[[], None] | None = None,
 ):
-    """A uvicorn.Server for ``engine`` (an LLMEngine); ``server.run()`` blocks, ``should_exit`` stops it."""
+    """A GracefulServer (uvicorn.Server) for ``engine`` (an LLMEngine); ``server.run()`` blocks;
+    ``begin_shutdown()`` (or SIGTERM) drains and stops it, ``should_exit`` stops it without draining."""
     import uvicorn
 
     from graphpool.server.app import build_app
     from graphpool.server.async_engine import AsyncEngine
+    from graphpool.server.lifecycle import GracefulServer
     from graphpool.server.metrics import ServerMetrics
 
     metrics = ServerMetrics()
-    app = build_app(AsyncEngine(engine, observer=metrics), metrics, served_model_name)
-    return uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False))
+    async_engine = AsyncEngine(engine, observer=metrics)
+    app = build_app(async_engine, metrics, served_model_name)
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False)
+    return GracefulServer(config, async_engine, shutdown_timeout, on_ready)
 
 
 @contextlib.contextmanager
 def serve_in_thread(
-    engine: Any, host: str = "127.0.0.1", served_model_name: str | None = None, log_level: str = "warning"
+    engine: Any,
+    host: str = "127.0.0.1",
+    served_model_name: str | None = None,
+    log_level: str = "warning",
+    shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT_S,
 ) -> Iterator[tuple[str, Any]]:
-    """Serves ``engine`` from a background thread on a free port; yields (base URL, uvicorn.Server).
+    """Serves ``engine`` from a background thread on a free port; yields (base URL, GracefulServer).
 
     For tests and benchmarks: the caller must not touch ``engine`` until the block exits.
     """
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind((host, 0))
     port = sock.getsockname()[1]
-    server = make_server(engine, host, port, served_model_name, log_level)
+    server = make_server(engine, host, port, served_model_name, log_level, shutdown_timeout)
     thread = threading.Thread(
         target=server.run, kwargs={"sockets": [sock]}, name="graphpool-http", daemon=True
     )
@@ -139,24 +163,42 @@ def serve_in_thread(
         sock.close()
 
 
-def serve(args: argparse.Namespace, config: Any = None) -> None:
-    """Loads the engine (``config``, or the one the flags in ``args`` give) and serves until interrupted."""
+def serve(args: argparse.Namespace, config: Any = None) -> int:
+    """Takes the port, loads the engine (``config``, or the one the flags in ``args`` give) and serves until
+    a signal; returns the exit status (2: the port is taken, found before the model loads)."""
     from graphpool.cli import engine_config_from_args
     from graphpool.engine.engine import LLMEngine
+    from graphpool.server.lifecycle import PortInUseError, bind_socket, seconds_since_process_start
 
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     config = config if config is not None else engine_config_from_args(args)
+    try:
+        sock = bind_socket(args.host, args.port)
+    except PortInUseError as e:
+        print(f"graphpool serve: {e}", file=sys.stderr)
+        return 2
     start = time.perf_counter()
     engine = LLMEngine(config)
     for line in describe_startup(engine, config, time.perf_counter() - start):
         logger.info(line)
-    server = make_server(engine, args.host, args.port, args.served_model_name, args.log_level)
-    logger.info(
-        "serving %s on http://%s:%d/v1", args.served_model_name or engine.model_name, args.host, args.port
+    name = args.served_model_name or engine.model_name
+
+    def ready() -> None:
+        logger.info(
+            "serving %s on http://%s:%d/v1 (ready %.1f s after process start)",
+            name,
+            args.host,
+            args.port,
+            seconds_since_process_start(),
+        )
+
+    server = make_server(
+        engine, args.host, args.port, args.served_model_name, args.log_level, args.shutdown_timeout, ready
     )
-    server.run()
+    server.run(sockets=[sock])
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,9 +1,10 @@
 """Prometheus metrics of the server, the engine and the graph pool (own CollectorRegistry).
 
 NOTE: the pool's and the engine's counters are owned by them; a custom collector reports the values read
-from ``engine.graph_stats()`` / ``engine.stats()`` at scrape time (nothing is counted twice). Only what
-the engine does not keep (step latency and batch size histograms, finished requests by reason, request
-latencies) is observed here.
+from ``engine.graph_stats()`` / ``engine.stats()`` (nothing is counted twice). The engine thread reads them
+after each step and publishes the snapshot (``ServerMetrics.publish``); a scrape renders the latest one and
+never waits for a step. Only what the engine does not keep (step latency and batch size histograms,
+finished requests by reason, request latencies) is observed here.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ REQUEST_SECONDS_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.
 
 @dataclass(frozen=True)
 class EngineSnapshot:
-    """What the collector reports: read on the engine thread, between two steps."""
+    """What the collector reports: read on the engine thread, between two steps, and swapped in whole."""
 
     stats: Any  # graphpool.engine EngineStats
     graph: Any | None  # graphpool.pool.PoolStats; None when graphs are off
@@ -49,7 +50,7 @@ def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
 
 
 class EngineCollector(Collector):
-    """Reports the last snapshot (refreshed by the /metrics handler just before it renders)."""
+    """Reports the last snapshot the engine thread published (None before the loop starts: no series)."""
 
     def __init__(self) -> None:
         self.snapshot: EngineSnapshot | None = None
@@ -188,7 +189,9 @@ class ServerMetrics:
     def on_abort(self, request_id: str) -> None:
         self.requests_finished.labels("abort").inc()
 
-    def render(self, snapshot: EngineSnapshot | None) -> bytes:
-        if snapshot is not None:
-            self.collector.snapshot = snapshot
+    def publish(self, engine: Any) -> None:
+        """On the engine thread, between steps: the engine's and the pool's counters for the next scrapes."""
+        self.collector.snapshot = read_snapshot(engine)
+
+    def render(self) -> bytes:
         return generate_latest(self.registry)
