@@ -66,17 +66,26 @@ def summarize_run(config: str, label: str, seed: int, model: str, rate: float, t
         output_tokens=tokens, output_tok_s=tokens / client.duration_s if client.duration_s > 0 else math.nan,
         ttft_ms=pcts(ttfts), itl_ms=pcts(itls), e2e_ms=pcts([r.e2e_s() * 1e3 for r in ok]),
         itl_max_ms=max(itls) if itls else math.nan, startup_s=startup_s,
-        startup_capture_s=before.get("capture_seconds", 0.0), startup_captures=before.get("captures", 0.0),
-        serving={k: after.get(k, 0.0) - before.get(k, 0.0) for k in DELTA_KEYS},
-        resident_graphs=after.get("resident", 0.0), resident_mib=after.get("resident_bytes", 0.0) / MIB,
+        startup_capture_s=before.get("capture_seconds", 0.0), startup_captures=before.get("captures", math.nan),
+        # NOTE: no pool series (graphs off): NaN, shown as "-", not a count of 0
+        serving={k: after.get(k, math.nan) - before.get(k, 0.0) for k in DELTA_KEYS},
+        resident_graphs=after.get("resident", math.nan), resident_mib=after.get("resident_bytes", math.nan) / MIB,
         prompt_tokens_mean=sum(r.prompt_tokens for r in ok) / len(ok) if ok else math.nan,
         max_in_flight=client.max_in_flight, stop_s=stop[0], killed=stop[1], errors_sample=client.errors_sample,
     )
     return summary, itls
 
 
+def _restore_nan(v: Any) -> Any:
+    """JSON holds NaN as null (common._jsonable); a run read back has its NaNs again."""
+    if isinstance(v, dict):
+        return {k: _restore_nan(x) for k, x in v.items()}
+    return math.nan if v is None else v
+
+
 def load_runs(runs_dir: Path) -> list[RunSummary]:
-    runs = [RunSummary(**json.loads(p.read_text())) for p in sorted(runs_dir.glob("*.json"))]
+    runs = [RunSummary(**{k: _restore_nan(v) for k, v in json.loads(p.read_text()).items()})
+            for p in sorted(runs_dir.glob("*.json"))]
     shapes = {(r.model, r.rate, r.trace_s) for r in runs}
     if len(shapes) > 1:
         raise ValueError(f"{runs_dir} holds runs of different models/rates/durations {sorted(shapes)}: "
@@ -99,8 +108,7 @@ def _get(run: RunSummary, key: str) -> float:
     """A number of a run by dotted key: 'itl_ms.p99.9' style for the dicts (split on the first dot)."""
     head, _, rest = key.partition(".")
     v = getattr(run, head)
-    v = v[rest] if rest else v
-    return math.nan if v is None else float(v)
+    return float(v.get(rest, math.nan) if rest else v)
 
 
 def spread(runs: Sequence[RunSummary], key: str) -> tuple[float, float, float]:
@@ -155,7 +163,7 @@ def evaluate_targets(by_config: Mapping[str, Sequence[RunSummary]]) -> list[Targ
         out.append(Target("default vs capture-all (ITL p99.9, start-up capture)", None, "needs configs b and d"))
     if c and d:
         cc, cd = med(c, "serving.captures"), med(d, "serving.captures")
-        ok = None if cc == 0 else cc >= 5 * cd
+        ok = None if cc == 0 or math.isnan(cc) or math.isnan(cd) else cc >= 5 * cd
         out.append(Target(">= 5x fewer captures while serving than the seed", ok,
                           f"default {cd:.0f} vs seed {cc:.0f}" + (f": {cc / cd:.1f}x fewer" if cd else "")))
     else:

@@ -50,11 +50,20 @@ def parse_metrics(text: str) -> dict[str, float]:
 
 
 def scrape(url: str, timeout_s: float = 30.0) -> dict[str, float]:
+    """The counters from /metrics, once the engine's series are there (a server may publish its first
+    snapshot only after its engine loop has started)."""
     import httpx
 
-    r = httpx.get(f"{url}/metrics", timeout=timeout_s)
-    r.raise_for_status()
-    return parse_metrics(r.text)
+    deadline = time.perf_counter() + timeout_s
+    while True:
+        r = httpx.get(f"{url}/metrics", timeout=timeout_s)
+        r.raise_for_status()
+        metrics = parse_metrics(r.text)
+        if "generation_tokens" in metrics:
+            return metrics
+        if time.perf_counter() > deadline:
+            raise ServerFailed(f"{url}/metrics has no graphpool engine series after {timeout_s:.0f} s")
+        time.sleep(0.1)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -87,6 +96,20 @@ class ServerProcess:
             return time.perf_counter() - t0, True
 
 
+class ServerFailed(RuntimeError):
+    """The server under test did not come up (its log's tail is in the message)."""
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGTERM when the benchmark process dies, so that a benchmark killed from
+    outside (a timeout) leaves no server holding the GPU (Linux prctl; elsewhere nothing)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
 def log_tail(path: Path, lines: int = 30) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
@@ -96,7 +119,6 @@ def log_tail(path: Path, lines: int = 30) -> str:
 
 def start_server(server_args: Sequence[str], log_path: Path, timeout_s: float, host: str = "127.0.0.1") -> ServerProcess:
     """Starts `python -m graphpool.server` on a free port and waits for GET /health to answer 200."""
-    import httpx
 
     port = free_port(host)
     cmd = [sys.executable, "-m", "graphpool.server", "--host", host, "--port", str(port), *server_args]
@@ -107,24 +129,38 @@ def start_server(server_args: Sequence[str], log_path: Path, timeout_s: float, h
         log.flush()
         t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=os.environ.copy())
+                                env=os.environ.copy(), preexec_fn=_die_with_parent)
     server = ServerProcess(url=url, startup_s=float("nan"), log_path=log_path, proc=proc)
-    deadline = t0 + timeout_s
+    try:
+        server.startup_s = _wait_healthy(proc, url, t0 + timeout_s) - t0
+    except ServerFailed as exc:
+        server.stop(10.0)
+        raise ServerFailed(f"{exc} ({timeout_s:.0f} s allowed); last lines of {log_path}:\n{log_tail(log_path)}"
+                           ) from None
+    except BaseException:  # interrupted: the server must not outlive the benchmark
+        server.stop(10.0)
+        raise
+    return server
+
+
+def _wait_healthy(proc: subprocess.Popen[bytes], url: str, deadline: float) -> float:
+    """The perf_counter time of the first GET /health 200; raises (with the log) if the server exits, answers
+    503 (its engine died) or is not healthy by ``deadline``."""
+    import httpx
+
     with httpx.Client(timeout=5.0) as client:
         while True:
             if proc.poll() is not None:
-                raise RuntimeError(f"the server exited with status {proc.returncode} before it was healthy; "
-                                   f"last lines of {log_path}:\n{log_tail(log_path)}")
+                raise ServerFailed(f"the server exited with status {proc.returncode} before it was healthy")
             try:
-                if client.get(f"{url}/health").status_code == 200:
-                    server.startup_s = time.perf_counter() - t0
-                    return server
+                r = client.get(f"{url}/health")
+                if r.status_code == 200:
+                    return time.perf_counter()
+                raise ServerFailed(f"GET /health answered {r.status_code}: {r.text[:300]}")
             except httpx.TransportError:
                 pass  # not listening yet
             if time.perf_counter() > deadline:
-                server.stop(10.0)
-                raise RuntimeError(f"the server was not healthy within {timeout_s:.0f} s; last lines of "
-                                   f"{log_path}:\n{log_tail(log_path)}")
+                raise ServerFailed("the server was not healthy within the start-up timeout")
             time.sleep(0.1)
 
 

@@ -1,0 +1,235 @@
+"""`graphpool bench serve`: its pure parts, and one real run on the CPU (real server subprocess, real model)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from graphpool.bench.latency import RequestTimeline
+from graphpool.bench.serve import ServeBenchConfig, config_from_args, ladder_size, serve_configs
+from graphpool.bench.serve_client import ClientRun, RequestResult, text_prompt
+from graphpool.bench.serve_report import RunSummary, evaluate_targets, spread, summarize_run
+from graphpool.bench.serve_server import parse_metrics
+from graphpool.bench.workload import generate_trace
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+
+def _bench_config(**kw: object) -> ServeBenchConfig:
+    base = dict(model="smollm2-135m-instruct", dtype=None, rate=4.0, duration_s=10.0, seeds=(0,), configs=("a",),
+                budget="256MiB", prompt_mean=50.0, prompt_cap=128, output_mean=20.0, output_cap=64, sigma=1.0,
+                concurrency=None, url=None, server_args=(), startup_timeout_s=60.0, stop_timeout_s=10.0,
+                resume=False)
+    return ServeBenchConfig(**(base | kw))  # type: ignore[arg-type]
+
+
+def test_arrival_schedule_is_seeded() -> None:
+    cfg = _bench_config()
+    a, b, c = (generate_trace(cfg.trace(s)) for s in (0, 0, 1))
+    assert a == b and a != c
+    arrivals = [r.arrival_s for r in a]
+    assert arrivals == sorted(arrivals) and arrivals[0] > 0 and arrivals[-1] < cfg.duration_s
+    assert all(1 <= r.prompt_len <= 128 and 1 <= r.output_len <= 64 for r in a)
+    assert len({r.output_len for r in a}) > 3  # mixed output lengths
+    assert text_prompt(a[0], 0) == text_prompt(a[0], 0) != text_prompt(a[0], 1)
+    assert len(text_prompt(a[0], 0).split()) == a[0].prompt_len
+
+
+def test_configs_and_ladder() -> None:
+    assert ladder_size([]) == 46  # 1..32, then 48..240 by 16, then 256
+    assert ladder_size(["--graph-max-batch-size=64"]) == 34
+    cfgs = serve_configs(46, "128MiB")
+    assert cfgs["a"].flags == ("--disable-cudagraph",)
+    assert cfgs["b"].flags == ("--graph-warmup", "all", "--max-graph-pool-size", "46")
+    assert "--graph-miss-policy" in cfgs["c"].flags and "16" in cfgs["c"].flags and cfgs["d"].flags == ()
+    assert cfgs["e"].flags == ("--graph-memory-budget", "128MiB")
+    with pytest.raises(ValueError, match="exactly one --configs"):
+        _bench_config(url="http://127.0.0.1:1", configs=("a", "d"))
+    with pytest.raises(ValueError, match="letters a-e"):
+        _bench_config(configs=("z",))
+    with pytest.raises(ValueError, match="rate"):
+        _bench_config(rate=0.0)
+    args = SimpleNamespace(model="random:llama3.2-1b", dtype=None, rate=1.0, duration=5.0, seeds=2, first_seed=3,
+                           configs="cd", budget="1GiB", prompt_mean=10.0, prompt_cap=20, max_tokens_mean=5.0,
+                           max_tokens_cap=10, sigma=1.0, concurrency=None, url=None, server_arg=["--max-num-seqs=8"],
+                           startup_timeout=10.0, stop_timeout=5.0, resume=False)
+    cfg = config_from_args(args)  # type: ignore[arg-type]
+    assert cfg.seeds == (3, 4) and cfg.token_ids and cfg.engine_flags()[-1] == "--max-num-seqs=8"
+    with pytest.raises(ValueError, match="--seeds"):
+        config_from_args(SimpleNamespace(**{**vars(args), "seeds": 0}))  # type: ignore[arg-type]
+
+
+def test_metrics_names_match_the_server() -> None:
+    """Parses what the server's own ServerMetrics renders, so a renamed metric fails here."""
+    pytest.importorskip("prometheus_client")
+    from prometheus_client import generate_latest
+
+    from graphpool.pool import FallbackReason, PoolStats
+    from graphpool.server.metrics import EngineSnapshot, ServerMetrics
+
+    stats = SimpleNamespace(running=1, waiting=0, num_free_kv_blocks=5, num_kv_blocks=9, prompt_tokens_total=7,
+                            generation_tokens_total=40, preemptions_total=2)
+    pool = PoolStats(steps=30, hits=20, padded_hits=3, misses=6, captures=5, evictions=1, eager_steps=4,
+                     fallbacks={FallbackReason.LEN_TOO_LARGE: 3, FallbackReason.OVER_BUDGET: 1},
+                     resident_graphs=4, resident_bytes=3 << 20, capture_seconds_total=1.5)
+    def render(graph: object) -> str:
+        metrics = ServerMetrics(log_interval_s=0)
+        metrics.collector.snapshot = EngineSnapshot(stats=stats, graph=graph)
+        return generate_latest(metrics.registry).decode()
+
+    m = parse_metrics(render(pool))
+    assert m == {"captures": 5, "capture_seconds": 1.5, "hits": 20, "padded_hits": 3, "misses": 6, "evictions": 1,
+                 "eager_steps": 4, "capture_failures": 0, "steps": 30, "generation_tokens": 40, "preemptions": 2,
+                 "resident": 4, "resident_bytes": 3 << 20, "fallbacks": 4}
+    no_graphs = parse_metrics(render(None))
+    assert "captures" not in no_graphs and no_graphs["generation_tokens"] == 40
+
+
+def _result(i: int, sent: float, times: list[float], tokens: int, asked: int, error: str | None = None) -> RequestResult:
+    tl = RequestTimeline(sent, asked, token_times=times, finished=error is None)
+    return RequestResult(i, sent, 4, asked, tl, end_s=times[-1] if times else sent, prompt_tokens=4,
+                         completion_tokens=tokens, error=error)
+
+
+def test_summarize_run_percentiles_and_deltas() -> None:
+    ok = [_result(i, float(i), [i + 0.1 + 0.01 * k * (1 + i % 3) for k in range(20)], 20, 20) for i in range(30)]
+    bad = _result(30, 30.0, [], 0, 20, error="APIConnectionError: refused")
+    client = ClientRun(results=[*ok, bad], duration_s=31.0, max_in_flight=3, errors_sample=[bad.error or ""])
+    before = {"captures": 4, "capture_seconds": 2.0, "hits": 0, "evictions": 1}
+    after = {"captures": 10, "capture_seconds": 3.0, "hits": 50, "evictions": 1, "resident": 7,
+             "resident_bytes": 7 << 20}
+    run, itls = summarize_run("d", "graphpool default", 0, "m", 1.0, 30.0, client, before, after, 5.5, (0.2, False))
+    assert run.requests == 31 and run.errors == 1 and run.itl_gaps == 30 * 19 == len(itls)
+    for d in (run.ttft_ms, run.itl_ms, run.e2e_ms):
+        assert d["p50"] <= d["p99"] <= d["p99.9"]
+    assert run.itl_ms["p50"] == pytest.approx(20.0) and run.itl_max_ms == pytest.approx(30.0)
+    assert run.ttft_ms["p50"] == pytest.approx(100.0)
+    assert run.output_tok_s == pytest.approx(600 / 31.0)
+    assert run.serving["captures"] == 6 and run.serving["hits"] == 50 and run.serving["evictions"] == 0
+    assert run.startup_capture_s == 2.0 and run.startup_captures == 4 and run.resident_mib == pytest.approx(7.0)
+    assert math.isnan(run.serving["misses"])  # a series the server did not report is no count of 0
+    eager, _ = summarize_run("a", "no graphs", 0, "m", 1.0, 30.0, client, {"generation_tokens": 0},
+                             {"generation_tokens": 600}, 5.5, (0.2, False))
+    assert all(math.isnan(v) for v in eager.serving.values()) and eager.startup_capture_s == 0
+
+
+def _run(config: str, seed: int, p999: float, startup_capture: float, captures: float, errors: int = 0) -> RunSummary:
+    nan = math.nan
+    return RunSummary(config=config, label=config, seed=seed, model="m", rate=1.0, trace_s=1.0, requests=10,
+                      errors=errors, itl_gaps=100, output_tokens=100, output_tok_s=10.0,
+                      ttft_ms={"p50": nan, "p99": nan, "p99.9": nan}, itl_ms={"p50": 1.0, "p99": 2.0, "p99.9": p999},
+                      e2e_ms={"p50": nan, "p99": nan, "p99.9": nan}, itl_max_ms=p999, startup_s=1.0,
+                      startup_capture_s=startup_capture, startup_captures=0, serving={"captures": captures},
+                      resident_graphs=0, resident_mib=0, prompt_tokens_mean=4, max_in_flight=1, stop_s=0.1,
+                      killed=False)
+
+
+def test_spread_and_targets() -> None:
+    d = [_run("d", s, p, 0.1, c) for s, p, c in ((0, 10.0, 2), (1, 30.0, 1), (2, 11.0, 3))]
+    assert spread(d, "itl_ms.p99.9") == (11.0, 10.0, 30.0)
+    assert spread(d, "serving.captures") == (2, 1, 3)
+    b = [_run("b", s, 10.5, 5.0, 0) for s in range(3)]
+    c = [_run("c", s, 50.0, 0.0, 20) for s in range(3)]
+    met = evaluate_targets({"b": b, "c": c, "d": d})
+    assert [t.met for t in met] == [True, True, True, True]
+    assert "11.00 ms vs 10.50 ms" in met[1].detail
+    slow_d = [_run("d", s, 12.0, 1.0, 5, errors=1 if s == 0 else 0) for s in range(3)]
+    missed = evaluate_targets({"b": b, "c": c, "d": slow_d})
+    assert [t.met for t in missed] == [False, False, False, False]
+    assert "1 errors in 9 runs" in missed[0].detail
+    assert [t.met for t in evaluate_targets({"d": d})] == [True, None, None]
+
+
+def test_report_from_saved_runs(tmp_path: Path) -> None:
+    """Runs saved one by one (NaN included) are read back into one report: JSON, Markdown with the targets, PNG."""
+    from graphpool.bench.common import collect_env
+    from graphpool.bench.serve_report import load_runs, save_run, write_serve_report
+
+    runs = [_run("b", 0, 10.0, 5.0, 0), _run("d", 0, 10.5, 0.2, 1), _run("d", 1, 12.0, 0.3, 2)]
+    for r in runs:
+        save_run(tmp_path / "runs", r, [1.0 + 0.01 * i for i in range(200)] + [r.itl_ms["p99.9"]])
+    back = load_runs(tmp_path / "runs")
+    assert [(r.config, r.seed, r.itl_ms) for r in back] == [(r.config, r.seed, r.itl_ms) for r in runs]
+    assert math.isnan(back[0].ttft_ms["p50"])  # JSON null read back as NaN
+    _, body, targets = write_serve_report(tmp_path, collect_env([]), {"note": 1})
+    assert "| (d) d | 2 | 0 |" in body and "11.2 [10.5-12]" in body
+    assert [t.met for t in targets] == [True, False, True, None]
+    data = json.loads((tmp_path / "serve.json").read_text())
+    assert data["results"]["aggregate_median_min_max"]["d"]["itl_ms.p99.9"] == [11.25, 10.5, 12.0]
+    assert (tmp_path / "serve_itl_cdf.png").stat().st_size > 10_000 and (tmp_path / "serve.md").exists()
+    save_run(tmp_path / "runs", RunSummary(**{**vars(runs[0]), "rate": 9.0, "config": "a"}), [1.0])
+    with pytest.raises(ValueError, match="own --out"):
+        load_runs(tmp_path / "runs")
+
+
+def test_wait_healthy_fails_fast() -> None:
+    """A server that exits, or whose /health answers 503 (its engine died), stops the wait at once."""
+    import http.server
+    import threading
+    import time
+
+    from graphpool.bench.serve_server import ServerFailed, _wait_healthy
+
+    class Dead(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(503)
+            self.end_headers()
+            self.wfile.write(b'{"status": "error"}')
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = http.server.HTTPServer(("127.0.0.1", 0), Dead)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        t0 = time.perf_counter()
+        with pytest.raises(ServerFailed, match="503"):
+            _wait_healthy(alive, f"http://127.0.0.1:{httpd.server_address[1]}", t0 + 60)
+        assert time.perf_counter() - t0 < 10
+    finally:
+        alive.kill()
+        alive.wait()
+        httpd.shutdown()
+    exits = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    exits.wait()
+    with pytest.raises(ServerFailed, match="status 3"):
+        _wait_healthy(exits, "http://127.0.0.1:9", time.perf_counter() + 60)
+
+
+def test_real_run_on_cpu(tmp_path: Path) -> None:
+    """A live server subprocess on the real default model, one configuration, a short low-rate trace."""
+    pytest.importorskip("openai")
+    pytest.importorskip("fastapi")
+    from graphpool.model.gguf_loader import default_gguf_path
+
+    default_gguf_path()  # the default model is installed (fails with the reason otherwise)
+    cmd = [sys.executable, "-m", "graphpool.bench", "serve", "--configs", "a", "--seeds", "1", "--rate", "3",
+           "--duration", "3", "--prompt-mean", "12", "--prompt-cap", "24", "--max-tokens-mean", "8",
+           "--max-tokens-cap", "16", "--out", str(tmp_path), "--server-arg=--max-model-len=128",
+           "--startup-timeout", "150"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=170,
+                          env={**os.environ, "PYTHONPATH": str(SRC)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert re.search(r"\d+/\d+ requests done/sent of \d+, \d+ in flight, 0 errors, [\d.]+ s elapsed", proc.stderr)
+    data = json.loads((tmp_path / "serve.json").read_text())
+    (run,) = data["results"]["runs"]
+    assert run["config"] == "a" and run["errors"] == 0 and run["requests"] > 0, run["errors_sample"]
+    assert run["itl_gaps"] > 0 and run["output_tokens"] > run["requests"]
+    assert 0 < run["startup_s"] < 170 and run["startup_capture_s"] == 0 and run["stop_s"] < 30
+    for key in ("ttft_ms", "itl_ms", "e2e_ms"):
+        assert 0 < run[key]["p50"] <= run[key]["p99"] <= run[key]["p99.9"], run[key]
+    assert run["prompt_tokens_mean"] > 0
+    assert data["results"]["targets"][0] == {"name": "0 errors", "met": True, "detail": "0 errors in 1 runs"}
+    md = (tmp_path / "serve.md").read_text()
+    assert "| (a) no graphs | 1 | 0 |" in md and "met: 0 errors" in md
+    assert (tmp_path / "serve_itl_cdf.png").stat().st_size > 10_000
+    assert (tmp_path / "runs" / "a-seed0.itl.npy").exists() and (tmp_path / "logs" / "a-seed0.log").exists()
