@@ -178,7 +178,7 @@ def test_kernel_ops_wiring_matches_torch_ops() -> None:
     """The `graphpool.kernels` entry points (their torch references on CPU) slot into the model with the same
     argument order and residual-stream semantics as the torch ops: same logits for prefill and decode."""
     from graphpool.model.ops import TORCH_OPS, kernel_ops
-    from graphpool.model.testing import paged_greedy
+    from model_reference import paged_greedy
 
     tiny = dataclasses.replace(
         PRESETS["llama3.2-1b"],

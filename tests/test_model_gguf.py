@@ -7,7 +7,7 @@ import torch
 
 from graphpool.model import PRESETS, AttentionMetadata, LlamaModel, Tokenizer, load_model
 from graphpool.model.gguf_loader import default_gguf_path, unpermute_qk
-from graphpool.model.testing import hf_greedy, paged_greedy
+from model_reference import hf_greedy, paged_greedy
 
 PROMPTS = [
     "The capital of France is",

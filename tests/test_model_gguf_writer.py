@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from graphpool.model import AttentionMetadata, load_model
-from graphpool.model.testing import TINY_HF_ROPE_SCALING, tiny_hf_model
+from model_reference import TINY_HF_ROPE_SCALING, tiny_hf_model
 
 SCALING = TINY_HF_ROPE_SCALING
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from graphpool.model import AttentionMetadata, load_model
-from graphpool.model.testing import hf_greedy, paged_greedy, tiny_hf_model
+from model_reference import hf_greedy, paged_greedy, tiny_hf_model
 
 
 def _save_tiny(kind: str, folder: Path, tied: bool) -> torch.nn.Module:

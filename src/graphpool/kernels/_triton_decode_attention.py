@@ -20,7 +20,7 @@ import triton.language as tl
 
 from graphpool.kernels.decode_attention import _check_inputs, effective_len_bound
 
-# NOTE: these shape the grid, not correctness; bench_decode_attention is where to tune them.
+# NOTE: these shape the grid, not correctness; graphpool.bench.attention_kernel is where to tune them.
 BLOCK_N = 64  # context tokens per inner-loop tile
 MAX_SPLITS = 64  # caps the merge kernel's tile ([MAX_SPLITS, head_dim] fp32)
 MIN_SPLIT_LEN = 256  # keeps the partial-output traffic a few percent of the K/V bytes at large batches

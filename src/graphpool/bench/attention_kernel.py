@@ -1,6 +1,6 @@
 """Time the Triton paged decode attention against the HBM floor of the bytes it must read.
 
-Run on a GPU: ``python -m graphpool.kernels.bench_decode_attention [--ref] [--mixed] [--split-len N]``.
+Run on a GPU: ``python -m graphpool.bench.attention_kernel [--ref] [--mixed] [--split-len N]``.
 The floor is (K + V bytes of every row's context + q + out) / the copy bandwidth measured in the same run.
 ``eager`` is triton.testing.do_bench (L2 flushed between runs, launch cost included); ``graph`` is
 do_bench_cudagraph (the kernels replayed inside a CUDA graph, as the decode step runs them).
@@ -13,21 +13,13 @@ import math
 
 import torch
 
+from graphpool.bench.common import measure_hbm_bandwidth
+
 SHAPES = {  # name: (num_heads, num_kv_heads, head_dim)
     "llama3-8b": (32, 8, 128),
     "llama3.2-1b": (32, 8, 64),
     "qwen2.5-0.5b": (14, 2, 64),
 }
-
-
-def copy_bandwidth(nbytes: int = 1 << 30) -> float:
-    """Device-to-device copy bandwidth in bytes/s (read + write counted)."""
-    from triton.testing import do_bench
-
-    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    ms = do_bench(lambda: dst.copy_(src))
-    return 2 * nbytes / (ms * 1e-3)
 
 
 def bench_one(
@@ -103,7 +95,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ref", action="store_true", help="also time the torch reference and check accuracy")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
-        raise SystemExit("bench_decode_attention needs a CUDA GPU")
+        raise SystemExit("bench attention_kernel needs a CUDA GPU")
 
     knobs = {
         name: value
@@ -115,7 +107,7 @@ def main(argv: list[str] | None = None) -> None:
         if value is not None
     }
     torch.manual_seed(0)
-    bw = copy_bandwidth()
+    bw = measure_hbm_bandwidth(torch.device("cuda"), nbytes=1 << 30)
     print(
         f"# {torch.cuda.get_device_name()}  copy bandwidth {bw / 1e12:.2f} TB/s  (bf16, block_size 16) {knobs}"
     )
