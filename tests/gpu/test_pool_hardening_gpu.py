@@ -271,3 +271,10 @@ def test_eviction_keeps_the_processes_cached_blocks(big: ToyDecode) -> None:
     assert freed >= 0.8 * footprint
     del y
     pool.close()
+
+
+def test_eviction_bench_runs() -> None:
+    from graphpool.pool.eviction_bench import run
+
+    res = run(trials=2, rows=512, graph_size=64)
+    assert len(res) == 2 and all(v > 0 for r in res.values() for v in r.values())
