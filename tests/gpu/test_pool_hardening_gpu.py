@@ -49,6 +49,13 @@ def held_since(base_free: int) -> int:
     return base_free - torch.cuda.mem_get_info(DEV)[0]
 
 
+def one_failure(by_kind: dict[str, int]) -> bool:
+    """One failed capture, of the step's host sync: "error" when the sync raises in the step (torch 2.11
+    raises "operation not permitted when stream is capturing" there), "capture_invalidated" if only
+    capture_end noticed."""
+    return sum(by_kind.values()) == 1 and set(by_kind) <= {"error", "capture_invalidated"}
+
+
 def random_ops_work() -> None:
     """The eager random ops the issue saw fail ("Offset increment outside graph capture ...")."""
     torch.randint(0, 10, (64,), device=DEV)
@@ -79,7 +86,7 @@ def test_failed_capture_leaves_no_capture_state(small: ToyDecode, layout: str) -
     out = pool.run(live)
     torch.testing.assert_close(out, small(live), rtol=0, atol=0)  # the request completed eagerly
     st = pool.stats()
-    assert st.capture_failures_by_kind == {"error": 1} and st.fallbacks == {FallbackReason.CAPTURE_FAILED: 1}
+    assert one_failure(st.capture_failures_by_kind) and st.fallbacks == {FallbackReason.CAPTURE_FAILED: 1}
     # the generator's state
     random_ops_work()
     # the stream's
@@ -113,7 +120,7 @@ def test_graph_with_random_ops_after_a_failed_capture() -> None:
 
     pool = GraphPool(syncing(step, 2), specs, PoolConfig(miss_policy="capture"), device=DEV)
     pool.run({"x": torch.zeros(2, 16, device=DEV)})
-    assert pool.stats().capture_failures_by_kind == {"error": 1}
+    assert one_failure(pool.stats().capture_failures_by_kind)
     zeros = {"x": torch.zeros(3, 16, device=DEV)}
     draws = [pool.run(zeros, clone=True) for _ in range(3)]  # capture, then two replays
     assert pool.stats().captures == 1 and pool.stats().hits == 2
@@ -161,7 +168,7 @@ def test_sampled_engine_steps_after_a_failed_capture() -> None:
 
     serve(4, 6, "a")  # decode at bs 4: the capture fails, the steps run eagerly and sample
     st = engine.graph_stats()
-    assert st is not None and st.capture_failures_by_kind == {"error": 1}
+    assert st is not None and one_failure(st.capture_failures_by_kind)
     random_ops_work()
     serve(6, 6, "b")  # bs 6 captures after the failure and replays
     st = engine.graph_stats()
