@@ -53,7 +53,8 @@ def side_stream(device: torch.device) -> torch.cuda.Stream:
     free_before = torch.cuda.mem_get_info(index)[0]
     stream = torch.cuda.Stream(device=index)
     stream.wait_stream(torch.cuda.current_stream(index))
-    with torch.cuda.stream(stream):
+    # NOTE: a normal tensor even under inference_mode: the recovery capture updates it in place, maybe outside
+    with torch.cuda.stream(stream), torch.inference_mode(False):
         a = torch.ones(16, 16, device=torch.device("cuda", index), dtype=torch.float16)
         torch.mm(a, a)
         torch.addmm(a[0], a, a)  # a 1-D bias takes the cuBLASLt path
