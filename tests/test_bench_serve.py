@@ -60,7 +60,7 @@ def test_configs_and_ladder() -> None:
     args = SimpleNamespace(model="random:llama3.2-1b", dtype=None, rate=1.0, duration=5.0, seeds=2, first_seed=3,
                            configs="cd", budget="1GiB", prompt_mean=10.0, prompt_cap=20, max_tokens_mean=5.0,
                            max_tokens_cap=10, sigma=1.0, concurrency=None, url=None, server_arg=["--max-num-seqs=8"],
-                           startup_timeout=10.0, stop_timeout=5.0, resume=False)
+                           startup_timeout=10.0, stop_timeout=5.0, resume=False, prime=True)
     cfg = config_from_args(args)  # type: ignore[arg-type]
     assert cfg.seeds == (3, 4) and cfg.token_ids and cfg.engine_flags()[-1] == "--max-num-seqs=8"
     with pytest.raises(ValueError, match="--seeds"):
@@ -215,7 +215,7 @@ def test_real_run_on_cpu(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "graphpool.bench", "serve", "--configs", "a", "--seeds", "1", "--rate", "3",
            "--duration", "3", "--prompt-mean", "12", "--prompt-cap", "24", "--max-tokens-mean", "8",
            "--max-tokens-cap", "16", "--out", str(tmp_path), "--server-arg=--max-model-len=128",
-           "--startup-timeout", "150"]
+           "--startup-timeout", "150", "--no-prime"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=170,
                           env={**os.environ, "PYTHONPATH": str(SRC)})
     assert proc.returncode == 0, proc.stderr[-3000:]

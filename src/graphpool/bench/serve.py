@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -19,8 +20,8 @@ from graphpool.bench import common
 from graphpool.bench.common import progress
 from graphpool.bench.serve_client import run_trace
 from graphpool.bench.serve_report import save_run, summarize_run, write_serve_report
-from graphpool.bench.serve_server import ServerProcess, connect, scrape, start_server
-from graphpool.bench.workload import TraceConfig, generate_trace, summarize_trace
+from graphpool.bench.serve_server import ServerFailed, ServerProcess, connect, scrape, start_server
+from graphpool.bench.workload import TraceConfig, TraceRequest, generate_trace, summarize_trace
 
 CONFIG_LABELS = {
     "a": "no graphs",
@@ -82,6 +83,7 @@ class ServeBenchConfig:
     startup_timeout_s: float
     stop_timeout_s: float
     resume: bool
+    prime: bool = True
 
     def __post_init__(self) -> None:
         if not self.seeds:
@@ -140,27 +142,72 @@ def run_one(cfg: ServeBenchConfig, sc: ServeConfig, seed: int, out_dir: Path) ->
 
 
 def _served_model(url: str) -> str:
+    return str(_model_card(url)["id"])
+
+
+def _model_card(url: str) -> dict[str, object]:
     import httpx
 
     r = httpx.get(f"{url}/v1/models", timeout=30)
     r.raise_for_status()
-    return str(r.json()["data"][0]["id"])
+    return dict(r.json()["data"][0])
 
 
-def run_serve_bench(cfg: ServeBenchConfig, out_dir: Path, argv: Sequence[str] | None = None) -> list[object]:
+def prime(cfg: ServeBenchConfig, out_dir: Path, flags: Sequence[str]) -> None:
+    """Untimed, before every timed run: one server with graphs off decodes, one request at a time, across every
+    64-token interval of context the traces can reach, so the Triton decode kernel's variants (one per bound,
+    see trace_warmup.py) are compiled into the on-disk cache and no timed run pays a JIT compile."""
+    log = out_dir / "logs" / "prime.log"
+    server = start_server([*cfg.engine_flags(), *flags], log, cfg.startup_timeout_s)
+    try:
+        card = _model_card(server.url)
+        limit = min(cfg.prompt_cap + cfg.output_cap, int(card.get("max_model_len", 2048)))  # type: ignore[arg-type]
+        step = 64
+        trace = [TraceRequest(i, 0.0, p, min(step, limit - p)) for i, p in enumerate(range(1, limit - 1, step))]
+        run = asyncio.run(run_trace(server.url, str(card["id"]), trace, 0, cfg.token_ids, 1, "prime"))
+    finally:
+        server.stop(cfg.stop_timeout_s)
+    gaps = [g for r in run.results for g in r.timeline.itls()]
+    errors = sum(r.error is not None for r in run.results)
+    progress(f"prime (untimed, graphs off): {len(trace)} requests up to context {limit} in {run.duration_s:.1f} s "
+             f"after a {server.startup_s:.1f} s start-up; slowest gap {1e3 * max(gaps, default=0.0):.0f} ms; "
+             f"{errors} errors")
+    if errors:
+        raise ServerFailed(f"the prime run had {errors} errors, e.g. {run.errors_sample[:2]} (log {log})")
+
+
+def run_serve_bench(cfg: ServeBenchConfig, out_dir: Path, argv: Sequence[str] | None = None,
+                    report_only: bool = False) -> list[object]:
+    """Runs what is to run (all of it, or with --resume what <out>/runs lacks) and writes the report over every
+    run saved there; ``report_only``: only the report (runs gathered from several calls into one --out)."""
     env = common.collect_env(argv)
     env = common.EnvInfo(**{**vars(env), "gpu": _gpu_name()})
+    if report_only:
+        env_path = out_dir / "env.json"
+        if env_path.exists():  # the machine the runs ran on, not this one
+            env = common.EnvInfo(**json.loads(env_path.read_text()))
+        print(env.header_markdown(), flush=True)
+        _, body, targets = write_serve_report(out_dir, env, {"config": cfg})
+        print(body, flush=True)
+        return targets
     print(env.header_markdown(), flush=True)
     configs = serve_configs(ladder_size(cfg.server_args), cfg.budget)
-    todo = [(configs[k], s) for i, s in enumerate(cfg.seeds)
-            # NOTE: the order rotates by one config per seed, so no configuration always runs first
-            for k in (cfg.configs[i % len(cfg.configs):] + cfg.configs[:i % len(cfg.configs)])]
+    n = len(cfg.configs)
+    todo = [(configs[k], s) for s in cfg.seeds
+            # NOTE: the order rotates by one config per seed (its value: the same when seeds are split over
+            # calls), so no configuration always runs first
+            for k in (cfg.configs[s % n:] + cfg.configs[:s % n])]
     if cfg.resume:
         todo = [(sc, s) for sc, s in todo if not (out_dir / "runs" / f"{sc.key}-seed{s}.json").exists()]
     trace0 = summarize_trace(generate_trace(cfg.trace(cfg.seeds[0])), cfg.duration_s)
     progress(f"serve bench: {len(todo)} runs ({''.join(cfg.configs)} x seeds {list(cfg.seeds)}), "
              f"model {cfg.model}, seed {cfg.seeds[0]} trace: {trace0['requests']} requests, "
              f"{trace0.get('output_tokens', 0)} output tokens")
+    if todo:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "env.json").write_text(json.dumps(vars(env), indent=1) + "\n")
+    if todo and cfg.prime and not cfg.url:
+        prime(cfg, out_dir, configs["a"].flags)
     for sc, seed in todo:
         run_one(cfg, sc, seed, out_dir)
         # NOTE: rewritten after every run, so a benchmark cut short keeps what it measured
@@ -208,7 +255,12 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="one more server flag, e.g. --server-arg=--max-num-seqs=64 (repeatable)")
     p.add_argument("--startup-timeout", type=float, default=900.0, help="seconds for the server to get healthy")
     p.add_argument("--stop-timeout", type=float, default=30.0, help="seconds after SIGTERM before SIGKILL")
+    p.add_argument("--no-prime", dest="prime", action="store_false",
+                   help="skip the untimed prime run (graphs off, one request at a time across every context "
+                        "length) that fills the Triton compile cache before the timed runs")
     p.add_argument("--resume", action="store_true", help="skip the runs already saved under <out>/runs")
+    p.add_argument("--report-only", action="store_true",
+                   help="run nothing: rebuild the report from <out>/runs (and the GPU header from <out>/env.json)")
     p.add_argument("--out", type=Path, default=Path("results/serve"))
 
 
@@ -221,12 +273,13 @@ def config_from_args(args: argparse.Namespace) -> ServeBenchConfig:
         budget=args.budget, prompt_mean=args.prompt_mean, prompt_cap=args.prompt_cap,
         output_mean=args.max_tokens_mean, output_cap=args.max_tokens_cap, sigma=args.sigma,
         concurrency=args.concurrency, url=args.url, server_args=tuple(args.server_arg),
-        startup_timeout_s=args.startup_timeout, stop_timeout_s=args.stop_timeout, resume=args.resume)
+        startup_timeout_s=args.startup_timeout, stop_timeout_s=args.stop_timeout, resume=args.resume,
+        prime=args.prime)
 
 
 def main(args: argparse.Namespace, argv: Sequence[str] | None = None) -> None:
     """Runs the benchmark; the targets are printed in the report (the exit status does not judge them)."""
     try:
-        run_serve_bench(config_from_args(args), args.out, argv)
+        run_serve_bench(config_from_args(args), args.out, argv, report_only=args.report_only)
     except RuntimeError as exc:  # the server did not start, or died: the CLI prints the reason
         raise ValueError(str(exc)) from exc

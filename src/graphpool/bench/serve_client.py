@@ -37,7 +37,7 @@ class RequestResult:
     scheduled_s: float  # from the trace: seconds after the run's start
     prompt_len: int  # asked for (text prompts: words)
     output_len: int  # max_tokens asked for (ignore_eos, so the tokens expected)
-    timeline: RequestTimeline  # arrival_s = when it was sent; token_times = chunks that carried text
+    timeline: RequestTimeline  # arrival_s = when it was sent; token_times = chunks that carried tokens
     end_s: float = float("nan")
     prompt_tokens: int = 0  # the server's usage count
     completion_tokens: int = 0
@@ -67,7 +67,9 @@ async def _one(client: object, model: str, req: TraceRequest, prompt: str | list
         )
         async for chunk in stream:
             now = time.perf_counter() - t0
-            if chunk.choices and chunk.choices[0].text:
+            # NOTE: a chunk with text, or one before the final chunk (a server that streams tokens without
+            # text, e.g. of a model without a tokenizer, sends those with text "" and no finish_reason)
+            if chunk.choices and (chunk.choices[0].text or chunk.choices[0].finish_reason is None):
                 tl.token_times.append(now)
             if chunk.usage is not None:
                 res.prompt_tokens = chunk.usage.prompt_tokens
@@ -76,7 +78,8 @@ async def _one(client: object, model: str, req: TraceRequest, prompt: str | list
         if res.completion_tokens != req.output_len:
             res.error = f"got {res.completion_tokens} of {req.output_len} tokens"
         elif not tl.token_times:
-            res.error = "no chunk carried text (a model without a tokenizer streams no text)"
+            res.error = ("no streamed chunk carried tokens (this server sends a chunk only when the text grows; "
+                         "a model without a tokenizer has no text)")
         tl.finished = res.error is None
     except Exception as exc:  # NOTE: any failure (HTTP, stream, timeout) is this request's error, by type
         res.end_s = time.perf_counter() - t0

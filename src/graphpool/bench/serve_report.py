@@ -189,7 +189,7 @@ def markdown(by_config: Mapping[str, Sequence[RunSummary]], targets: Sequence[Ta
             for k, rs in sorted(by_config.items())]
     body = (f"Model `{first.model}`, Poisson {first.rate:g} req/s for {first.trace_s:g} s per run; each cell is the "
             "median over seeds [min-max]. Latencies are client-side (openai AsyncOpenAI, streamed completions); "
-            "ITL = gaps between streamed chunks that carry text; captures and the other pool counters are "
+            "ITL = gaps between streamed chunks that carry tokens; captures and the other pool counters are "
             "/metrics after the run minus /metrics right after start-up.\n\n")
     body += md_table(["configuration", *(c for c, _ in COLUMNS)], rows)
     body += "\nTargets (medians over seeds):\n\n" + "\n".join(t.line() for t in targets) + "\n"
