@@ -117,8 +117,8 @@ class ServeBenchConfig:
 def run_one(cfg: ServeBenchConfig, sc: ServeConfig, seed: int, out_dir: Path) -> None:
     trace = generate_trace(cfg.trace(seed))
     name = f"({sc.key}) {sc.label}, seed {seed}"
-    progress(f"{name}: {len(trace)} requests over {cfg.duration_s:g} s; server flags: "
-             f"{shlex.join(sc.flags) or '(none)'}")
+    where = f"existing server {cfg.url}" if cfg.url else f"server flags: {shlex.join(sc.flags) or '(none)'}"
+    progress(f"{name}: {len(trace)} requests over {cfg.duration_s:g} s; {where}")
     if cfg.url:
         server: ServerProcess = connect(cfg.url)
     else:
