@@ -10,7 +10,6 @@ commands) the thread hands the observer the engine to publish a snapshot from, s
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import queue
 import threading
@@ -268,28 +267,12 @@ class AsyncEngine:
             self.engine.abort_request(request_id)
             if self.observer is not None:
                 self.observer.on_abort(request_id)
-            by_loop.setdefault(stream.loop, []).append((stream, self._aborted_output(stream)))
+            by_loop.setdefault(stream.loop, []).append((stream, stream.aborted_output(self.engine.encode)))
         for loop, items in by_loop.items():
             deliver(loop, put_all, items)
         if streams:
             self._publish()
         deliver(drain.loop, settle, drain.result, len(streams), None)
-
-    def _aborted_output(self, stream: RequestStream) -> RequestOutput:
-        """The last output of an aborted request: everything generated so far, finish_reason "abort".
-
-        Text held back as a possible start of a stop string is not sent (as when a client aborts).
-        """
-        last = stream._last
-        if last is not None:
-            return dataclasses.replace(
-                last, new_token_ids=[], delta_text="", finished=True, finish_reason="abort"
-            )
-        from graphpool.engine.outputs import RequestOutput
-
-        prompt = stream._prompt
-        prompt_ids = self.engine.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        return RequestOutput(stream.request_id, prompt_ids, [], [], "", "", True, "abort")
 
     def _publish(self) -> None:
         if self.observer is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -46,6 +47,21 @@ class RequestStream:
 
     def _put(self, item: RequestOutput | BaseException) -> None:
         self._queue.put_nowait(item)
+
+    def aborted_output(self, encode: Callable[[str], list[int]]) -> RequestOutput:
+        """(Engine thread) The request's last output once aborted: all generated so far, finish_reason "abort".
+
+        Text held back as a possible start of a stop string is not sent (as when a client aborts).
+        """
+        if self._last is not None:
+            return dataclasses.replace(
+                self._last, new_token_ids=[], delta_text="", finished=True, finish_reason="abort"
+            )
+        from graphpool.engine.outputs import RequestOutput
+
+        prompt = self._prompt
+        prompt_ids = encode(prompt) if isinstance(prompt, str) else list(prompt)
+        return RequestOutput(self.request_id, prompt_ids, [], [], "", "", True, "abort")
 
     async def __aiter__(self) -> AsyncIterator[RequestOutput]:
         while not self.finished:
