@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import functools
 from itertools import accumulate
 
 import numpy as np
@@ -36,17 +36,14 @@ class ModelRunner:
         self._pin = self.device.type == "cuda"
         # NOTE: a capturer stands in for CUDA graphs (tests run the graph path on the CPU with one)
         self.graphs_enabled = not config.disable_cudagraph and (self.device.type == "cuda" or capturer is not None)
-        # NOTE: the attention length bound the next decode step bakes in. Graph and eager steps alike use
-        # len_bound: the decode kernel's launch constants follow the bound, so a bound that moved with each
-        # step's max length made Triton JIT-compile new variants while serving (about a second each, seen on
-        # the H200), and one bound keeps eager rows bitwise equal to replayed ones. Splits past a row's
-        # length exit at once, so the larger bound costs little. Longer contexts (never graphed) round the
-        # bound up to a power of two to keep the variants few.
-        self._step_bound = self.len_bound
-        self.pool = GraphPool(self._decode_step, decode_input_specs(self.max_blocks), config.pool_config(), device=self.device, capturer=capturer)
-
-    def _decode_step(self, static: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        return decode_forward(self.model, self.kv_caches, static, self._step_bound)
+        # NOTE: every step the pool serves (replayed or eager) bakes in the one bound len_bound: the decode
+        # kernel's launch constants follow the bound, so a per-step bound made Triton JIT-compile new variants
+        # while serving, and one bound keeps eager rows bitwise equal to replayed ones. Splits past a row's
+        # length exit at once, so the larger bound costs little.
+        self.pool = GraphPool(
+            functools.partial(decode_forward, model, kv_caches, max_len_bound=self.len_bound),
+            decode_input_specs(self.max_blocks), config.pool_config(), device=self.device, capturer=capturer,
+        )
 
     def _to_device(self, values: list[int], dtype: torch.dtype) -> torch.Tensor:
         return torch.tensor(values, dtype=dtype, pin_memory=self._pin).to(self.device, non_blocking=True)
@@ -84,8 +81,8 @@ class ModelRunner:
         """
         lens = [seq.num_tokens for seq in seqs]
         max_len = max(lens)
-        # NOTE: the pool wants block_tables [bs, max_blocks] on every path. Only contexts beyond the graph
-        # bound need a wider table, and those steps skip the pool (they could never replay a graph).
+        # NOTE: contexts beyond the graph bound could never replay a graph: they skip the pool, with a wider
+        # block table and a bound rounded up to a power of two (few kernel variants).
         width = max(self.max_blocks, -(-max_len // self.block_size))
         rows = np.stack([self.block_manager.row(seq.request_id) for seq in seqs])[:, :width]
         block_tables = torch.from_numpy(rows)
@@ -98,15 +95,11 @@ class ModelRunner:
             "block_tables": block_tables.to(self.device, non_blocking=True),
             "context_lens": self._to_device(lens, torch.int32),
         }
-        self._step_bound = self.len_bound if max_len <= self.len_bound else 1 << (max_len - 1).bit_length()
-        try:
-            if width > self.max_blocks:
-                return self._decode_step(inputs), False
-            logits = self.pool.run(inputs, max_len_in_batch=max_len)
-            replayed = self.pool.last_replayed
-        finally:
-            self._step_bound = self.len_bound
-        return logits, replayed
+        if max_len > self.len_bound:
+            bound = 1 << (max_len - 1).bit_length()
+            return decode_forward(self.model, self.kv_caches, inputs, max_len_bound=bound), False
+        logits = self.pool.run(inputs, max_len_in_batch=max_len)
+        return logits, self.pool.last_replayed
 
     def warmup(self, sizes: str | tuple[int, ...]) -> None:
         if not self.graphs_enabled or sizes == "none":
