@@ -14,8 +14,8 @@ import time
 
 import torch
 
+from graphpool.bench.toy import TOY_SPECS, ToyDecode
 from graphpool.pool import GraphPool, PoolConfig
-from graphpool.pool.toy import TOY_SPECS, ToyDecode
 
 
 def main() -> None:

@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 import torch
 
+from graphpool.bench.memory_probe import probe_layout
+from graphpool.bench.toy import TOY_SPECS, ToyDecode
 from graphpool.pool import (
     CapturedGraph,
     CaptureError,
@@ -20,8 +22,6 @@ from graphpool.pool import (
     GraphPool,
     PoolConfig,
 )
-from graphpool.pool.memory_probe import probe_layout
-from graphpool.pool.toy import TOY_SPECS, ToyDecode
 
 DEV = torch.device("cuda")
 

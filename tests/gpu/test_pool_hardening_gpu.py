@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import torch
 
+from graphpool.bench.toy import TOY_SPECS, ToyDecode
 from graphpool.engine.config import EngineConfig
 from graphpool.engine.engine import LLMEngine
 from graphpool.engine.sampling import SamplingParams
@@ -27,7 +28,6 @@ from graphpool.pool import (
     budget_probe,
     cuda_state,
 )
-from graphpool.pool.toy import TOY_SPECS, ToyDecode
 
 DEV = torch.device("cuda")
 MiB = 2**20
@@ -209,7 +209,7 @@ def test_eviction_keeps_the_processes_cached_blocks(big: ToyDecode) -> None:
 
 
 def test_eviction_bench_runs() -> None:
-    from graphpool.pool.eviction_bench import run
+    from graphpool.bench.eviction_bench import run
 
     res = run(trials=2, rows=512, graph_size=64)
     assert len(res) == 2 and all(v > 0 for r in res.values() for v in r.values())
