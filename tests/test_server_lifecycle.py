@@ -254,3 +254,10 @@ def test_seconds_since_process_start_counts_from_the_process_start() -> None:
     age = float(out.stdout.strip())
     assert 1.5 <= age <= wall + 0.05
     assert seconds_since_process_start() > 0
+
+
+def test_a_negative_shutdown_timeout_is_refused_before_loading(capsys: pytest.CaptureFixture[str]) -> None:
+    from graphpool.server.main import main
+
+    assert main(["--device", "cpu", "--shutdown-timeout", "-1"]) == 2
+    assert "--shutdown-timeout must be >= 0" in capsys.readouterr().err
