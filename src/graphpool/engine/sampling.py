@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 # NOTE: what torch.Generator.manual_seed accepts; a negative seed s draws the stream of 2**64 + s.
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
@@ -45,6 +45,7 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
+    has_penalties: bool = field(init=False, repr=False, compare=False, default=False)
 
     def __post_init__(self) -> None:
         _number(self.temperature, "temperature")
@@ -92,14 +93,13 @@ class SamplingParams:
                 "repetition_penalty",
                 f"repetition_penalty must be > 0 (1 is off), got {self.repetition_penalty}",
             )
+        # NOTE: a plain attribute, not a property: the sampler reads it for every row of every step.
+        penalised = self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
+        object.__setattr__(self, "has_penalties", penalised)
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
-
-    @property
-    def has_penalties(self) -> bool:
-        return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
 
     @property
     def max_stop_len(self) -> int:
