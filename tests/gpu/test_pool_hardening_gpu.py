@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import torch
 
+from graphpool.bench import budget_probe
 from graphpool.bench.toy import TOY_SPECS, ToyDecode
 from graphpool.engine.config import EngineConfig
 from graphpool.engine.engine import LLMEngine
@@ -25,7 +26,6 @@ from graphpool.pool import (
     GraphPool,
     InputSpec,
     PoolConfig,
-    budget_probe,
     cuda_state,
 )
 
@@ -174,7 +174,9 @@ def test_budget_holds_in_the_driver_view() -> None:
     r = budget_probe.run(200, budget_mib=96, keep_outputs=False)
     print("\n[budget] outputs dropped each step: " + budget_probe.describe(r))
     assert r["captures"] > 10 and r["evictions"] > 0
-    assert r["overhead"] <= 72 * MiB  # cuBLAS + cuBLASLt workspaces for the capture stream, a 2 MiB segment
+    # NOTE: cuBLAS + cuBLASLt workspaces of the capture stream and their kernels' device code (driver view):
+    # 104 MiB measured on an H200 with torch 2.11 by bench/budget_probe.
+    assert r["overhead"] <= 128 * MiB
     assert r["held"] <= r["budget"] + r["overhead"] + ROUNDING
     assert r["after_close"] <= r["overhead"] + ROUNDING  # everything else given back
 
