@@ -6,9 +6,11 @@ The ``Capturer`` protocol is the seam between the pool and CUDA: ``CudaGraphCapt
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -25,6 +27,23 @@ CAPTURE_ERRORS: tuple[type[BaseException], ...] = (CaptureError,)
 # Released mempools kept while tensors still live in them (outputs held past an eviction); beyond this
 # many the oldest is dropped anyway: its blocks then go back on a later empty_cache() or allocation retry.
 _MAX_DRAINING = 16
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """No cyclic garbage collection while allocations are routed to a graph's pool.
+
+    NOTE: a MemPool freed then (one kept alive only by a cycle, e.g. a failed capture's traceback) runs the
+    allocator's emptyCache, which asserts that no capture or use_mem_pool is underway: torch aborts the
+    process (seen on the H200, torch 2.11, during a warm-up's Triton JIT compile).
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 @dataclass(eq=False)
@@ -89,7 +108,7 @@ class CudaGraphCapturer:
         return cuda_state.capture_stream_overhead(self.device)
 
     def capture(self, size: int, fn: Callable[[], Any]) -> CapturedGraph:
-        with CAPTURE_LOCK, torch.cuda.device(self.device):
+        with CAPTURE_LOCK, torch.cuda.device(self.device), _gc_paused():
             self._drain()
             stream = cuda_state.side_stream(self.device)
             t0 = time.perf_counter()
