@@ -177,7 +177,13 @@ class CudaGraphCapturer:
         outputs = None
         self._undo_failed(graph, stream, mempool, uses)
         del graph
-        self._retire_unused(mempool)
+        if self.layout == "shared" and mempool is self._shared and self._shared_live > 0:
+            # NOTE: no capture goes into a shared pool again once one failed in it (on the H200 with torch 2.11
+            # the next capture into it was refused: "beginAllocateToPool: already recording"); its graphs keep
+            # it alive, and it is freed with the last of them.
+            self._shared, self._shared_live = None, 0
+        else:
+            self._retire_unused(mempool)
         raise CaptureError(classify(cause, raised_by_step=step_error is not None), size, cause) from cause
 
     def _undo_failed(self, graph: torch.cuda.CUDAGraph, stream: torch.cuda.Stream, mempool: Any, uses: int) -> None:
