@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import torch
 
-from graphpool.model.attention import AttentionMetadata
+from graphpool.model.attn_metadata import AttentionMetadata
 from graphpool.model.llama import LlamaModel
 
 

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from graphpool.bench.replay import replay_trace
 from graphpool.bench.trace import TraceBenchConfig, serving_configs
+from graphpool.bench.trace_replay import replay_trace
 from graphpool.bench.trace_report import summarize_run
 from graphpool.bench.trace_warmup import sweep_contexts, warm_contexts, warm_engine
 from graphpool.bench.workload import TraceRequest

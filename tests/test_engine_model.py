@@ -12,7 +12,7 @@ import torch
 from graphpool.engine.config import EngineConfig
 from graphpool.engine.engine import LLMEngine, RequestOutput
 from graphpool.engine.outputs import detokenize
-from graphpool.engine.sampling import SamplingParams
+from graphpool.engine.sampling_params import SamplingParams
 from graphpool.engine.sequence import Sequence
 from graphpool.model.loader import load_model
 from graphpool.pool.testing import EagerCapturer

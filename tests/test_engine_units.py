@@ -10,7 +10,7 @@ import torch
 from graphpool.engine.config import EngineConfig, parse_bytes
 from graphpool.engine.kv_cache import BlockManager
 from graphpool.engine.sampler import Sampler
-from graphpool.engine.sampling import SamplingParams
+from graphpool.engine.sampling_params import SamplingParams
 from graphpool.engine.scheduler import Scheduler
 from graphpool.engine.sequence import Sequence, Status
 

@@ -11,9 +11,9 @@ import torch
 from graphpool.engine.config import EngineConfig
 from graphpool.engine.engine import LLMEngine
 from graphpool.engine.sampler import Sampler
-from graphpool.engine.sampling import SEED_MAX, SEED_MIN, SamplingParams
+from graphpool.engine.sampling_params import SEED_MAX, SEED_MIN, SamplingParams
 from graphpool.engine.sequence import Sequence
-from graphpool.model.attention import AttentionMetadata
+from graphpool.model.attn_metadata import AttentionMetadata
 from graphpool.model.config import ModelConfig
 from graphpool.model.llama import LlamaModel
 from graphpool.model.weights import init_random_weights

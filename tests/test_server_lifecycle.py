@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from graphpool.engine.outputs import EngineStats, RequestOutput
-from graphpool.engine.sampling import SamplingParams
+from graphpool.engine.sampling_params import SamplingParams
 from graphpool.server.async_engine import AsyncEngine, ShuttingDownError
 from graphpool.server.lifecycle import PortInUseError, bind_socket, seconds_since_process_start
 from graphpool.server.main import serve_in_thread

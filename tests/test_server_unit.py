@@ -14,7 +14,7 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from graphpool.engine.sampling import SamplingParams
+from graphpool.engine.sampling_params import SamplingParams
 from graphpool.pool.stats import FallbackReason, PoolStats
 from graphpool.server.app import build_app
 from graphpool.server.async_engine import AsyncEngine

@@ -8,14 +8,14 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:
     from graphpool.engine.llm import LLM
-    from graphpool.engine.sampling import SamplingParams
+    from graphpool.engine.sampling_params import SamplingParams
     from graphpool.pool import GraphPool, InputSpec, PoolConfig
 
 __all__ = ["LLM", "GraphPool", "InputSpec", "PoolConfig", "SamplingParams"]
 
 _LAZY = {
     "LLM": "graphpool.engine.llm",
-    "SamplingParams": "graphpool.engine.sampling",
+    "SamplingParams": "graphpool.engine.sampling_params",
     "GraphPool": "graphpool.pool",
     "InputSpec": "graphpool.pool",
     "PoolConfig": "graphpool.pool",

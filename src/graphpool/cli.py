@@ -104,7 +104,7 @@ def add_generate_parser(sub: argparse._SubParsersAction) -> None:
 
 def run_generate(args: argparse.Namespace) -> int:
     from graphpool.engine.llm import LLM
-    from graphpool.engine.sampling import SamplingParams
+    from graphpool.engine.sampling_params import SamplingParams
 
     try:
         config = engine_config_from_args(args)

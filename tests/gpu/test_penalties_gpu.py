@@ -15,7 +15,7 @@ import torch
 
 from graphpool.engine.config import EngineConfig
 from graphpool.engine.engine import LLMEngine
-from graphpool.engine.sampling import SamplingParams
+from graphpool.engine.sampling_params import SamplingParams
 from graphpool.model.loader import load_model
 
 PRESET = "random:smollm2-135m"

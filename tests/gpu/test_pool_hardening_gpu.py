@@ -18,7 +18,7 @@ from graphpool.bench import budget_probe
 from graphpool.bench.toy import TOY_SPECS, ToyDecode
 from graphpool.engine.config import EngineConfig
 from graphpool.engine.engine import LLMEngine
-from graphpool.engine.sampling import SamplingParams
+from graphpool.engine.sampling_params import SamplingParams
 from graphpool.pool import (
     CapturedGraph,
     CudaGraphCapturer,

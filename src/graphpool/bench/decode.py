@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 import torch
 
-from graphpool.engine.decode_step import decode_forward
-from graphpool.engine.decode_step import decode_input_specs as engine_decode_specs
+from graphpool.engine.decode_step import decode_forward, decode_input_specs
 from graphpool.model.config import ModelConfig
 from graphpool.model.llama import LlamaModel
+from graphpool.model.ops import default_attn_backend
 from graphpool.model.presets import get_preset
 from graphpool.model.weights import init_random_weights
 from graphpool.pool import InputSpec
@@ -35,9 +35,8 @@ def build_random_model(
 ) -> LlamaModel:
     """A model with seeded random weights at a preset's real shapes (or at an explicit config's)."""
     cfg = get_preset(model.removeprefix("random:")) if isinstance(model, str) else model
-    if attn_backend == "auto":
-        attn_backend = "triton" if device.type == "cuda" else "torch"
-    m = LlamaModel(cfg, device=device, dtype=dtype, attn_backend=attn_backend, max_positions=max_positions)  # type: ignore[arg-type]
+    backend = default_attn_backend(attn_backend, device)
+    m = LlamaModel(cfg, device=device, dtype=dtype, attn_backend=backend, max_positions=max_positions)
     init_random_weights(m, seed=0)
     return m.eval()
 
@@ -111,6 +110,6 @@ class DecodeSetup:
         return bs * self.context_len * cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * elt
 
 
-def decode_input_specs(setup: DecodeSetup) -> list[InputSpec]:
+def setup_input_specs(setup: DecodeSetup) -> list[InputSpec]:
     """The pool's input specs for the engine's decode layout at this setup's block-table width."""
-    return engine_decode_specs(setup.inputs["block_tables"].shape[1])
+    return decode_input_specs(setup.inputs["block_tables"].shape[1])

@@ -15,7 +15,7 @@ import torch
 
 from graphpool.bench import common
 from graphpool.bench.common import MIB, md_table, progress
-from graphpool.bench.decode import DecodeSetup, build_random_model, decode_input_specs
+from graphpool.bench.decode import DecodeSetup, build_random_model, setup_input_specs
 from graphpool.pool import Capturer, GraphPool, PoolConfig
 
 
@@ -96,7 +96,7 @@ def _bar(label: str) -> Callable[[int, int, int], None]:
 def bench_layout(setup: DecodeSetup, cfg: MemoryBenchConfig, layout: str, capturer: Capturer | None = None) -> LayoutResult:
     device = setup.model.device
     base = common.driver_used_bytes(device)
-    pool = GraphPool(setup.step_fn(), decode_input_specs(setup), _pool_config(cfg, layout), device, capturer)
+    pool = GraphPool(setup.step_fn(), setup_input_specs(setup), _pool_config(cfg, layout), device, capturer)
     static = _held(device, base)
     sizes = list(pool.ladder.sizes)
     t0 = time.perf_counter()
@@ -124,7 +124,7 @@ def bench_budget(
 ) -> BudgetResult:
     device = setup.model.device
     base = common.driver_used_bytes(device)
-    pool = GraphPool(setup.step_fn(), decode_input_specs(setup), _pool_config(cfg, "per_graph", budget), device,
+    pool = GraphPool(setup.step_fn(), setup_input_specs(setup), _pool_config(cfg, "per_graph", budget), device,
                      capturer)
     max_acc, max_held, over = 0, 0.0, 0
 

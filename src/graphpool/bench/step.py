@@ -15,7 +15,7 @@ import torch
 from graphpool.bench import common
 from graphpool.bench.common import md_table, median, progress, ratio
 from graphpool.bench.compile_step import COMPILE_NOTE, compile_model
-from graphpool.bench.decode import DecodeSetup, StepFn, build_random_model, decode_input_specs, model_label
+from graphpool.bench.decode import DecodeSetup, StepFn, build_random_model, model_label, setup_input_specs
 from graphpool.model.config import ModelConfig
 
 DEFAULT_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -99,7 +99,7 @@ def _pool_times(setup: DecodeSetup, sizes: Sequence[int], cfg: StepBenchConfig) 
         miss_policy="capture",
     )
     step = setup.step_fn()
-    pool = GraphPool(step, decode_input_specs(setup), pc, setup.model.device)
+    pool = GraphPool(step, setup_input_specs(setup), pc, setup.model.device)
     out: dict[int, tuple[float, float]] = {}
     try:
         for bs in sorted(sizes):

@@ -14,7 +14,7 @@ import torch
 
 from graphpool.bench import common
 from graphpool.bench.common import MIB, progress
-from graphpool.bench.replay import replay_trace
+from graphpool.bench.trace_replay import replay_trace
 from graphpool.bench.trace_report import RunResult, summarize_run, write_trace_report
 from graphpool.bench.trace_warmup import WarmupReport, warm_engine
 from graphpool.bench.workload import TraceConfig, generate_trace, summarize_trace

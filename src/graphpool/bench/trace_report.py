@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from graphpool.bench import common
 from graphpool.bench.common import MIB, md_table, ratio
 from graphpool.bench.latency import LatencySummary, WorkingSet, all_itls_ms, summarize_latency, working_set
-from graphpool.bench.replay import ReplayResult
+from graphpool.bench.trace_replay import ReplayResult
 
 if TYPE_CHECKING:
     from graphpool.bench.trace import ServingConfig, TraceBenchConfig

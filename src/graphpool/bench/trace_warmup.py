@@ -60,7 +60,7 @@ def _drain(engine: Any) -> list[float]:
 def sweep_contexts(engine: Any, contexts: list[int], tag: str = "c") -> list[float]:
     """One request per context length L, alone: a prompt of L-1 tokens, then exactly one decode step at
     context L. Returns the decode steps' wall seconds."""
-    from graphpool.engine.sampling import SamplingParams
+    from graphpool.engine.sampling_params import SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
     times: list[float] = []
@@ -72,7 +72,7 @@ def sweep_contexts(engine: Any, contexts: list[int], tag: str = "c") -> list[flo
 
 def shrinking_batches(engine: Any, n: int = 17) -> list[float]:
     """Decode batches shrinking n -> 1 at short contexts (the kernels' batch-size specializations)."""
-    from graphpool.engine.sampling import SamplingParams
+    from graphpool.engine.sampling_params import SamplingParams
 
     for i in range(n):
         engine.add_request(f"w{i}", list(range(100, 108 + i)),

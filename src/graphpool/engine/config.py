@@ -168,6 +168,13 @@ class EngineConfig:
         return resolve_device(self.device)
 
     @property
+    def resolved_attn_backend(self) -> str:
+        """"auto" decided for this config's device (model.ops.default_attn_backend)."""
+        from graphpool.model.ops import default_attn_backend
+
+        return default_attn_backend(self.attn_backend, self.torch_device)
+
+    @property
     def torch_dtype(self) -> torch.dtype:
         dtype = _DTYPES[self.dtype]
         if dtype is None:

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 
 import torch
 
-from graphpool.model.attention import AttentionMetadata
+from graphpool.model.attn_metadata import AttentionMetadata
 from graphpool.pool import InputSpec
 
 

@@ -20,7 +20,7 @@ from graphpool.engine.outputs import (
 )
 from graphpool.engine.runner import ModelRunner
 from graphpool.engine.sampler import Sampler
-from graphpool.engine.sampling import InvalidParam, SamplingParams, check_text
+from graphpool.engine.sampling_params import InvalidParam, SamplingParams, check_text
 from graphpool.engine.scheduler import Scheduler
 from graphpool.engine.sequence import Sequence
 from graphpool.model.config import ModelConfig
@@ -49,9 +49,7 @@ class LLMEngine:
         self.config = config
         self.device = config.torch_device
         self.dtype = config.torch_dtype
-        backend = config.attn_backend
-        if backend == "auto":
-            backend = "triton" if self.device.type == "cuda" else "torch"
+        backend = config.resolved_attn_backend
         if loaded is None:
             from graphpool.model.loader import load_model
 

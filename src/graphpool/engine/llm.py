@@ -9,7 +9,7 @@ from typing import Any
 
 from graphpool.engine.config import DEFAULT_MODEL, EngineConfig
 from graphpool.engine.engine import LLMEngine
-from graphpool.engine.sampling import SamplingParams, check_text
+from graphpool.engine.sampling_params import SamplingParams, check_text
 from graphpool.pool import PoolStats
 
 Messages = Sequence[Mapping[str, str]]

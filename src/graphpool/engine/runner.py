@@ -12,7 +12,7 @@ from graphpool.engine.config import EngineConfig
 from graphpool.engine.decode_step import decode_forward, decode_input_specs
 from graphpool.engine.kv_cache import BlockManager, KVCache
 from graphpool.engine.sequence import Sequence
-from graphpool.model.attention import AttentionMetadata
+from graphpool.model.attn_metadata import AttentionMetadata
 from graphpool.pool import GraphPool
 from graphpool.pool.capture import Capturer
 

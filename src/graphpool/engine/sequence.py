@@ -6,7 +6,7 @@ import enum
 
 import torch
 
-from graphpool.engine.sampling import SamplingParams
+from graphpool.engine.sampling_params import SamplingParams
 
 
 class Status(enum.Enum):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from graphpool.model.attention import AttentionMetadata
+from graphpool.model.attn_metadata import AttentionMetadata
 from graphpool.model.config import ModelConfig, RopeScaling
 from graphpool.model.llama import LlamaModel
 from graphpool.model.loader import DEFAULT_MODEL, load_model

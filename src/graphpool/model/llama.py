@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from graphpool.model.attention import AttentionMetadata
+from graphpool.model.attn_metadata import AttentionMetadata
 from graphpool.model.attn_ops import prefill_attention
 from graphpool.model.config import ModelConfig
 from graphpool.model.layers import RMSNorm, RotaryEmbedding, SwiGLU

@@ -51,6 +51,15 @@ def kernel_ops() -> ModelOps:
     return ModelOps("triton", paged_decode_attention, rms_norm, add_rms_norm, apply_rotary_and_write_kv)
 
 
+def default_attn_backend(backend: str, device: torch.device) -> AttnBackend:
+    """The one place "auto" is decided: Triton kernels on CUDA, the torch ops elsewhere."""
+    if backend == "auto":
+        return "triton" if device.type == "cuda" else "torch"
+    if backend not in ("torch", "triton"):
+        raise ValueError(f"attn_backend must be 'auto', 'torch' or 'triton', got {backend!r}")
+    return backend  # type: ignore[return-value]
+
+
 def resolve_ops(backend: AttnBackend, device: torch.device) -> ModelOps:
     if backend not in ("torch", "triton"):
         raise ValueError(f"attn_backend must be 'torch' or 'triton', got {backend!r}")

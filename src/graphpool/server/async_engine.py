@@ -35,7 +35,7 @@ from graphpool.server.streams import (
 
 if TYPE_CHECKING:
     from graphpool.engine.engine import RequestOutput
-    from graphpool.engine.sampling import SamplingParams
+    from graphpool.engine.sampling_params import SamplingParams
 
 __all__ = ["AsyncEngine", "EngineDeadError", "RequestStream", "ShuttingDownError", "StepObserver"]
 

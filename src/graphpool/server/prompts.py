@@ -7,7 +7,7 @@ from typing import Any
 
 import jinja2
 
-from graphpool.engine.sampling import InvalidParam, SamplingParams, check_text
+from graphpool.engine.sampling_params import InvalidParam, SamplingParams, check_text
 from graphpool.server.protocol import APIError, ChatCompletionRequest, ChatMessage, CompletionRequest
 
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from graphpool.engine.engine import RequestOutput
-    from graphpool.engine.sampling import SamplingParams
+    from graphpool.engine.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 

@@ -40,7 +40,7 @@ def _pool_dict(stats: Any) -> dict[str, Any] | None:
 
 def replay_trace(engine: Any, trace: Sequence[TraceRequest], duration_s: float, seed: int = 0) -> ReplayResult:
     """Runs `trace` through `engine` (an LLMEngine: add_request / step / abort_request / graph_stats)."""
-    from graphpool.engine.sampling import SamplingParams
+    from graphpool.engine.sampling_params import SamplingParams
 
     device = getattr(engine, "device", torch.device("cpu"))
     timelines = [RequestTimeline(arrival_s=r.arrival_s, output_len=r.output_len) for r in trace]
