@@ -10,7 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 from gpu_helpers import SETUP_HINT
+
+from graphpool.bench.toy import ToyDecode
 
 
 @pytest.fixture(scope="session")
@@ -22,3 +25,16 @@ def default_gguf() -> Path:
         return default_gguf_path()
     except FileNotFoundError as e:
         pytest.fail(f"the default model is missing ({e}); {SETUP_HINT}", pytrace=False)
+
+
+@pytest.fixture(scope="module")
+def small() -> ToyDecode:
+    """A tiny toy decode step (float32): pool mechanics, bit-exact comparisons."""
+    return ToyDecode(vocab=512, hidden=64, layers=1, slots=512, dtype=torch.float32, device=torch.device("cuda"))
+
+
+@pytest.fixture(scope="module")
+def big() -> ToyDecode:
+    """bs=256: [256, 8192] bf16 activations and [256, 32000] logits: MiB-sized graph footprints."""
+    return ToyDecode(vocab=32000, hidden=2048, layers=2, slots=1024, dtype=torch.bfloat16,
+                     device=torch.device("cuda"))

@@ -8,7 +8,6 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-import pytest
 import torch
 
 from graphpool.bench.memory_probe import probe_layout
@@ -26,15 +25,6 @@ from graphpool.pool import (
 DEV = torch.device("cuda")
 
 
-@pytest.fixture(scope="module")
-def small() -> ToyDecode:
-    return ToyDecode(vocab=512, hidden=64, layers=1, slots=512, dtype=torch.float32, device=DEV)
-
-
-@pytest.fixture(scope="module")
-def big() -> ToyDecode:
-    # bs=256: [256, 8192] bf16 activations and [256, 32000] logits: MiB-sized footprints
-    return ToyDecode(vocab=32000, hidden=2048, layers=2, slots=1024, dtype=torch.bfloat16, device=DEV)
 
 
 def padded(m: ToyDecode, live: dict[str, torch.Tensor], size: int) -> dict[str, torch.Tensor]:

@@ -34,14 +34,6 @@ MiB = 2**20
 ROUNDING = 4 * MiB  # the driver hands out memory in 2 MiB pages; two partly used pages of slack
 
 
-@pytest.fixture(scope="module")
-def small() -> ToyDecode:
-    return ToyDecode(vocab=512, hidden=64, layers=1, slots=512, dtype=torch.float32, device=DEV)
-
-
-@pytest.fixture(scope="module")
-def big() -> ToyDecode:
-    return ToyDecode(vocab=32000, hidden=2048, layers=2, slots=1024, dtype=torch.bfloat16, device=DEV)
 
 
 def one_failure(by_kind: dict[str, int]) -> bool:
