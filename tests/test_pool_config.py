@@ -1,8 +1,12 @@
 from __future__ import annotations
 
+import dataclasses
+import json
+
 import pytest
 
 from graphpool.pool import BucketLadder, FallbackReason, PoolConfig, PoolStats
+from graphpool.pool.stats import StatsCounters
 
 
 def test_default_ladder_has_46_sizes() -> None:
@@ -35,6 +39,9 @@ def test_find_closest_above_max_is_none() -> None:
 def test_explicit_ladder_overrides() -> None:
     cfg = PoolConfig(batch_sizes=(1, 2, 4, 8), pinned=(8,), max_graph_pool_size=2)
     assert cfg.ladder().sizes == (1, 2, 4, 8)
+    assert cfg.ladder() is cfg.ladder()  # built once, at construction
+    assert cfg == PoolConfig(batch_sizes=(1, 2, 4, 8), pinned=(8,), max_graph_pool_size=2)
+    assert "ladder" not in repr(cfg)
     assert PoolConfig(batch_sizes=[1, 3]).batch_sizes == (1, 3)  # type: ignore[arg-type]
 
 
@@ -87,7 +94,28 @@ def test_config_is_frozen() -> None:
 
 
 def test_stats_as_dict_uses_reason_names() -> None:
-    s = PoolStats(fallbacks={FallbackReason.OVER_BUDGET: 2}, resident_sizes=(1, 2))
+    s = PoolStats(fallbacks={FallbackReason.OVER_BUDGET: 2}, resident_sizes=(1, 2), capture_failures_by_kind={"oom": 1})
     d = s.as_dict()
     assert d["fallbacks"] == {"over_budget": 2}
     assert d["resident_sizes"] == [1, 2]
+    assert d["capture_failures_by_kind"] == {"oom": 1} and d["capture_failures_by_kind"] is not s.capture_failures_by_kind
+    assert list(d) == [f.name for f in dataclasses.fields(PoolStats)]
+    assert json.loads(json.dumps(d)) == d
+
+
+def test_stats_snapshot_derives_the_totals_and_is_detached_from_the_counters() -> None:
+    c = StatsCounters()
+    c.fallbacks[FallbackReason.NO_CUDA] += 2
+    c.fallbacks[FallbackReason.OVER_BUDGET] += 1
+    c.capture_failures_by_kind["oom"] += 1
+    c.capture_failures_by_kind["error"] += 2
+    c.captured(0.5)
+    c.captured(0.25)
+    st = c.snapshot((3, 1), 40)
+    assert (st.captures, st.capture_seconds_total, st.capture_seconds_max) == (2, 0.75, 0.5)
+    assert (st.capture_failures, st.eager_steps, st.resident_graphs, st.resident_bytes) == (3, 3, 2, 40)
+    assert type(st.fallbacks) is dict and type(st.capture_failures_by_kind) is dict
+    c.fallbacks[FallbackReason.NO_CUDA] += 1
+    assert st.fallbacks == {FallbackReason.NO_CUDA: 2, FallbackReason.OVER_BUDGET: 1}
+    with pytest.raises(KeyError):
+        st.fallbacks[FallbackReason.DISABLED]

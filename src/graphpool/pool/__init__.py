@@ -7,23 +7,14 @@ from graphpool.pool.buckets import BucketLadder
 from graphpool.pool.capture import CAPTURE_ERRORS, CapturedGraph, Capturer, CudaGraphCapturer
 from graphpool.pool.config import DEFAULT_MISS_POLICY, PoolConfig
 from graphpool.pool.failures import CaptureError, CaptureFailureKind
-from graphpool.pool.policy import (
-    Action,
-    AdmitFrequent,
-    CaptureOnMiss,
-    Decision,
-    MissContext,
-    MissPolicy,
-    ResidencyBook,
-    make_policy,
-)
+from graphpool.pool.policy import CAPTURE, AdmitFrequent, CaptureOnMiss, Choice, ResidencyBook, make_policy
 from graphpool.pool.pool import GraphPool, InputSpec
 from graphpool.pool.stats import FallbackReason, PoolStats
 
 __all__ = [
+    "CAPTURE",
     "CAPTURE_ERRORS",
     "DEFAULT_MISS_POLICY",
-    "Action",
     "AdmitFrequent",
     "BucketLadder",
     "CaptureError",
@@ -31,13 +22,11 @@ __all__ = [
     "CaptureOnMiss",
     "CapturedGraph",
     "Capturer",
+    "Choice",
     "CudaGraphCapturer",
-    "Decision",
     "FallbackReason",
     "GraphPool",
     "InputSpec",
-    "MissContext",
-    "MissPolicy",
     "PoolConfig",
     "PoolStats",
     "ResidencyBook",

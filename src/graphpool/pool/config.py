@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from graphpool.pool.buckets import BucketLadder
@@ -37,6 +37,7 @@ class PoolConfig:
     admit_window: int = 128  # ... of the last this-many graph-eligible steps
     enabled: bool = True  # False = disable_cudagraph: every step eager
     num_microbatches: int = 1  # 2 = two microbatches in one graph (overlap mode)
+    _ladder: BucketLadder = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.batch_sizes is not None:
@@ -85,9 +86,8 @@ class PoolConfig:
                 f"{len(self.pinned)} pinned sizes need max_graph_pool_size > {len(self.pinned)} "
                 f"(got {self.max_graph_pool_size}): one slot must stay evictable"
             )
+        object.__setattr__(self, "_ladder", ladder)
 
     def ladder(self) -> BucketLadder:
-        """The graph batch sizes of this config."""
-        if self.batch_sizes is not None:
-            return BucketLadder(self.batch_sizes)
-        return BucketLadder.build(self.max_batch_size, self.split_batch_size, self.grow_step)
+        """The graph batch sizes of this config (built once, at construction)."""
+        return self._ladder

@@ -2,72 +2,36 @@
 
 from __future__ import annotations
 
-import enum
 import math
 from collections import Counter, OrderedDict, deque
 from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Final, Literal
 
 from graphpool.pool.config import PoolConfig
 from graphpool.pool.stats import FallbackReason
 
-
-class Action(enum.Enum):
-    CAPTURE = "capture"  # capture a graph for the bucket (evicting LRU graphs if needed)
-    SERVE_WITH = "serve_with"  # replay a resident larger graph, padding further
-    EAGER = "eager"  # run the step eagerly
-
-
-@dataclass(frozen=True)
-class Decision:
-    action: Action
-    size: int | None = None  # SERVE_WITH: the resident graph size
-    reason: FallbackReason | None = None  # EAGER: why
-
-    @classmethod
-    def capture(cls) -> Decision:
-        return cls(Action.CAPTURE)
-
-    @classmethod
-    def serve_with(cls, size: int) -> Decision:
-        return cls(Action.SERVE_WITH, size=size)
-
-    @classmethod
-    def eager(cls, reason: FallbackReason) -> Decision:
-        return cls(Action.EAGER, reason=reason)
-
-
-@dataclass(frozen=True)
-class MissContext:
-    """What a miss policy sees: the missing bucket and the pool's residency, read-only."""
-
-    bucket: int
-    resident: tuple[int, ...]  # least recently used first
-    has_room: bool  # capturing needs no eviction (count and byte budget)
-    victim: int | None  # the first graph a capture would evict (None if none needed or none evictable)
-
-
-@runtime_checkable
-class MissPolicy(Protocol):
-    def observe(self, bucket: int) -> None:
-        """Called for every graph-eligible step (hit or miss), before any decision."""
-
-    def on_miss(self, ctx: MissContext) -> Decision:
-        """Decide what to do when ``ctx.bucket`` has no resident graph."""
+CAPTURE: Final = "capture"
+# A policy's answer to a miss: capture the bucket, serve it with this resident larger size, or run eagerly.
+Choice = Literal["capture"] | int | FallbackReason
 
 
 class CaptureOnMiss:
-    """The seed's behaviour: every miss captures, evicting the least recently used graph."""
+    """The seed's behaviour: every miss captures, evicting the least recently used graph.
+
+    Also the shape of any miss policy (subclass it): ``observe`` sees every graph-eligible step's bucket
+    before the pool decides anything; ``on_miss`` answers a bucket with no resident graph, given the resident
+    sizes (least recently used first), whether a capture needs no eviction, and the first graph it would
+    evict (None if none needed or none evictable).
+    """
 
     def observe(self, bucket: int) -> None:
         pass
 
-    def on_miss(self, ctx: MissContext) -> Decision:
-        return Decision.capture()
+    def on_miss(self, bucket: int, resident: tuple[int, ...], has_room: bool, victim: int | None) -> Choice:
+        return CAPTURE
 
 
-class AdmitFrequent:
+class AdmitFrequent(CaptureOnMiss):
     """Do not let a miss stall the step unless the size has earned its graph.
 
     A miss is first served by the smallest resident larger graph within ``max_padding_ratio`` (at decode
@@ -103,22 +67,19 @@ class AdmitFrequent:
     def frequency(self, bucket: int) -> int:
         return self._counts.get(bucket, 0)
 
-    def on_miss(self, ctx: MissContext) -> Decision:
-        freq = self.frequency(ctx.bucket)
-        admitted = freq >= self.admit_after and (ctx.victim is None or freq > self.frequency(ctx.victim))
-        if ctx.has_room and admitted:
-            return Decision.capture()
-        larger = nearest_larger(ctx.resident, ctx.bucket, self.max_padding_ratio)
+    def on_miss(self, bucket: int, resident: tuple[int, ...], has_room: bool, victim: int | None) -> Choice:
+        freq = self.frequency(bucket)
+        admitted = freq >= self.admit_after and (victim is None or freq > self.frequency(victim))
+        if has_room and admitted:
+            return CAPTURE
+        larger = nearest_larger(resident, bucket, self.max_padding_ratio)
         if larger is not None:
-            return Decision.serve_with(larger)
-        if ctx.has_room or admitted:
-            return Decision.capture()
-        # NOTE: past the ratio a larger graph still beats an eager step, which costs several replays (H200,
-        # 1B: graph at bs 256 4.1 ms against 7-13 ms eager at any size); eager only when nothing larger is resident.
-        larger = nearest_larger(ctx.resident, ctx.bucket, math.inf)
-        if larger is not None:
-            return Decision.serve_with(larger)
-        return Decision.eager(FallbackReason.NOT_ADMITTED)
+            return larger
+        if has_room or admitted:
+            return CAPTURE
+        # NOTE: past the ratio a larger graph still beats an eager step, which costs several replays.
+        larger = nearest_larger(resident, bucket, math.inf)
+        return larger if larger is not None else FallbackReason.NOT_ADMITTED
 
 
 def nearest_larger(resident: Iterable[int], bucket: int, max_padding_ratio: float) -> int | None:
@@ -128,7 +89,7 @@ def nearest_larger(resident: Iterable[int], bucket: int, max_padding_ratio: floa
     return min(fits) if fits else None
 
 
-def make_policy(config: PoolConfig) -> MissPolicy:
+def make_policy(config: PoolConfig) -> CaptureOnMiss:
     if config.miss_policy == "capture":
         return CaptureOnMiss()
     return AdmitFrequent(config.max_padding_ratio, config.admit_after, config.admit_window)
@@ -192,24 +153,14 @@ class ResidencyBook:
     def _over(self, count: int, nbytes: int) -> bool:
         return count > self.capacity or (self.budget is not None and nbytes > self.budget)
 
-    def victims_for(self, new_bytes: int) -> list[int] | None:
-        """LRU-first evictable sizes to drop so that one more graph of ``new_bytes`` fits, or None if it
-        cannot fit even after evicting every unpinned graph."""
-        count, nbytes = len(self._lru) + 1, self.total_bytes + new_bytes
-        victims: list[int] = []
-        for size, b in self._lru.items():
-            if not self._over(count, nbytes):
-                break
-            if size in self.pinned:
-                continue
-            victims.append(size)
-            count, nbytes = count - 1, nbytes - b
-        return None if self._over(count, nbytes) else victims
-
-    def victims_over_budget(self, keep: int) -> list[int] | None:
-        """LRU-first evictable sizes (never ``keep``) to drop so the resident set fits its bounds again,
-        or None if that is impossible."""
-        count, nbytes = len(self._lru), self.total_bytes
+    def victims(
+        self, new_bytes: int | None = None, *, keep: int | None = None, may_evict: bool = True
+    ) -> list[int] | None:
+        """LRU-first sizes to evict (never pinned, never ``keep``) so that the resident set, plus one more
+        graph of ``new_bytes`` if given, fits the bounds. None if it cannot fit even after evicting every
+        candidate, or (``may_evict=False``) without evicting any."""
+        count = len(self._lru) + (new_bytes is not None)
+        nbytes = self.total_bytes + (new_bytes or 0)
         victims: list[int] = []
         for size, b in self._lru.items():
             if not self._over(count, nbytes):
@@ -218,4 +169,6 @@ class ResidencyBook:
                 continue
             victims.append(size)
             count, nbytes = count - 1, nbytes - b
-        return None if self._over(count, nbytes) else victims
+        if self._over(count, nbytes) or (victims and not may_evict):
+            return None
+        return victims

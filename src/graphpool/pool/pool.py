@@ -13,7 +13,7 @@ import torch
 from graphpool.pool.capture import CapturedGraph, Capturer, CudaGraphCapturer
 from graphpool.pool.config import PoolConfig
 from graphpool.pool.failures import CaptureError, CaptureFailureLog
-from graphpool.pool.policy import Action, MissContext, MissPolicy, ResidencyBook, make_policy
+from graphpool.pool.policy import CAPTURE, CaptureOnMiss, ResidencyBook, make_policy
 from graphpool.pool.stats import FallbackReason, PoolStats, StatsCounters
 
 logger = logging.getLogger(__name__)
@@ -70,7 +70,7 @@ class GraphPool:
         device: torch.device | str = "cuda",
         capturer: Capturer | None = None,
         *,
-        miss_policy: MissPolicy | None = None,
+        miss_policy: CaptureOnMiss | None = None,
     ) -> None:
         self.config = config = config if config is not None else PoolConfig()
         self.step = step
@@ -101,8 +101,7 @@ class GraphPool:
         self._static: list[dict[str, torch.Tensor]] = []
         if self._off is None:
             self._capturer = capturer if capturer is not None else CudaGraphCapturer(self.device, config.mempool)
-            # NOTE: normal tensors even if the pool is built under inference_mode, so that run() may copy into
-            # them in or out of inference_mode.
+            # NOTE: normal tensors even under inference_mode, so that run() may copy into them in or out of it.
             with torch.inference_mode(False):
                 self._static = self._alloc_static(self.ladder.max_size)
 
@@ -144,27 +143,103 @@ class GraphPool:
         """
         mbs = self._as_microbatches(inputs)
         rows = [self._rows(mb) for mb in mbs]
-        bs = max(rows)
-        if bs < 1:
+        if max(rows) < 1:
             raise ValueError("run() got an empty batch")
-        reason = self._static_reason(bs, max_len_in_batch)
+        if self._closed:
+            raise RuntimeError("GraphPool.run() after close()")
         with self.lock:
             if self._capturer is not None:
                 self._capturer.drain()
             self._counters.steps += 1
-            if reason is None:
-                graph, reason = self._acquire(self.ladder.find_closest(bs), mbs, rows)  # type: ignore[arg-type]
-                if graph is not None:
-                    self._write(mbs, rows, graph.size)
-                    self._capturer.replay(graph)  # type: ignore[union-attr]
-                    self.last_replayed = True
-                    outs = [graph.outputs] if len(mbs) == 1 else list(graph.outputs)
-                    sliced = [_slice(o, r, clone) for o, r in zip(outs, rows, strict=True)]
-                    return sliced[0] if len(mbs) == 1 else tuple(sliced)
-            self._counters.fallback(reason)  # type: ignore[arg-type]
+            got = self._graph_for(mbs, rows, max_len_in_batch)
+            if isinstance(got, CapturedGraph):
+                self._write(mbs, rows, got.size)
+                self._capturer.replay(got)  # type: ignore[union-attr]
+                self.last_replayed = True
+                outs = [got.outputs] if len(mbs) == 1 else list(got.outputs)
+                sliced = [_slice(o, r, clone) for o, r in zip(outs, rows, strict=True)]
+                return sliced[0] if len(mbs) == 1 else tuple(sliced)
+            self._counters.fallbacks[got] += 1
             self.last_replayed = False
         return self.step(*mbs)
 
+    def _graph_for(
+        self, mbs: Sequence[Batch], rows: Sequence[int], max_len_in_batch: int
+    ) -> CapturedGraph | FallbackReason:
+        """The whole graph decision of one step: the graph to replay (found, padded into, or captured now),
+        or why the step runs eagerly."""
+        if self._off is not None:
+            return self._off
+        bucket = self.ladder.find_closest(max(rows))
+        if bucket is None:
+            return FallbackReason.BATCH_TOO_LARGE
+        if max_len_in_batch > self.config.max_len_in_batch:
+            return FallbackReason.LEN_TOO_LARGE
+        self.policy.observe(bucket)
+        graph = self._graphs.get(bucket)
+        if graph is not None:
+            self._book.touch(bucket)
+            self._counters.hits += 1
+            return graph
+        self._counters.misses += 1
+        if bucket in self._blocked:
+            return self._blocked[bucket]
+        if bucket not in self._book.pinned:  # NOTE: a pinned size is meant to be resident: it skips the policy
+            victims = self._book.victims(self._book.estimate(bucket))
+            choice = self.policy.on_miss(bucket, self._book.sizes(), victims == [], victims[0] if victims else None)
+            if isinstance(choice, FallbackReason):
+                return choice
+            if choice != CAPTURE:
+                if not isinstance(choice, int) or choice < bucket or choice not in self._graphs:
+                    raise ValueError(f"miss policy chose to serve bs={bucket} with non-resident size {choice!r}")
+                self._book.touch(choice)
+                self._counters.padded_hits += 1
+                return self._graphs[choice]
+        self._write(mbs, rows, bucket)
+        return self._capture(bucket, may_evict=True)
+
+    def _capture(self, size: int, may_evict: bool) -> CapturedGraph | FallbackReason:
+        """Capture ``size`` from the static inputs as they are now, keeping the pool within its bounds."""
+        book = self._book
+        victims = book.victims(book.estimate(size), may_evict=may_evict)
+        if victims is None:  # the upper-bound estimate does not fit: the measured footprint is checked after
+            victims = book.victims(book.lower_estimate(size), may_evict=may_evict)
+            if victims is None:
+                return FallbackReason.OVER_BUDGET
+        for v in victims:
+            self._evict(v, "lru" if len(book) >= book.capacity else "budget")
+        views = [{s.name: static[s.name][:size] for s in self.specs} for static in self._static]
+        try:
+            graph = self._capturer.capture(size, lambda: self.step(*views))  # type: ignore[union-attr]
+        except CaptureError as e:
+            self._counters.capture_failures_by_kind[e.kind.value] += 1
+            self._blocked[size] = FallbackReason.CAPTURE_FAILED
+            self._failures.note(size, e)
+            return FallbackReason.CAPTURE_FAILED
+        self._counters.captured(graph.seconds)
+        self._graphs[size] = graph
+        book.add(size, graph.footprint)
+        if book.budget is not None and graph.footprint > book.budget:
+            self._blocked[size] = FallbackReason.OVER_BUDGET
+            logger.warning("graph pool: bs=%d needs %d bytes, more than the whole budget %d", size, graph.footprint, book.budget)
+            self._evict(size, "alone over budget")
+            return FallbackReason.OVER_BUDGET
+        victims = book.victims(keep=size, may_evict=may_evict)
+        if victims is None:
+            self._evict(size, "over budget")
+            return FallbackReason.OVER_BUDGET
+        for v in victims:
+            self._evict(v, "budget")
+        return graph
+
+    def _evict(self, size: int, why: str) -> None:
+        graph = self._graphs.pop(size)
+        nbytes = self._book.remove(size)
+        self._capturer.release(graph)  # type: ignore[union-attr]
+        self._counters.evictions += 1
+        self._evictions.note(size, nbytes, why)
+
+    # ---- static inputs -------------------------------------------------------------------------------
     def _as_microbatches(self, inputs: Batch | Sequence[Batch]) -> list[Batch]:
         mbs = [inputs] if isinstance(inputs, Mapping) else list(inputs)
         if len(mbs) != self.config.num_microbatches:
@@ -185,17 +260,6 @@ class GraphPool:
                 )
         return rows
 
-    def _static_reason(self, bs: int, max_len_in_batch: int) -> FallbackReason | None:
-        if self._closed:
-            raise RuntimeError("GraphPool.run() after close()")
-        if self._off is not None:
-            return self._off
-        if bs > self.ladder.max_size:
-            return FallbackReason.BATCH_TOO_LARGE
-        if max_len_in_batch > self.config.max_len_in_batch:
-            return FallbackReason.LEN_TOO_LARGE
-        return None
-
     def _write(self, mbs: Sequence[Batch], rows: Sequence[int], size: int) -> None:
         """Copy each microbatch into its static buffers, padding rows ``[live, size)`` with pad values."""
         for static, mb, r in zip(self._static, mbs, rows, strict=True):
@@ -210,87 +274,6 @@ class GraphPool:
         for static in self._static:
             for s in self.specs:
                 static[s.name][:size].fill_(s.pad_value)
-
-    # ---- hits, misses, capture -----------------------------------------------------------------------
-    def _acquire(
-        self, bucket: int, mbs: Sequence[Batch], rows: Sequence[int]
-    ) -> tuple[CapturedGraph | None, FallbackReason | None]:
-        self.policy.observe(bucket)
-        graph = self._graphs.get(bucket)
-        if graph is not None:
-            self._book.touch(bucket)
-            self._counters.hits += 1
-            return graph, None
-        self._counters.misses += 1
-        blocked = self._blocked.get(bucket)
-        if blocked is not None:
-            return None, blocked
-        if bucket not in self._book.pinned:
-            victims = self._book.victims_for(self._book.estimate(bucket))
-            ctx = MissContext(
-                bucket=bucket,
-                resident=self._book.sizes(),
-                has_room=victims == [],
-                victim=victims[0] if victims else None,
-            )
-            decision = self.policy.on_miss(ctx)
-            if decision.action is Action.EAGER:
-                return None, decision.reason or FallbackReason.NOT_ADMITTED
-            if decision.action is Action.SERVE_WITH:
-                size = decision.size
-                if size is None or size < bucket or size not in self._graphs:
-                    raise ValueError(f"miss policy chose to serve bs={bucket} with non-resident size {size}")
-                self._book.touch(size)
-                self._counters.padded_hits += 1
-                return self._graphs[size], None
-        self._write(mbs, rows, bucket)
-        return self._capture(bucket, may_evict=True)
-
-    def _capture(self, size: int, may_evict: bool) -> tuple[CapturedGraph | None, FallbackReason | None]:
-        """Capture ``size`` from the static inputs as they are now, keeping the pool within its bounds."""
-        def blocked(victims: list[int] | None) -> bool:
-            return victims is None or (bool(victims) and not may_evict)
-
-        victims = self._book.victims_for(self._book.estimate(size))
-        if blocked(victims):
-            # The upper-bound estimate does not fit: try the lower bound; the real footprint is checked after.
-            victims = self._book.victims_for(self._book.lower_estimate(size))
-            if blocked(victims):
-                return None, FallbackReason.OVER_BUDGET
-        assert victims is not None
-        for v in victims:
-            self._evict(v, "lru" if len(self._book) >= self._book.capacity else "budget")
-        views = [{s.name: static[s.name][:size] for s in self.specs} for static in self._static]
-        try:
-            graph = self._capturer.capture(size, lambda: self.step(*views))  # type: ignore[union-attr]
-        except CaptureError as e:
-            self._counters.capture_failed(e.kind.value)
-            self._blocked[size] = FallbackReason.CAPTURE_FAILED
-            self._failures.note(size, e)
-            return None, FallbackReason.CAPTURE_FAILED
-        self._counters.captured(graph.seconds)
-        self._graphs[size] = graph
-        self._book.add(size, graph.footprint)
-        budget = self._book.budget
-        if budget is not None and graph.footprint > budget:
-            self._blocked[size] = FallbackReason.OVER_BUDGET
-            logger.warning("graph pool: bs=%d needs %d bytes, more than the whole budget %d", size, graph.footprint, budget)
-            self._evict(size, "alone over budget")
-            return None, FallbackReason.OVER_BUDGET
-        victims = self._book.victims_over_budget(keep=size)
-        if victims is None or (victims and not may_evict):
-            self._evict(size, "over budget")
-            return None, FallbackReason.OVER_BUDGET
-        for v in victims:
-            self._evict(v, "budget")
-        return graph, None
-
-    def _evict(self, size: int, why: str) -> None:
-        graph = self._graphs.pop(size)
-        nbytes = self._book.remove(size)
-        self._capturer.release(graph)  # type: ignore[union-attr]
-        self._counters.evictions += 1
-        self._evictions.note(size, nbytes, why)
 
     # ---- management ----------------------------------------------------------------------------------
     def default_warmup_sizes(self) -> list[int]:
@@ -314,8 +297,7 @@ class GraphPool:
             for i, s in enumerate(order):
                 if s not in self._graphs and s not in self._blocked:
                     self._write_padding(s)
-                    graph, _ = self._capture(s, may_evict=False)
-                    if graph is not None:
+                    if isinstance(self._capture(s, may_evict=False), CapturedGraph):
                         captured.append(s)
                 if progress is not None:
                     progress(i + 1, len(order), s)

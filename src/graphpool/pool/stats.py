@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections import Counter
 from dataclasses import dataclass, field
@@ -10,7 +11,7 @@ from dataclasses import dataclass, field
 class FallbackReason(str, enum.Enum):
     """Why a step ran eagerly instead of replaying a graph."""
 
-    DISABLED = "disabled"  # graphs turned off (disable_cudagraph), or the pool was closed
+    DISABLED = "disabled"  # graphs turned off (PoolConfig.enabled=False: the engine's disable_cudagraph)
     NO_CUDA = "no_cuda"  # CPU device and no capturer
     BATCH_TOO_LARGE = "batch_too_large"  # batch above the ladder's largest size
     LEN_TOO_LARGE = "len_too_large"  # max_len_in_batch above the config's bound
@@ -34,8 +35,7 @@ class PoolStats:
     misses: int = 0
     captures: int = 0
     capture_failures: int = 0
-    # failed captures by CaptureFailureKind value ("oom", "capture_invalidated", "error"); they sum to
-    # capture_failures
+    # failed captures by CaptureFailureKind value ("oom", "capture_invalidated", "error"): sum capture_failures
     capture_failures_by_kind: dict[str, int] = field(default_factory=dict)
     evictions: int = 0
     fallbacks: dict[FallbackReason, int] = field(default_factory=dict)
@@ -48,47 +48,31 @@ class PoolStats:
 
     def as_dict(self) -> dict[str, object]:
         """Plain values (reason names as keys), for logs, JSON and metrics."""
-        return {
-            "steps": self.steps,
-            "hits": self.hits,
-            "padded_hits": self.padded_hits,
-            "misses": self.misses,
-            "captures": self.captures,
-            "capture_failures": self.capture_failures,
-            "capture_failures_by_kind": dict(self.capture_failures_by_kind),
-            "evictions": self.evictions,
-            "fallbacks": {r.value: n for r, n in self.fallbacks.items()},
-            "eager_steps": self.eager_steps,
-            "resident_graphs": self.resident_graphs,
-            "resident_bytes": self.resident_bytes,
-            "capture_seconds_total": self.capture_seconds_total,
-            "capture_seconds_max": self.capture_seconds_max,
-            "resident_sizes": list(self.resident_sizes),
-        }
+        return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
 
 
+def _plain(value: object) -> object:
+    if isinstance(value, tuple):
+        return list(value)
+    if isinstance(value, dict):
+        return {k.value if isinstance(k, enum.Enum) else k: n for k, n in value.items()}
+    return value
+
+
+@dataclass
 class StatsCounters:
-    """The pool's mutable counters; only touched under the pool's lock."""
+    """What the pool counts (only under its lock); ``snapshot`` derives the rest of ``PoolStats``."""
 
-    def __init__(self) -> None:
-        self.steps = 0
-        self.hits = 0
-        self.padded_hits = 0
-        self.misses = 0
-        self.captures = 0
-        self.capture_failures = 0
-        self.capture_failures_by_kind: Counter[str] = Counter()
-        self.evictions = 0
-        self.fallbacks: Counter[FallbackReason] = Counter()
-        self.capture_seconds_total = 0.0
-        self.capture_seconds_max = 0.0
-
-    def fallback(self, reason: FallbackReason) -> None:
-        self.fallbacks[reason] += 1
-
-    def capture_failed(self, kind: str) -> None:
-        self.capture_failures += 1
-        self.capture_failures_by_kind[kind] += 1
+    steps: int = 0
+    hits: int = 0
+    padded_hits: int = 0
+    misses: int = 0
+    captures: int = 0
+    evictions: int = 0
+    capture_failures_by_kind: Counter[str] = field(default_factory=Counter)
+    fallbacks: Counter[FallbackReason] = field(default_factory=Counter)
+    capture_seconds_total: float = 0.0
+    capture_seconds_max: float = 0.0
 
     def captured(self, seconds: float) -> None:
         self.captures += 1
@@ -96,20 +80,15 @@ class StatsCounters:
         self.capture_seconds_max = max(self.capture_seconds_max, seconds)
 
     def snapshot(self, resident_sizes: tuple[int, ...], resident_bytes: int) -> PoolStats:
+        counted = {
+            f.name: dict(v) if isinstance(v := getattr(self, f.name), Counter) else v
+            for f in dataclasses.fields(self)
+        }
         return PoolStats(
-            steps=self.steps,
-            hits=self.hits,
-            padded_hits=self.padded_hits,
-            misses=self.misses,
-            captures=self.captures,
-            capture_failures=self.capture_failures,
-            capture_failures_by_kind=dict(self.capture_failures_by_kind),
-            evictions=self.evictions,
-            fallbacks=dict(self.fallbacks),
+            **counted,
+            capture_failures=sum(self.capture_failures_by_kind.values()),
             eager_steps=sum(self.fallbacks.values()),
             resident_graphs=len(resident_sizes),
             resident_bytes=resident_bytes,
-            capture_seconds_total=self.capture_seconds_total,
-            capture_seconds_max=self.capture_seconds_max,
             resident_sizes=resident_sizes,
         )
