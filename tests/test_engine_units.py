@@ -65,7 +65,7 @@ def test_parse_bytes() -> None:
         ({"block_size": 12}, "power of two"),
         ({"kv_cache_fraction": 1.5}, "kv_cache_fraction"),
         ({"num_kv_blocks": 1}, "num_kv_blocks"),
-        ({"max_num_batched_tokens": 100, "max_model_len": 512}, "max_num_batched_tokens"),
+        ({"max_num_batched_tokens": 0}, "max_num_batched_tokens"),
         ({"graph_memory_budget": "huge"}, "byte size"),
         ({"graph_warmup": "some"}, "graph_warmup"),
         ({"max_graph_pool_size": 0}, "max_graph_pool_size"),

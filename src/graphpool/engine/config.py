@@ -71,7 +71,9 @@ class EngineConfig:
     block_size: int = 16
     kv_cache_fraction: float = 0.5
     num_kv_blocks: int | None = None  # overrides kv_cache_fraction (block 0 is the reserved dummy block)
-    max_num_batched_tokens: int | None = None  # prefill token budget per step; None -> max(max_model_len, 4096)
+    # prefill token budget per step (longer prompts are prefilled in chunks); None -> max(max_model_len, 4096)
+    max_num_batched_tokens: int | None = None
+    enable_prefix_caching: bool = True  # share the KV blocks of identical prompt prefixes between requests
     attn_backend: str = "auto"
     seed: int = 0
     profile_steps: bool = False  # synchronize around each step's forward to time it (benchmarks only)
@@ -110,11 +112,6 @@ class EngineConfig:
             raise ValueError(f"block_size must be a power of two, got {self.block_size}")
         if not 0 < self.kv_cache_fraction < 1:
             raise ValueError(f"kv_cache_fraction must be in (0, 1), got {self.kv_cache_fraction}")
-        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < self.max_model_len:
-            raise ValueError(
-                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_model_len "
-                f"({self.max_model_len}): a whole prompt is prefilled in one step"
-            )
         if self.graph_memory_budget is not None:
             budget = parse_bytes(self.graph_memory_budget)
             if budget <= 0:
@@ -134,7 +131,7 @@ class EngineConfig:
             object.__setattr__(self, "graph_warmup", sizes)
         elif self.graph_warmup not in WARMUP_MODES:
             raise ValueError(f"graph_warmup must be 'none', 'cover', 'all' or a tuple of sizes, got {self.graph_warmup!r}")
-        for name in ("disable_cudagraph", "profile_steps"):
+        for name in ("disable_cudagraph", "profile_steps", "enable_prefix_caching"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         self._resolve_pool_size()

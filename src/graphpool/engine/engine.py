@@ -18,6 +18,7 @@ from graphpool.engine.outputs import (
     find_stop_string,
     make_output,
 )
+from graphpool.engine.prefix_cache import PrefixCacheStats
 from graphpool.engine.runner import ModelRunner
 from graphpool.engine.sampler import Sampler
 from graphpool.engine.sampling_params import InvalidParam, SamplingParams, check_text
@@ -69,7 +70,7 @@ class LLMEngine:
         )
         self.kv_caches = allocate_kv_caches(self.model_config, num_blocks, bs, self.dtype, self.device)
         max_blocks = max(-(-config.max_model_len // bs), -(-config.len_bound // bs))
-        self.block_manager = BlockManager(num_blocks, bs, max_blocks)
+        self.block_manager = BlockManager(num_blocks, bs, max_blocks, config.enable_prefix_caching)
         self.scheduler = Scheduler(
             self.block_manager, max_num_seqs=config.max_num_seqs, token_budget=config.token_budget
         )
@@ -158,16 +159,20 @@ class LLMEngine:
             events[0].record()
         forward_start = time.perf_counter()
         if batch.is_prefill:
-            logits = self.runner.prefill(seqs)
+            logits = self.runner.prefill(batch.chunks)
             graph = False
-            num_tokens = sum(s.num_tokens for s in seqs)
-            self.prompt_tokens_total += sum(s.num_prompt_tokens for s in seqs if s.num_preemptions == 0)
         else:
             logits, graph = self.runner.decode(seqs, batch.slots)
-            num_tokens = len(seqs)
         if profile:
             events[1].record()
-        next_tokens = self.sampler.sample(logits, seqs).tolist()  # NOTE: the one host sync of a step
+        # NOTE: the one host sync of a step (none for a step of prompt chunks that are not their last)
+        next_tokens = self.sampler.sample(logits, seqs).tolist() if seqs else []
+        # the KV of every scheduled token is written now: its full blocks become prefix-cache entries
+        for chunk in batch.chunks:
+            self.block_manager.commit(chunk.seq, chunk.end)
+        if not batch.is_prefill:
+            for seq in seqs:
+                self.block_manager.commit(seq, seq.num_tokens)
         forward_seconds: float | None = None
         if profile:
             events[1].synchronize()
@@ -176,12 +181,15 @@ class LLMEngine:
             forward_seconds = time.perf_counter() - forward_start
         outputs = [self._append(seq, token) for seq, token in zip(seqs, next_tokens, strict=True)]
         self.last_step = StepInfo(
-            kind="prefill" if batch.is_prefill else "decode", batch_size=len(seqs), num_tokens=num_tokens,
+            kind="prefill" if batch.is_prefill else "decode", batch_size=len(batch.chunks or seqs),
+            num_tokens=batch.num_tokens,
             seconds=time.perf_counter() - start, graph=graph, forward_seconds=forward_seconds,
         )
         return outputs
 
     def _append(self, seq: Sequence, token: int) -> RequestOutput:
+        if seq.num_output_tokens == 0:  # its prompt is computed (once: a preempted request has output)
+            self.prompt_tokens_total += seq.num_prompt_tokens
         seq.token_ids.append(token)
         self.generation_tokens_total += 1
         params = seq.params
@@ -205,6 +213,9 @@ class LLMEngine:
         return make_output(seq, [token])
 
     # introspection ------------------------------------------------------------------------------------
+    def prefix_cache_stats(self) -> PrefixCacheStats:
+        return self.block_manager.pool.stats()
+
     def graph_stats(self) -> PoolStats | None:
         return self.runner.pool.stats() if self.runner.graphs_enabled else None
 

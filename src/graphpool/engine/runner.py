@@ -1,4 +1,4 @@
-"""Runs the model: prefill eagerly, decode through the graph pool."""
+"""Runs the model: prefill (chunks) eagerly, decode through the graph pool."""
 
 from __future__ import annotations
 
@@ -11,10 +11,13 @@ import torch
 from graphpool.engine.config import EngineConfig
 from graphpool.engine.decode_step import decode_forward, decode_input_specs
 from graphpool.engine.kv_cache import BlockManager, KVCache
+from graphpool.engine.scheduler import PrefillChunk
 from graphpool.engine.sequence import Sequence
 from graphpool.model.attn_metadata import AttentionMetadata
 from graphpool.pool import GraphPool
 from graphpool.pool.capture import Capturer
+
+_PAGED_POSITIONS = 1 << 18  # context positions the torch attention of one paged-prefill piece may gather
 
 
 class ModelRunner:
@@ -49,27 +52,92 @@ class ModelRunner:
         return torch.tensor(values, dtype=dtype, pin_memory=self._pin).to(self.device, non_blocking=True)
 
     @torch.inference_mode()
-    def prefill(self, seqs: list[Sequence]) -> torch.Tensor:
-        """Whole sequences (prompt + any output so far, after a preemption), eagerly -> logits [n, vocab]."""
+    def prefill(self, chunks: list[PrefillChunk]) -> torch.Tensor:
+        """Prefill chunks, eagerly -> logits [number of last chunks, vocab], in chunk order.
+
+        A chunk from position 0 runs the model's prefill attention (SDPA within the chunk). A chunk after a
+        cached prefix (a prefix-cache hit or an earlier chunk) must also attend to the prefix's K/V, which the
+        model's prefill attention does not read: it runs as decode-attention rows instead, one row per token
+        over the paged cache (`_paged_prefill`).
+        """
+        hidden: dict[int, torch.Tensor] = {}
+        fresh = [i for i, c in enumerate(chunks) if c.start == 0]
+        resumed = [i for i, c in enumerate(chunks) if c.start > 0]
+        if fresh:
+            hidden.update(self._fresh_prefill([chunks[i] for i in fresh], fresh))
+        if resumed:
+            hidden.update(self._paged_prefill([chunks[i] for i in resumed], resumed))
+        last = [hidden[i] for i, c in enumerate(chunks) if c.is_last]
+        if not last:
+            return torch.empty((0, 0), device=self.device)
+        return self.model.compute_logits(torch.stack(last))
+
+    def _fresh_prefill(self, chunks: list[PrefillChunk], index: list[int]) -> dict[int, torch.Tensor]:
         ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
         seq_lens: list[int] = []
-        for seq in seqs:
-            n = seq.num_tokens
-            ids.extend(seq.token_ids)
-            positions.extend(range(n))
-            slots.extend(self.block_manager.slots(seq.request_id, 0, n))
-            seq_lens.append(n)
+        for c in chunks:
+            ids.extend(c.seq.token_ids[:c.end])
+            positions.extend(range(c.end))
+            slots.extend(self.block_manager.slots(c.seq.request_id, 0, c.end))
+            seq_lens.append(c.end)
         meta = AttentionMetadata(
             is_prefill=True,
             positions=self._to_device(positions, torch.int64),
             slot_mapping=self._to_device(slots, torch.int64),
             seq_lens=seq_lens,
         )
-        hidden = self.model(self._to_device(ids, torch.int64), meta, self.kv_caches)
-        last = self._to_device([n - 1 for n in accumulate(seq_lens)], torch.int64)
-        return self.model.compute_logits(hidden.index_select(0, last))
+        out = self.model(self._to_device(ids, torch.int64), meta, self.kv_caches)
+        ends = list(accumulate(seq_lens))
+        return {i: out[e - 1] for i, c, e in zip(index, chunks, ends, strict=True) if c.is_last}
+
+    def _paged_prefill(self, chunks: list[PrefillChunk], index: list[int]) -> dict[int, torch.Tensor]:
+        """Token p of a chunk is a decode row with context p + 1 over its request's block table: the model
+        writes a layer's K/V for all rows before that layer's attention, so a row sees the prefix and the
+        chunk's earlier tokens, i.e. exactly causal attention. NOTE: the torch attention gathers every row's
+        context (rows x bound positions), so its rows run in pieces of at most _PAGED_POSITIONS positions; a
+        later piece reads what an earlier one wrote."""
+        bm = self.block_manager
+        ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        owner: list[int] = []
+        for k, c in enumerate(chunks):
+            ids.extend(c.seq.token_ids[c.start:c.end])
+            positions.extend(range(c.start, c.end))
+            slots.extend(bm.slots(c.seq.request_id, c.start, c.end))
+            owner.extend([k] * (c.end - c.start))
+        max_ctx = max(c.end for c in chunks)
+        # NOTE: a power-of-two bound: few decode-kernel variants (its launch constants follow the bound).
+        bound = 1 << (max_ctx - 1).bit_length()
+        width = max(self.max_blocks, -(-bound // self.block_size))
+        table_rows = np.stack([bm.row(c.seq.request_id) for c in chunks])
+        if table_rows.shape[1] < width:
+            table_rows = np.pad(table_rows, ((0, 0), (0, width - table_rows.shape[1])))
+        table_rows = table_rows[:, :width]
+        piece = len(ids)
+        if self.model.attn_backend == "torch":
+            piece = max(1, _PAGED_POSITIONS // (-(-bound // self.block_size) * self.block_size))
+        last_row = {k: i for i, k in enumerate(owner)}  # the last row of each chunk
+        wanted = {last_row[k]: index[k] for k, c in enumerate(chunks) if c.is_last}
+        out: dict[int, torch.Tensor] = {}
+        for lo in range(0, len(ids), piece):
+            hi = min(lo + piece, len(ids))
+            tables = torch.from_numpy(np.ascontiguousarray(table_rows[owner[lo:hi]]))
+            if self._pin:
+                tables = tables.pin_memory()
+            meta = AttentionMetadata(
+                is_prefill=False,
+                positions=self._to_device(positions[lo:hi], torch.int64),
+                slot_mapping=self._to_device(slots[lo:hi], torch.int64),
+                block_tables=tables.to(self.device, non_blocking=True),
+                context_lens=self._to_device([p + 1 for p in positions[lo:hi]], torch.int32),
+                max_len_bound=bound,
+            )
+            hidden = self.model(self._to_device(ids[lo:hi], torch.int64), meta, self.kv_caches)
+            out.update({wanted[r]: hidden[r - lo] for r in range(lo, hi) if r in wanted})
+        return out
 
     @torch.inference_mode()
     def decode(self, seqs: list[Sequence], slots: list[int]) -> tuple[torch.Tensor, bool]:

@@ -1,4 +1,4 @@
-"""Continuous batching: admit and prefill waiting requests, else decode every running request."""
+"""Continuous batching: prefill (in chunks within a token budget) and decode steps, strictly interleaved."""
 
 from __future__ import annotations
 
@@ -9,21 +9,49 @@ from graphpool.engine.kv_cache import BlockManager
 from graphpool.engine.sequence import Sequence, Status
 
 
+@dataclass(frozen=True)
+class PrefillChunk:
+    """Tokens [start, end) of `seq` to compute; positions [0, start) are already in the KV cache."""
+
+    seq: Sequence
+    start: int
+    end: int
+
+    @property
+    def is_last(self) -> bool:
+        """The chunk ends at the sequence's last token: its logits are sampled."""
+        return self.end == self.seq.num_tokens
+
+
 @dataclass
 class ScheduledBatch:
     is_prefill: bool
+    # the sequences that get a token this step (prefill: those whose last chunk runs)
     seqs: list[Sequence]
     # decode only: the flat KV slot each sequence's input token writes
     slots: list[int] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
+    chunks: list[PrefillChunk] = field(default_factory=list)  # prefill only, in batch order
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(c.end - c.start for c in self.chunks) if self.is_prefill else len(self.seqs)
 
 
 class Scheduler:
-    """FCFS admission, recompute preemption.
+    """FCFS admission, chunked prefill, recompute preemption.
+
+    A step is either a prefill step (chunks of admitted prompts, at most `token_budget` tokens in all) or a
+    decode step (one token for every request whose prompt is computed). NOTE: strict interleaving: after a
+    prefill step, if any request can decode, the next step is a decode step, so a stream waits for at most one
+    prefill step between its tokens. A prompt is split only when it does not fit the rest of the budget of an
+    otherwise empty step (later chunks take a slower attention path, see runner.prefill), so a step packs whole
+    prompts first.
 
     NOTE: invariants: a request is in exactly one of `waiting` / `running` until it finishes; a running
-    request holds KV blocks for all its cached tokens; a waiting request holds none. `running` is in
-    admission order, so the most recently admitted request is the last one.
+    request holds KV blocks for its whole prompt from admission on (so a chunked prefill never needs more
+    blocks) and for all its cached tokens; a waiting request holds none. `running` is in admission order, so
+    the most recently admitted request is the last one.
     """
 
     def __init__(self, block_manager: BlockManager, *, max_num_seqs: int, token_budget: int) -> None:
@@ -33,6 +61,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        self._last_was_prefill = False
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -41,46 +70,79 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def schedule(self) -> ScheduledBatch | None:
-        prefill = self._schedule_prefill()
-        if prefill is not None:
+        can_decode = any(not s.is_prefilling for s in self.running)
+        if not (self._last_was_prefill and can_decode):
+            prefill = self._schedule_prefill()
+            if prefill is not None:
+                self._last_was_prefill = True
+                return prefill
+        self._last_was_prefill = False
+        decode = self._schedule_decode()
+        if decode is None:
+            prefill = self._schedule_prefill()
+            self._last_was_prefill = prefill is not None
             return prefill
-        return self._schedule_decode()
+        return decode
 
     def _schedule_prefill(self) -> ScheduledBatch | None:
         bm = self.block_manager
-        batch: list[Sequence] = []
-        tokens = 0
-        while self.waiting and len(self.running) < self.max_num_seqs:
+        budget = self.token_budget
+        chunks: list[PrefillChunk] = []
+
+        def add_chunk(seq: Sequence) -> None:
+            nonlocal budget
+            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            chunks.append(PrefillChunk(seq, seq.num_computed_tokens, seq.num_computed_tokens + n))
+            seq.num_computed_tokens += n
+            budget -= n
+
+        for seq in self.running:  # prompts admitted earlier and still prefilling go first
+            if budget == 0:
+                break
+            if seq.is_prefilling and not (chunks and seq.num_tokens - seq.num_computed_tokens > budget):
+                add_chunk(seq)
+        while self.waiting and len(self.running) < self.max_num_seqs and budget > 0:
             seq = self.waiting[0]
-            if batch and tokens + seq.num_tokens > self.token_budget:
+            cached = bm.match_prefix(seq)
+            num_cached = len(cached) * bm.block_size
+            if chunks and seq.num_tokens - num_cached > budget:
                 break
             # NOTE: keep one free block per running request so admission does not force an immediate
             # preemption on the next decode step; with nothing running, any request that fits is admitted.
-            if not bm.can_allocate(seq.num_tokens, reserve=len(self.running)):
+            if not bm.can_allocate(seq.num_tokens, reserve=len(self.running), cached=cached):
                 break
             self.waiting.popleft()
-            bm.allocate(seq.request_id, seq.num_tokens)
+            bm.allocate(seq.request_id, seq.num_tokens, cached)
+            bm.pool.queries_tokens += seq.num_tokens
+            bm.pool.hits_tokens += num_cached
             seq.status = Status.RUNNING
+            seq.num_computed_tokens = num_cached
             self.running.append(seq)
-            batch.append(seq)
-            tokens += seq.num_tokens
-        return ScheduledBatch(is_prefill=True, seqs=batch) if batch else None
+            if seq.is_prefilling:  # else only its last token is left: the next decode step computes it
+                add_chunk(seq)
+        if not chunks:
+            return None
+        return ScheduledBatch(is_prefill=True, seqs=[c.seq for c in chunks if c.is_last], chunks=chunks)
 
     def _schedule_decode(self) -> ScheduledBatch | None:
         bm = self.block_manager
-        pending = list(self.running)
         batch: list[Sequence] = []
         slots: list[int] = []
         preempted: list[Sequence] = []
-        while pending:
-            seq = pending.pop(0)
+        for seq in [s for s in self.running if not s.is_prefilling]:
+            if seq.status is not Status.RUNNING:  # preempted for an earlier one
+                continue
             position = seq.num_tokens - 1
-            while not bm.can_append_slot(seq.request_id, position) and pending:
-                preempted.append(self._preempt(pending.pop()))
+            while not bm.can_append_slot(seq.request_id, position):
+                victim = next((s for s in reversed(self.running) if s is not seq and s not in batch), None)
+                if victim is None:
+                    break
+                preempted.append(self._preempt(victim))
             if not bm.can_append_slot(seq.request_id, position):
                 preempted.append(self._preempt(seq))
                 continue
             slots.append(bm.append_slot(seq.request_id, position))
+            seq.num_computed_tokens = seq.num_tokens
             batch.append(seq)
         if not batch:
             return None
@@ -91,6 +153,7 @@ class Scheduler:
         self.block_manager.free(seq.request_id)
         self.running.remove(seq)
         seq.status = Status.WAITING
+        seq.num_computed_tokens = 0
         seq.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(seq)

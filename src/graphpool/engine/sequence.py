@@ -20,6 +20,8 @@ class Sequence:
 
     `token_ids` is prompt + generated. KV slots are written for every token but the last one, which is the
     input of the next decode step (after a prefill, all tokens but the newly sampled one are cached).
+    `num_computed_tokens` counts the leading tokens whose KV is (or, once the scheduled step ran, will be)
+    in the cache: a prefix-cache hit, then prefill chunks; the scheduler advances it when it schedules work.
     """
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
@@ -33,6 +35,8 @@ class Sequence:
         self.status = Status.WAITING
         self.finish_reason: str | None = None
         self.num_preemptions = 0
+        self.num_computed_tokens = 0
+        self.block_keys: list[bytes] = []  # prefix-cache keys of its full blocks (see engine.prefix_cache)
         self.penalty_row: int | None = None  # the sampler's token-count row, for requests with penalties
         # detokenizer state (see engine.detokenize)
         self.text = ""
@@ -59,6 +63,11 @@ class Sequence:
     @property
     def last_token(self) -> int:
         return self.token_ids[-1]
+
+    @property
+    def is_prefilling(self) -> bool:
+        """Admitted with more than its last token still to compute (the last token alone is a decode)."""
+        return self.num_computed_tokens < self.num_tokens - 1
 
     @property
     def finished(self) -> bool:
