@@ -76,7 +76,8 @@ def test_replay_records_token_times_in_wall_clock_and_aborts_at_the_end() -> Non
     rr = replay_trace(eng, trace, duration_s=0.3)
     first, long, late = rr.timelines
     assert first.finished and len(first.token_times) == 3
-    assert first.token_times[0] >= 0.0 and first.token_times == sorted(first.token_times)
+    # arrives at 0 s: its first token comes at the end of its prefill step (one 2 ms fake step), on the replay's clock
+    assert 0.002 <= first.token_times[0] < rr.duration_s and first.token_times == sorted(first.token_times)
     assert long.token_times[0] >= 0.05  # not served before it arrived
     assert not long.finished and eng.aborted == ["r1"] and rr.aborted == 1
     assert late.token_times == []  # arrives after the window: never added
@@ -110,10 +111,13 @@ def test_warm_sweep_runs_one_request_at_a_time_with_one_decode_at_each_context()
     times = sweep_contexts(eng, [2, 100, 2047])
     assert eng.prompt_lens == {"c2": 1, "c100": 99, "c2047": 2046}  # decode context = prompt + 1 token
     assert eng.decode_batches == [1, 1, 1] and len(times) == 3  # alone: the step's bound is that context
-    rep = warm_engine(FakeEngine(step_s=0.0), 200)
+    rep = warm_engine(FakeEngine(step_s=0.001), 200)
     assert rep.contexts == [32, 96, 160, 200]
     assert rep.decode_steps == 2 * 4 + 17  # two sweeps + batches shrinking 17 -> 1 (17 steps)
-    assert rep.first_pass_max_ms >= 0.0 and rep.seconds > 0.0
+    # every fake step sleeps 1 ms: each pass's slowest decode step is at least that, in milliseconds, and the
+    # warm-up's wall time covers its 25 decode and 9 prefill steps
+    assert rep.first_pass_max_ms >= 1.0 and rep.second_pass_max_ms >= 1.0
+    assert rep.seconds >= 34 * 0.001
 
 
 def test_trace_bench_config_max_context_is_the_longest_reachable() -> None:

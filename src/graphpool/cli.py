@@ -5,66 +5,13 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from graphpool.engine.args import add_engine_args, engine_config_from_args
+from graphpool.engine.pool_summary import describe
 
 if TYPE_CHECKING:
-    from graphpool.engine.config import EngineConfig
     from graphpool.engine.engine import LLMEngine
-
-# flag -> EngineConfig field; only flags the user gave are passed, so EngineConfig keeps the one set of defaults
-_ENGINE_FLAGS: dict[str, str] = {}
-
-
-def add_engine_args(parser: argparse.ArgumentParser) -> None:
-    """Model, KV cache and graph pool flags, shared by `generate`, `serve` and `bench`."""
-
-    def add(flag: str, field: str, **kwargs: Any) -> None:
-        _ENGINE_FLAGS[flag] = field
-        group.add_argument(flag, dest=field, default=None, **kwargs)
-
-    group = parser.add_argument_group("model and KV cache")
-    add("--model", "model", help="'smollm2-135m-instruct' (embedded default), a .gguf file, a Hugging Face "
-        "folder, or random:<preset> (random weights, e.g. random:llama3.2-1b)")
-    add("--device", "device", help="auto (default), cpu, cuda, cuda:N")
-    add("--dtype", "dtype", choices=["auto", "float32", "bfloat16", "float16"],
-        help="auto: bfloat16 on CUDA, float32 on CPU")
-    add("--attn-backend", "attn_backend", choices=["auto", "torch", "triton"],
-        help="decode attention: auto = triton on CUDA, torch on CPU")
-    add("--max-num-seqs", "max_num_seqs", type=int, help="most requests decoding at once (default 256)")
-    add("--max-model-len", "max_model_len", type=int, help="prompt + output tokens per request (default 2048)")
-    add("--max-num-batched-tokens", "max_num_batched_tokens", type=int, help="prefill tokens per step")
-    add("--kv-cache-fraction", "kv_cache_fraction", type=float,
-        help="share of free GPU memory (after loading the model) for the KV cache (default 0.5)")
-    add("--num-kv-blocks", "num_kv_blocks", type=int, help="exact number of KV blocks (overrides the fraction)")
-    add("--block-size", "block_size", type=int, help="tokens per KV block (default 16)")
-    add("--seed", "seed", type=int, help="engine random seed (default 0)")
-    group = parser.add_argument_group("CUDA graph pool")
-    add("--max-graph-pool-size", "max_graph_pool_size", type=int, help="most graphs resident at once (default 16; the whole ladder with --graph-warmup all)")
-    add("--graph-max-batch-size", "graph_max_batch_size", type=int, help="largest graph batch size (256)")
-    add("--graph-split-batch-size", "graph_split_batch_size", type=int,
-        help="every batch size up to this one gets its own graph size (32)")
-    add("--graph-grow-step-size", "graph_grow_step_size", type=int, help="graph size step above the split (16)")
-    add("--graph-max-len-in-batch", "graph_max_len_in_batch", type=int,
-        help="longest context a graph serves; longer steps run eagerly (default: max-model-len)")
-    add("--graph-memory-budget", "graph_memory_budget",
-        help="device memory for all resident graphs, e.g. 512MiB, 2GiB, or bytes (default: no byte bound)")
-    add("--graph-miss-policy", "graph_miss_policy", choices=["capture", "admit"],
-        help="on a miss: capture at once, or admit sizes seen often (default: the pool's)")
-    add("--graph-mempool", "graph_mempool", choices=["per_graph", "shared"],
-        help="one memory pool per graph (eviction frees memory) or one shared pool")
-    add("--graph-warmup", "graph_warmup", help="capture at start-up: cover (default: a padding cover of the ladder), none, all, or sizes like 1,2,4,8")
-    _ENGINE_FLAGS["--disable-cudagraph"] = "disable_cudagraph"
-    group.add_argument("--disable-cudagraph", dest="disable_cudagraph", action="store_true", default=None,
-                       help="run every decode step eagerly")
-
-
-def engine_config_from_args(args: argparse.Namespace, **overrides: Any) -> EngineConfig:
-    """EngineConfig from the flags the user gave (everything else keeps EngineConfig's defaults)."""
-    from graphpool.engine.config import EngineConfig
-
-    kwargs = {field: getattr(args, field) for field in _ENGINE_FLAGS.values() if getattr(args, field, None) is not None}
-    kwargs.update(overrides)
-    return EngineConfig(**kwargs)
 
 
 def describe_graphs(engine: LLMEngine) -> str:
@@ -75,13 +22,7 @@ def describe_graphs(engine: LLMEngine) -> str:
     stats = engine.graph_stats()
     if stats is None:
         return "graph pool: off (--disable-cudagraph), decode ran eagerly"
-    budget = f" of {config.graph_memory_budget / 2**20:.0f} MiB budget" if config.graph_memory_budget else ""
-    return (
-        f"graph pool: {stats.resident_graphs}/{config.max_graph_pool_size} graphs resident "
-        f"({stats.resident_bytes / 2**20:.1f} MiB{budget}); {stats.steps} decode steps: {stats.hits} hits, "
-        f"{stats.padded_hits} padded hits, {stats.misses} misses, {stats.captures} captures "
-        f"({stats.capture_seconds_total:.2f} s), {stats.evictions} evictions, {stats.eager_steps} eager"
-    )
+    return f"graph pool: {describe(stats, config.max_graph_pool_size, config.graph_memory_budget)}"
 
 
 # generate -------------------------------------------------------------------------------------------------

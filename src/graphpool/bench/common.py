@@ -60,23 +60,13 @@ def collect_env(argv: Sequence[str] | None = None, device: torch.device | None =
     )
 
 
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(name)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {name!r} asked for, but CUDA is not available on this machine")
-    return dev
+def device_and_dtype(device: str, dtype: str) -> tuple[torch.device, torch.dtype]:
+    """`--device` and `--dtype` read as the engine reads them (EngineConfig): a CUDA device with its index,
+    `auto` dtype bfloat16 on CUDA and float32 on the CPU."""
+    from graphpool.engine.config import EngineConfig
 
-
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    table = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}
-    table |= {"fp32": torch.float32, "float32": torch.float32}
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    if name not in table:
-        raise ValueError(f"unknown dtype {name!r}; choose one of auto, {', '.join(table)}")
-    return table[name]
+    config = EngineConfig(device=device, dtype=dtype)
+    return config.torch_device, config.torch_dtype
 
 
 # ---------------------------------------------------------------- statistics
@@ -144,7 +134,7 @@ def time_ms(fn: Callable[[], object], device: torch.device, warmup: int, reps: i
 
 def measure_hbm_bandwidth(device: torch.device, nbytes: int = 2 * GIB, reps: int = 20) -> float:
     """Bytes/s of a large device-to-device copy, counting bytes read plus bytes written."""
-    # NOTE: random data, not zeros (METHOD.md); the element type does not matter, only the bytes.
+    # NOTE: random data like real weights and KV, not zeros; the element type does not matter, only the bytes.
     src = torch.randn(nbytes // 4, device=device, dtype=torch.float32)
     dst = torch.empty_like(src)
     times = time_ms(lambda: dst.copy_(src), device, warmup=3, reps=reps)

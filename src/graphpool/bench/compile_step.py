@@ -3,9 +3,8 @@
 NOTE: it compiles the plain-PyTorch-ops twin of the benched model (attn_backend="torch", the same seeded
 random weights, sharing the same KV cache and inputs), not the Triton one: inductor re-compiles user-defined
 Triton kernels itself, and on the H200 (torch 2.11, triton 3.6) that fails at every size on our decode
-attention ("Loop-carried variable m_i has initial type fp32 but is re-assigned to fp64"). The plain-ops step
-is also what anchors.md measured ("the same step in plain PyTorch ops"). A compile failure is still a
-result: it is recorded in the row, never raised.
+attention ("Loop-carried variable m_i has initial type fp32 but is re-assigned to fp64"). A compile
+failure is still a result: it is recorded in the row, never raised.
 """
 
 from __future__ import annotations
@@ -13,17 +12,14 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import torch
 
 from graphpool.bench import common
 from graphpool.bench.common import median, progress
 from graphpool.bench.decode import DecodeSetup, StepFn, build_random_model, model_label
+from graphpool.bench.step_config import StepBenchConfig, StepRow
 from graphpool.model.config import ModelConfig
-
-if TYPE_CHECKING:
-    from graphpool.bench.step import StepBenchConfig, StepRow
 
 COMPILE_NOTE = ("torch.compile(mode=\"reduce-overhead\") of the same step built from plain PyTorch ops "
                 "(attn_backend=\"torch\", the same random weights, KV cache and inputs): inductor cannot "

@@ -175,10 +175,9 @@ def markdown(layouts: Sequence[LayoutResult], budget: BudgetResult, cfg: MemoryB
 
 @torch.inference_mode()
 def run_memory_bench(cfg: MemoryBenchConfig, out_dir: Path, argv: Sequence[str] | None = None) -> dict[str, object]:
-    device = common.resolve_device(cfg.device)
+    device, dtype = common.device_and_dtype(cfg.device, cfg.dtype)
     if device.type != "cuda":
         raise ValueError("the memory bench measures CUDA graph memory: it needs a CUDA device")
-    dtype = common.resolve_dtype(cfg.dtype, device)
     env = common.collect_env(argv, device)
     print(env.header_markdown(), flush=True)
     progress(f"memory bench: {cfg.model} on {env.gpu}")

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from graphpool.bench.latency import cdf_points
 
 if TYPE_CHECKING:
-    from graphpool.bench.step import StepRow
+    from graphpool.bench.step_config import StepRow
 
 
 def _pyplot() -> Any:

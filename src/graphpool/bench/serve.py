@@ -41,7 +41,7 @@ class ServeConfig:
 
 def ladder_size(server_args: Sequence[str]) -> int:
     """Sizes in the pool's ladder under the server's graph flags (the pass-through ones included)."""
-    from graphpool.cli import add_engine_args, engine_config_from_args
+    from graphpool.engine.args import add_engine_args, engine_config_from_args
 
     parser = argparse.ArgumentParser(add_help=False)
     add_engine_args(parser)

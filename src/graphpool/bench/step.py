@@ -7,7 +7,6 @@ import argparse
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -16,60 +15,8 @@ from graphpool.bench import common
 from graphpool.bench.common import md_table, median, progress, ratio
 from graphpool.bench.compile_step import COMPILE_NOTE, compile_model
 from graphpool.bench.decode import DecodeSetup, StepFn, build_random_model, model_label, setup_input_specs
+from graphpool.bench.step_config import DEFAULT_SIZES, StepBenchConfig, StepRow
 from graphpool.model.config import ModelConfig
-
-DEFAULT_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-
-
-@dataclass(frozen=True)
-class StepBenchConfig:
-    models: tuple[str | ModelConfig, ...] = ("llama3.2-1b", "llama3-8b")
-    batch_sizes: tuple[int, ...] = DEFAULT_SIZES
-    compile_sizes: tuple[int, ...] = (1, 32)  # torch.compile costs ~20-30 s per size
-    context_len: int = 1024
-    block_size: int = 16
-    device: str = "auto"
-    dtype: str = "auto"
-    attn_backend: str = "auto"
-    warmup: int = 5
-    reps: int = 30
-    use_pool: bool = True
-
-    def __post_init__(self) -> None:
-        if not self.models:
-            raise ValueError("step bench: give at least one model")
-        for name in ("batch_sizes", "compile_sizes"):
-            sizes = getattr(self, name)
-            if any(s < 1 for s in sizes):
-                raise ValueError(f"step bench: {name} must be >= 1, got {sizes}")
-        if not self.batch_sizes:
-            raise ValueError("step bench: give at least one batch size")
-        if self.context_len < 1 or self.block_size < 1 or self.warmup < 0 or self.reps < 1:
-            raise ValueError("step bench: context_len, block_size, reps must be >= 1 and warmup >= 0")
-
-
-@dataclass
-class StepRow:
-    model: str
-    batch_size: int
-    eager_ms: float
-    graph_ms: float = math.nan  # torch.cuda.graph replay of the step
-    pool_ms: float = math.nan  # GraphPool.run (copy-in, replay, slice out)
-    # torch.compile(mode="reduce-overhead") of the plain-torch-ops twin of the step (compile_step.py says why)
-    compile_ms: float = math.nan
-    compile_s: float = math.nan  # first calls of the compiled step (compile + its own capture)
-    compile_cudagraph_skips: int | None = None  # inductor's count of skipped cudagraph partitions
-    compile_error: str | None = None
-    torch_ops_eager_ms: float = math.nan  # the plain-torch-ops step, eager: the compile's own baseline
-    compile_rel_err: float = math.nan  # ||compiled - plain-ops eager|| / ||plain-ops eager||, same inputs
-    capture_ms: float = math.nan  # torch.cuda.graph capture alone (after one warm-up run)
-    graph_rel_err: float = math.nan  # ||graph - eager|| / ||eager|| on the same inputs
-    weight_bytes: int = 0
-    kv_bytes: int = 0
-    floor_ms: float = math.nan
-    speedup: float = math.nan  # eager / graph
-    graph_over_floor: float = math.nan
-    notes: list[str] = field(default_factory=list)
 
 
 def _capture(step: StepFn, static: dict[str, torch.Tensor]) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, float]:
@@ -200,8 +147,7 @@ def markdown(rows: Sequence[StepRow], bandwidth: float, cfg: StepBenchConfig) ->
 
 
 def run_step_bench(cfg: StepBenchConfig, out_dir: Path, argv: Sequence[str] | None = None) -> dict[str, object]:
-    device = common.resolve_device(cfg.device)
-    dtype = common.resolve_dtype(cfg.dtype, device)
+    device, dtype = common.device_and_dtype(cfg.device, cfg.dtype)
     env = common.collect_env(argv, device)
     print(env.header_markdown(), flush=True)
     progress(f"step bench on {env.gpu}, torch {env.torch_version}, dtype {dtype}")

@@ -6,7 +6,6 @@ import argparse
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,18 +13,12 @@ import torch
 
 from graphpool.bench import common
 from graphpool.bench.common import MIB, progress
+from graphpool.bench.trace_config import ServingConfig, TraceBenchConfig
 from graphpool.bench.trace_replay import replay_trace
 from graphpool.bench.trace_report import RunResult, summarize_run, write_trace_report
 from graphpool.bench.trace_warmup import WarmupReport, warm_engine
-from graphpool.bench.workload import TraceConfig, generate_trace, summarize_trace
-from graphpool.engine.config import EngineConfig
-
-
-@dataclass(frozen=True)
-class ServingConfig:
-    key: str
-    label: str
-    overrides: dict[str, Any]  # EngineConfig fields
+from graphpool.bench.workload import generate_trace, summarize_trace
+from graphpool.engine.config import resolve_device
 
 
 def serving_configs(ladder: Sequence[int], budget_bytes: int) -> list[ServingConfig]:
@@ -55,62 +48,6 @@ def serving_configs(ladder: Sequence[int], budget_bytes: int) -> list[ServingCon
     ]
 
 
-@dataclass(frozen=True)
-class TraceBenchConfig:
-    model: str = "random:llama3.2-1b"
-    # NOTE: the default profile: 3 loads x 8 s x 7 configs ~ 3.5-4 min on the H200 (the quick one, 2 x 5 s:
-    # 85 s); 40 req/s is the over-capacity load (27 buckets within 1000 decode steps on the first run)
-    rates: tuple[float, ...] = (4.0, 16.0, 40.0)
-    duration_s: float = 8.0
-    configs: tuple[str, ...] = tuple("abcdefg")
-    budget_mib: int = 256
-    kv_gib: float = 8.0
-    max_model_len: int = 2048
-    prompt_mean: float = 300.0
-    prompt_cap: int = 1024
-    output_mean: float = 256.0
-    output_cap: int = 1024
-    window: int = 1000  # decode steps over which the batch-size working set is counted
-    seed: int = 0
-    device: str = "auto"
-    dtype: str = "auto"
-
-    def __post_init__(self) -> None:
-        if not self.rates or any(not r > 0 for r in self.rates):
-            raise ValueError(f"trace bench: rates must be > 0 requests/s, got {self.rates}")
-        unknown = set(self.configs) - set("abcdefg")
-        if unknown or not self.configs:
-            raise ValueError(f"trace bench: configs are letters a-g, got {self.configs}")
-        if self.prompt_cap + self.output_cap > self.max_model_len:
-            raise ValueError(f"prompt_cap + output_cap ({self.prompt_cap + self.output_cap}) must fit "
-                             f"max_model_len ({self.max_model_len})")
-        if not (self.duration_s > 0 and self.kv_gib > 0 and self.budget_mib > 0):
-            raise ValueError("trace bench: duration_s, kv_gib and budget_mib must be > 0")
-
-    def trace_config(self, rate: float) -> TraceConfig:
-        return TraceConfig(rate=rate, duration_s=self.duration_s, prompt_mean=self.prompt_mean,
-                           prompt_cap=self.prompt_cap, output_mean=self.output_mean, output_cap=self.output_cap,
-                           seed=self.seed)
-
-    def engine_config(self, overrides: dict[str, Any]) -> EngineConfig:
-        from graphpool.engine.kv_cache import kv_bytes_per_block
-        from graphpool.model.presets import get_preset
-
-        base = EngineConfig(model=self.model, device=self.device, dtype=self.dtype,
-                            max_model_len=self.max_model_len)
-        per_block = kv_bytes_per_block(get_preset(self.model.removeprefix("random:")), base.block_size,
-                                       base.torch_dtype)
-        # NOTE: a fixed KV cache, the same for every configuration, so memory deltas are the graphs' own.
-        blocks = max(2, int(self.kv_gib * (1 << 30)) // per_block)
-        return EngineConfig(model=self.model, device=self.device, dtype=self.dtype, max_model_len=self.max_model_len,
-                            num_kv_blocks=blocks, seed=self.seed, profile_steps=False, **overrides)
-
-    @property
-    def max_context(self) -> int:
-        """The longest decode context the trace can reach (longest prompt + longest output - 1)."""
-        return min(self.prompt_cap + self.output_cap, self.max_model_len) - 1
-
-
 def warm_process(cfg: TraceBenchConfig) -> WarmupReport:
     """One untimed eager engine run first, so that one-time costs of the process (Triton JIT compiles for
     each kernel variant, cuBLAS handles) land in no timed configuration: decode batches shrinking 17 -> 1,
@@ -122,7 +59,7 @@ def warm_process(cfg: TraceBenchConfig) -> WarmupReport:
         return warm_engine(engine, cfg.max_context)
     finally:
         del engine
-        common.free_device_memory(common.resolve_device(cfg.device))
+        common.free_device_memory(resolve_device(cfg.device))
 
 
 def run_one(cfg: TraceBenchConfig, sc: ServingConfig, rate: float, ladder: Sequence[int]) -> RunResult:
@@ -153,7 +90,7 @@ def run_one(cfg: TraceBenchConfig, sc: ServingConfig, rate: float, ladder: Seque
 
 
 def run_trace_bench(cfg: TraceBenchConfig, out_dir: Path, argv: Sequence[str] | None = None) -> dict[str, Any]:
-    device = common.resolve_device(cfg.device)
+    device = resolve_device(cfg.device)
     env = common.collect_env(argv, device)
     print(env.header_markdown(), flush=True)
     probe = cfg.engine_config({})

@@ -14,7 +14,7 @@ from graphpool.bench.latency import LatencySummary, WorkingSet, all_itls_ms, sum
 from graphpool.bench.trace_replay import ReplayResult
 
 if TYPE_CHECKING:
-    from graphpool.bench.trace import ServingConfig, TraceBenchConfig
+    from graphpool.bench.trace_config import ServingConfig, TraceBenchConfig
 
 
 @dataclass

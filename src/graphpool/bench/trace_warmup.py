@@ -1,13 +1,13 @@
 """The trace bench's untimed process warm-up: one-time costs of the process stay out of every timed config.
 
-Why it sweeps context lengths: with graphs off, the engine passes each decode step's own max length as the
-attention kernel's bound, and the Triton decode kernel's launch constants follow that bound (number of
-splits, the merge tile, the single-split path). Each new variant is JIT-compiled the first time it is hit
-(~0.5-1 s in a fresh process); in a timed run that stalls decode while prefill-first scheduling keeps
-admitting prompts, so config (a) starved (10 decode steps in 5 s at 16 req/s on the first H200 run). The
-warm-up therefore runs eager decode steps at one context length in every 64-token interval up to the
-longest context the trace can reach (a split length is a multiple of the kernel's 64-token tile, so the
-variant is constant within such an interval), one request at a time so each step's bound is that length.
+With graphs off it runs decode batches shrinking 17 -> 1, then two passes of one request at a time at one
+context length in every 64-token interval up to the longest context the trace can reach. One-time costs are
+Triton JIT compiles (one per kernel variant: the launch constants and the integer arguments Triton
+specialises on), cuBLAS handles and module loads; paid inside a timed run they stall decode while
+prefill-first scheduling keeps admitting prompts. The decode steps all take the runner's one length bound
+(engine/runner.py), so their attention variant no longer changes with context length; the batches still
+vary the batch size and the sweep the prompt length (prefill), and the second pass shows what is left once
+the compiles are done.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-INTERVAL = 64  # tokens; see the module docstring
+INTERVAL = 64  # tokens between swept context lengths
 
 
 def warm_contexts(max_context: int, interval: int = INTERVAL) -> list[int]:
@@ -35,7 +35,7 @@ class WarmupReport:
     seconds: float = 0.0
     contexts: list[int] = field(default_factory=list)
     # slowest eager decode step of each pass over the contexts: the first holds the JIT compiles, the
-    # second shows what is left once they are done (it should be a plain eager step, ~10 ms)
+    # second shows what is left once they are done
     first_pass_max_ms: float = 0.0
     second_pass_max_ms: float = 0.0
     decode_steps: int = 0

@@ -43,7 +43,7 @@ DESCRIPTION = (
 
 def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     """`graphpool serve ...` (registered by graphpool.cli)."""
-    from graphpool.cli import add_engine_args
+    from graphpool.engine.args import add_engine_args
 
     p = sub.add_parser("serve", help="run the OpenAI-compatible server", description=DESCRIPTION)
     add_server_args(p)
@@ -52,7 +52,7 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from graphpool.cli import add_engine_args
+    from graphpool.engine.args import add_engine_args
 
     parser = argparse.ArgumentParser(prog="python -m graphpool.server", description=DESCRIPTION)
     add_server_args(parser)
@@ -61,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from graphpool.cli import engine_config_from_args
+    from graphpool.engine.args import engine_config_from_args
 
     try:
         config = engine_config_from_args(args)
@@ -166,7 +166,7 @@ def serve_in_thread(
 def serve(args: argparse.Namespace, config: Any = None) -> int:
     """Takes the port, loads the engine (``config``, or the one the flags in ``args`` give) and serves until
     a signal; returns the exit status (2: the port is taken, found before the model loads)."""
-    from graphpool.cli import engine_config_from_args
+    from graphpool.engine.args import engine_config_from_args
     from graphpool.engine.engine import LLMEngine
     from graphpool.server.lifecycle import PortInUseError, bind_socket, seconds_since_process_start
 

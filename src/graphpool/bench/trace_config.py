@@ -1,0 +1,92 @@
+"""The trace bench's settings and the graph policies it compares (their own module: the report reads both)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from graphpool.bench.workload import TraceConfig
+from graphpool.engine.config import EngineConfig
+from graphpool.model.config import ModelConfig
+
+
+def model_architecture(model: str) -> ModelConfig:
+    """The ModelConfig of a model the engine accepts (a random preset, the default model, a .gguf file, a
+    Hugging Face folder), read from its preset, GGUF metadata or config.json without loading the weights."""
+    from graphpool.model.gguf_loader import default_gguf_path, gguf_config, open_gguf
+    from graphpool.model.loader import DEFAULT_MODEL, RANDOM_PREFIX, accepted_models
+    from graphpool.model.presets import PRESETS
+
+    if model.startswith(RANDOM_PREFIX) and model[len(RANDOM_PREFIX):] in PRESETS:
+        return PRESETS[model[len(RANDOM_PREFIX):]]
+    path = default_gguf_path() if model == DEFAULT_MODEL else Path(model).expanduser()
+    if path.is_dir() and (path / "config.json").is_file():
+        return ModelConfig.from_hf_config(json.loads((path / "config.json").read_text()))
+    ggufs = sorted(path.glob("*.gguf")) if path.is_dir() else []
+    if len(ggufs) == 1:
+        path = ggufs[0]
+    if path.is_file() and path.suffix == ".gguf":
+        return gguf_config(open_gguf(path))
+    raise ValueError(f"unknown model {model!r}; accepted models: {accepted_models()}")
+
+
+@dataclass(frozen=True)
+class ServingConfig:
+    key: str
+    label: str
+    overrides: dict[str, Any]  # EngineConfig fields
+
+
+@dataclass(frozen=True)
+class TraceBenchConfig:
+    model: str = "random:llama3.2-1b"
+    # NOTE: 40 req/s is the over-capacity load (docs/benchmarks.md)
+    rates: tuple[float, ...] = (4.0, 16.0, 40.0)
+    duration_s: float = 8.0
+    configs: tuple[str, ...] = tuple("abcdefg")
+    budget_mib: int = 256
+    kv_gib: float = 8.0
+    max_model_len: int = 2048
+    prompt_mean: float = 300.0
+    prompt_cap: int = 1024
+    output_mean: float = 256.0
+    output_cap: int = 1024
+    window: int = 1000  # decode steps over which the batch-size working set is counted
+    seed: int = 0
+    device: str = "auto"
+    dtype: str = "auto"
+
+    def __post_init__(self) -> None:
+        if not self.rates or any(not r > 0 for r in self.rates):
+            raise ValueError(f"trace bench: rates must be > 0 requests/s, got {self.rates}")
+        unknown = set(self.configs) - set("abcdefg")
+        if unknown or not self.configs:
+            raise ValueError(f"trace bench: configs are letters a-g, got {self.configs}")
+        if self.prompt_cap + self.output_cap > self.max_model_len:
+            raise ValueError(f"prompt_cap + output_cap ({self.prompt_cap + self.output_cap}) must fit "
+                             f"max_model_len ({self.max_model_len})")
+        if not (self.duration_s > 0 and self.kv_gib > 0 and self.budget_mib > 0):
+            raise ValueError("trace bench: duration_s, kv_gib and budget_mib must be > 0")
+
+    def trace_config(self, rate: float) -> TraceConfig:
+        return TraceConfig(rate=rate, duration_s=self.duration_s, prompt_mean=self.prompt_mean,
+                           prompt_cap=self.prompt_cap, output_mean=self.output_mean, output_cap=self.output_cap,
+                           seed=self.seed)
+
+    def engine_config(self, overrides: dict[str, Any]) -> EngineConfig:
+        from graphpool.engine.kv_cache import kv_bytes_per_block
+
+        base = EngineConfig(model=self.model, device=self.device, dtype=self.dtype,
+                            max_model_len=self.max_model_len)
+        per_block = kv_bytes_per_block(model_architecture(self.model), base.block_size, base.torch_dtype)
+        # NOTE: a fixed KV cache, the same for every configuration, so memory deltas are the graphs' own.
+        blocks = max(2, int(self.kv_gib * (1 << 30)) // per_block)
+        return EngineConfig(model=self.model, device=self.device, dtype=self.dtype, max_model_len=self.max_model_len,
+                            num_kv_blocks=blocks, seed=self.seed, profile_steps=False, **overrides)
+
+    @property
+    def max_context(self) -> int:
+        """The longest decode context the trace can reach (longest prompt + longest output - 1)."""
+        return min(self.prompt_cap + self.output_cap, self.max_model_len) - 1
