@@ -20,23 +20,17 @@ from graphpool.pool import cuda_state
 from graphpool.pool.cuda_state import CAPTURE_LOCK
 from graphpool.pool.failures import CaptureError, CaptureFailureKind, classify, is_oom
 
-# NOTE: what a capturer raises for a failed capture (after cleaning up). Anything else (an error of the
-# eager warm-up, say) is the step's own and propagates: the eager step would raise it too.
+# NOTE: only these mean a failed capture; any other error (the warm-up's) is the step's own and propagates.
 CAPTURE_ERRORS: tuple[type[BaseException], ...] = (CaptureError,)
 
-# Released mempools kept while tensors still live in them (outputs held past an eviction); beyond this
-# many the oldest is dropped anyway: its blocks then go back on a later empty_cache() or allocation retry.
+# Released MemPools kept while tensors live in them; past this many the oldest goes (empty_cache frees it).
 _MAX_DRAINING = 16
 
 
 @contextlib.contextmanager
 def _gc_paused() -> Iterator[None]:
-    """No cyclic garbage collection while allocations are routed to a graph's pool.
-
-    NOTE: a MemPool freed then (one kept alive only by a cycle, e.g. a failed capture's traceback) runs the
-    allocator's emptyCache, which asserts that no capture or use_mem_pool is underway: torch aborts the
-    process (seen on the H200, torch 2.11, during a warm-up's Triton JIT compile).
-    """
+    """No cyclic GC while allocations are routed to a graph's pool: a MemPool it frees then (a failed
+    capture's traceback cycle) runs emptyCache mid-capture, and torch aborts the process."""
     enabled = gc.isenabled()
     gc.disable()
     try:
@@ -112,10 +106,7 @@ class CudaGraphCapturer:
             self._drain()
             stream = cuda_state.side_stream(self.device)
             t0 = time.perf_counter()
-            # NOTE: measured before the warm-up, which allocates in the graph's pool: a fresh pool takes new
-            # segments from the driver, so the delta is the graph's footprint. torch.cuda.graph() is not used:
-            # it runs gc.collect() and empty_cache() on entry (tens of ms per miss in a large process, and the
-            # eager steps would then pay cudaMalloc again).
+            # NOTE: before the warm-up, whose blocks take new segments in the graph's pool: the delta is all.
             free_before = torch.cuda.mem_get_info(self.device)[0]
             mempool = self._pool_for_capture()
             uses = mempool.use_count()
@@ -156,6 +147,7 @@ class CudaGraphCapturer:
         outputs = None
         try:
             with torch.cuda.stream(stream):
+                # NOTE: not torch.cuda.graph(), whose __enter__ runs empty_cache() on every capture.
                 graph.capture_begin(pool=mempool.id, capture_error_mode="thread_local")
                 try:
                     outputs = fn()
@@ -178,9 +170,7 @@ class CudaGraphCapturer:
         self._undo_failed(graph, stream, mempool, uses)
         del graph
         if self.layout == "shared" and mempool is self._shared and self._shared_live > 0:
-            # NOTE: no capture goes into a shared pool again once one failed in it (on the H200 with torch 2.11
-            # the next capture into it was refused: "beginAllocateToPool: already recording"); its graphs keep
-            # it alive, and it is freed with the last of them.
+            # NOTE: torch refuses a capture into a pool one failed in; its graphs keep it till the last goes.
             self._shared, self._shared_live = None, 0
         else:
             self._retire_unused(mempool)

@@ -21,13 +21,10 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-# NOTE: PyTorch allows one graph capture at a time per process; pools have their own locks, so captures by
-# different pools (e.g. two engines in one process) are serialized here. Dropping a MemPool runs the
-# allocator's emptyCache(pool), which asserts that no capture is underway, so releases take it too.
+# NOTE: torch captures one graph at a time per process, and a MemPool dropped mid-capture aborts the process.
 CAPTURE_LOCK = threading.RLock()
 
-# NOTE: one capture stream per device for the whole process: cuBLAS keeps a workspace (32 MiB on Hopper) per
-# (handle, stream) for the life of the process, so a stream per pool would leak one workspace per pool.
+# NOTE: one capture stream per device: cuBLAS keeps a workspace per stream for good (one per pool would leak).
 _SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
 _SCRATCH: dict[int, torch.Tensor] = {}
 _OVERHEAD: dict[int, int] = {}

@@ -20,9 +20,7 @@ class CaptureFailureKind(str, enum.Enum):
     ERROR = "error"  # the step raised under capture (host sync, .item(), ...) or anything else
 
 
-# NOTE: how torch 2.11 + CUDA 13 word these: torch raises "CUDA error: <cudaGetErrorString(err)>" (an
-# AcceleratorError, a RuntimeError) for a failed CUDA call; its own refusals say "during CUDA graph capture"
-# (at::cuda::assertNotCapturing) or name the allocator's "captures_underway".
+# NOTE: torch 2.11 raises "CUDA error: <cudaGetErrorString>" (a RuntimeError); its own refusals read as below.
 _OOM_MARKERS = ("out of memory", "cudaErrorMemoryAllocation")
 _CAPTURE_MARKERS = (
     "operation failed due to a previous error during capture",  # cudaErrorStreamCaptureInvalidated

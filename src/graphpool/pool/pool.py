@@ -101,7 +101,7 @@ class GraphPool:
         self._static: list[dict[str, torch.Tensor]] = []
         if self._off is None:
             self._capturer = capturer if capturer is not None else CudaGraphCapturer(self.device, config.mempool)
-            # NOTE: normal tensors even under inference_mode, so that run() may copy into them in or out of it.
+            # NOTE: normal tensors even under inference_mode, so run() may copy into them in or out of it.
             with torch.inference_mode(False):
                 self._static = self._alloc_static(self.ladder.max_size)
 
@@ -184,14 +184,16 @@ class GraphPool:
         self._counters.misses += 1
         if bucket in self._blocked:
             return self._blocked[bucket]
-        if bucket not in self._book.pinned:  # NOTE: a pinned size is meant to be resident: it skips the policy
+        if bucket not in self._book.pinned:  # NOTE: a pinned size is meant to be resident: no policy asked
             victims = self._book.victims(self._book.estimate(bucket))
-            choice = self.policy.on_miss(bucket, self._book.sizes(), victims == [], victims[0] if victims else None)
+            room, victim = victims == [], victims[0] if victims else None
+            choice = self.policy.on_miss(bucket, self._book.sizes(), room, victim)
             if isinstance(choice, FallbackReason):
                 return choice
             if choice != CAPTURE:
                 if not isinstance(choice, int) or choice < bucket or choice not in self._graphs:
-                    raise ValueError(f"miss policy chose to serve bs={bucket} with non-resident size {choice!r}")
+                    raise ValueError(f"miss policy answered bs={bucket} with {choice!r}: neither CAPTURE, "
+                                     "a FallbackReason nor a resident size above the bucket")
                 self._book.touch(choice)
                 self._counters.padded_hits += 1
                 return self._graphs[choice]

@@ -35,7 +35,7 @@ class PoolStats:
     misses: int = 0
     captures: int = 0
     capture_failures: int = 0
-    # failed captures by CaptureFailureKind value ("oom", "capture_invalidated", "error"): sum capture_failures
+    # failed captures by CaptureFailureKind value ("oom", "capture_invalidated", "error"), summed above
     capture_failures_by_kind: dict[str, int] = field(default_factory=dict)
     evictions: int = 0
     fallbacks: dict[FallbackReason, int] = field(default_factory=dict)

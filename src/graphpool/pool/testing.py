@@ -66,8 +66,7 @@ class EagerCapturer:
     def replay(self, graph: CapturedGraph) -> None:
         self.replays += 1
         fresh = graph.native()
-        # NOTE: outputs captured under inference_mode are inference tensors; a real replay writes them from the
-        # device side whatever the mode, so the double must too.
+        # NOTE: a real replay writes inference-tensor outputs whatever the mode: so must the double.
         with torch.inference_mode():
             copy_outputs(graph.outputs, fresh)
 
