@@ -1,0 +1,57 @@
+"""The engine flags every command shares (graphpool.engine.args) and the pool's one-line summary."""
+
+from __future__ import annotations
+
+import argparse
+from types import SimpleNamespace
+
+import torch
+
+from graphpool.engine.args import add_engine_args, engine_config_from_args
+from graphpool.engine.pool_summary import describe
+from graphpool.pool import PoolStats
+
+FLAGS = ["--device", "cpu", "--max-graph-pool-size", "4", "--graph-memory-budget", "1GiB", "--num-kv-blocks", "32"]
+
+
+def test_generate_serve_and_bench_serve_read_the_same_engine_flags() -> None:
+    from graphpool.cli import build_parser
+    from graphpool.server.main import build_parser as server_parser
+
+    own = argparse.ArgumentParser()
+    add_engine_args(own)
+    configs = [
+        engine_config_from_args(own.parse_args(FLAGS)),
+        engine_config_from_args(build_parser().parse_args(["generate", "--prompt", "x", *FLAGS])),
+        engine_config_from_args(build_parser().parse_args(["serve", *FLAGS])),
+        engine_config_from_args(server_parser().parse_args(FLAGS)),
+    ]
+    assert all(c == configs[0] for c in configs)
+    assert configs[0].max_graph_pool_size == 4 and configs[0].graph_memory_budget == 1 << 30
+    assert configs[0].num_kv_blocks == 32 and configs[0].max_num_seqs == 256  # an unset flag keeps the default
+    assert engine_config_from_args(own.parse_args(FLAGS), num_kv_blocks=8).num_kv_blocks == 8  # overrides win
+
+
+STATS = PoolStats(steps=120, hits=90, padded_hits=20, misses=10, captures=6, evictions=2, eager_steps=4,
+                  resident_graphs=4, resident_bytes=3 * (1 << 20) + (1 << 19), capture_seconds_total=0.456)
+
+
+def test_describe_gives_every_counter_and_the_bounds_when_given() -> None:
+    line = ("120 decode steps: 90 hits, 20 padded hits, 10 misses, 6 captures (0.46 s), 2 evictions, 4 eager; "
+            "4{} graphs resident (3.5 MiB{})")
+    assert describe(STATS) == line.format("", "")
+    assert describe(STATS, 16, 512 << 20) == line.format("/16", " of 512 MiB budget")
+    assert describe(STATS, 16) == line.format("/16", "")
+
+
+def test_generate_summary_line_is_the_pool_description_on_a_gpu() -> None:
+    from graphpool.cli import describe_graphs
+
+    config = SimpleNamespace(torch_device=torch.device("cuda", 0), max_graph_pool_size=16,
+                             graph_memory_budget=None)
+    engine = SimpleNamespace(config=config, graph_stats=lambda: STATS)
+    assert describe_graphs(engine) == f"graph pool: {describe(STATS, 16)}"  # type: ignore[arg-type]
+    engine.graph_stats = lambda: None
+    assert "off (--disable-cudagraph)" in describe_graphs(engine)  # type: ignore[arg-type]
+    config.torch_device = torch.device("cpu")
+    assert "need a CUDA GPU" in describe_graphs(engine)  # type: ignore[arg-type]
