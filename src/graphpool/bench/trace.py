@@ -125,7 +125,9 @@ def run_trace_bench(cfg: TraceBenchConfig, out_dir: Path, argv: Sequence[str] | 
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="random:llama3.2-1b")
+    p.add_argument("--model", default="random:llama3.2-1b",
+                   help="any model the engine takes (a random:<preset>, smollm2-135m-instruct, a .gguf file, a "
+                        "Hugging Face folder); prompts are token ids either way (default %(default)s)")
     p.add_argument("--rates", type=float, nargs="+", default=None, help="request rates (req/s), one run each")
     p.add_argument("--duration", type=float, default=None, help="seconds of trace per config x load")
     p.add_argument("--quick", action="store_true",
