@@ -7,8 +7,9 @@ from graphpool.pool.buckets import BucketLadder
 from graphpool.pool.capture import CAPTURE_ERRORS, CapturedGraph, Capturer, CudaGraphCapturer
 from graphpool.pool.config import DEFAULT_MISS_POLICY, PoolConfig
 from graphpool.pool.failures import CaptureError, CaptureFailureKind
+from graphpool.pool.inputs import InputSpec
 from graphpool.pool.policy import CAPTURE, AdmitFrequent, CaptureOnMiss, Choice, ResidencyBook, make_policy
-from graphpool.pool.pool import GraphPool, InputSpec
+from graphpool.pool.pool import GraphPool
 from graphpool.pool.stats import FallbackReason, PoolStats
 
 __all__ = [

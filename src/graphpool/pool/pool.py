@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -13,24 +12,15 @@ import torch
 from graphpool.pool.capture import CapturedGraph, Capturer, CudaGraphCapturer
 from graphpool.pool.config import PoolConfig
 from graphpool.pool.failures import CaptureError, CaptureFailureLog
+from graphpool.pool.inputs import Batch, InputSpec, StaticInputs
 from graphpool.pool.policy import CAPTURE, CaptureOnMiss, ResidencyBook, make_policy
 from graphpool.pool.stats import FallbackReason, PoolStats, StatsCounters
 
 logger = logging.getLogger(__name__)
 
-Batch = Mapping[str, torch.Tensor]
+__all__ = ["GraphPool", "InputSpec"]
+
 Progress = Callable[[int, int, int], None]  # (done, total, size)
-
-
-@dataclass(frozen=True)
-class InputSpec:
-    """A batch-first static input: each step passes a tensor ``[bs, *trailing_shape]`` of ``dtype``; rows
-    added by padding take ``pad_value``."""
-
-    name: str
-    trailing_shape: tuple[int, ...] = ()
-    dtype: torch.dtype = torch.int64
-    pad_value: float | int | bool = 0
 
 
 class _EvictionLog:
@@ -74,12 +64,8 @@ class GraphPool:
     ) -> None:
         self.config = config = config if config is not None else PoolConfig()
         self.step = step
-        self.specs = tuple(specs)
-        if not self.specs:
-            raise ValueError("GraphPool needs at least one InputSpec")
-        if len({s.name for s in self.specs}) != len(self.specs):
-            raise ValueError(f"InputSpec names must be distinct: {[s.name for s in self.specs]}")
-        self.device = torch.device(device)
+        self._inputs = StaticInputs(specs, config.num_microbatches, device)
+        self.specs, self.device = self._inputs.specs, self._inputs.device
         self.ladder = config.ladder()
         self.policy = miss_policy if miss_policy is not None else make_policy(config)
         self.lock = threading.RLock()
@@ -98,22 +84,9 @@ class GraphPool:
         elif capturer is None and self.device.type != "cuda":
             self._off = FallbackReason.NO_CUDA
         self._capturer: Capturer | None = None
-        self._static: list[dict[str, torch.Tensor]] = []
         if self._off is None:
             self._capturer = capturer if capturer is not None else CudaGraphCapturer(self.device, config.mempool)
-            # NOTE: normal tensors even under inference_mode, so run() may copy into them in or out of it.
-            with torch.inference_mode(False):
-                self._static = self._alloc_static(self.ladder.max_size)
-
-    def _alloc_static(self, rows: int) -> list[dict[str, torch.Tensor]]:
-        """One dict of pad-filled ``[rows, *trailing]`` buffers per microbatch."""
-        return [
-            {
-                s.name: torch.full((rows, *s.trailing_shape), s.pad_value, dtype=s.dtype, device=self.device)
-                for s in self.specs
-            }
-            for _ in range(self.config.num_microbatches)
-        ]
+            self._inputs.allocate(self.ladder.max_size)
 
     # ---- queries -------------------------------------------------------------------------------------
     def can_run(self, batch_size: int, max_len_in_batch: int = 0) -> bool:
@@ -141,8 +114,7 @@ class GraphPool:
         Graph outputs are views of the graph's static outputs, sliced to the live rows of each microbatch,
         valid until the next ``run`` (``clone=True`` returns copies instead).
         """
-        mbs = self._as_microbatches(inputs)
-        rows = [self._rows(mb) for mb in mbs]
+        mbs, rows = self._inputs.check(inputs)
         if max(rows) < 1:
             raise ValueError("run() got an empty batch")
         if self._closed:
@@ -153,7 +125,7 @@ class GraphPool:
             self._counters.steps += 1
             got = self._graph_for(mbs, rows, max_len_in_batch)
             if isinstance(got, CapturedGraph):
-                self._write(mbs, rows, got.size)
+                self._inputs.write(mbs, rows, got.size)
                 self._capturer.replay(got)  # type: ignore[union-attr]
                 self.last_replayed = True
                 outs = [got.outputs] if len(mbs) == 1 else list(got.outputs)
@@ -197,20 +169,20 @@ class GraphPool:
                 self._book.touch(choice)
                 self._counters.padded_hits += 1
                 return self._graphs[choice]
-        self._write(mbs, rows, bucket)
+        self._inputs.write(mbs, rows, bucket)
         return self._capture(bucket, may_evict=True)
 
     def _capture(self, size: int, may_evict: bool) -> CapturedGraph | FallbackReason:
         """Capture ``size`` from the static inputs as they are now, keeping the pool within its bounds."""
         book = self._book
         victims = book.victims(book.estimate(size), may_evict=may_evict)
-        if victims is None:  # the upper-bound estimate does not fit: the measured footprint is checked after
+        if victims is None:  # the upper bound does not fit: try the lower; the footprint is checked after
             victims = book.victims(book.lower_estimate(size), may_evict=may_evict)
             if victims is None:
                 return FallbackReason.OVER_BUDGET
         for v in victims:
             self._evict(v, "lru" if len(book) >= book.capacity else "budget")
-        views = [{s.name: static[s.name][:size] for s in self.specs} for static in self._static]
+        views = self._inputs.views(size)
         try:
             graph = self._capturer.capture(size, lambda: self.step(*views))  # type: ignore[union-attr]
         except CaptureError as e:
@@ -241,42 +213,6 @@ class GraphPool:
         self._counters.evictions += 1
         self._evictions.note(size, nbytes, why)
 
-    # ---- static inputs -------------------------------------------------------------------------------
-    def _as_microbatches(self, inputs: Batch | Sequence[Batch]) -> list[Batch]:
-        mbs = [inputs] if isinstance(inputs, Mapping) else list(inputs)
-        if len(mbs) != self.config.num_microbatches:
-            raise ValueError(f"run() expects {self.config.num_microbatches} microbatch(es), got {len(mbs)}")
-        return mbs
-
-    def _rows(self, mb: Batch) -> int:
-        if len(mb) != len(self.specs):
-            raise ValueError(f"inputs have keys {sorted(mb)}, expected {[s.name for s in self.specs]}")
-        rows = -1
-        for s in self.specs:
-            t = mb[s.name]
-            if rows < 0:
-                rows = t.shape[0]
-            if t.shape[0] != rows or t.shape[1:] != s.trailing_shape:
-                raise ValueError(
-                    f"input {s.name!r} has shape {tuple(t.shape)}, expected [{rows}, *{s.trailing_shape}]"
-                )
-        return rows
-
-    def _write(self, mbs: Sequence[Batch], rows: Sequence[int], size: int) -> None:
-        """Copy each microbatch into its static buffers, padding rows ``[live, size)`` with pad values."""
-        for static, mb, r in zip(self._static, mbs, rows, strict=True):
-            for s in self.specs:
-                buf = static[s.name]
-                if r:
-                    buf[:r].copy_(mb[s.name], non_blocking=True)
-                if r < size:
-                    buf[r:size].fill_(s.pad_value)
-
-    def _write_padding(self, size: int) -> None:
-        for static in self._static:
-            for s in self.specs:
-                static[s.name][:size].fill_(s.pad_value)
-
     # ---- management ----------------------------------------------------------------------------------
     def default_warmup_sizes(self) -> list[int]:
         """Pinned sizes, then a padding cover of the ladder (every size within max_padding_ratio of one),
@@ -298,7 +234,7 @@ class GraphPool:
                 return captured
             for i, s in enumerate(order):
                 if s not in self._graphs and s not in self._blocked:
-                    self._write_padding(s)
+                    self._inputs.pad(s)
                     if isinstance(self._capture(s, may_evict=False), CapturedGraph):
                         captured.append(s)
                 if progress is not None:
@@ -324,5 +260,5 @@ class GraphPool:
         """Release every graph and the static buffers; ``run`` raises afterwards."""
         with self.lock:
             self.evict_all()
-            self._static = []
+            self._inputs.free()
             self._closed = True
