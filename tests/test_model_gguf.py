@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from graphpool.model import PRESETS, AttentionMetadata, LlamaModel, Tokenizer, load_model
-from graphpool.model.gguf_loader import default_gguf_path, unpermute_qk
+from graphpool.model import PRESETS, AttentionMetadata, LlamaModel, Tokenizer
+from graphpool.model.gguf_loader import unpermute_qk
 from model_reference import hf_greedy, paged_greedy
 
 PROMPTS = [
@@ -19,20 +19,15 @@ PROMPTS = [
 
 
 @pytest.fixture(scope="module")
-def ours() -> tuple[LlamaModel, Tokenizer]:
-    model, _, tok = load_model(None, dtype=torch.float32, attn_backend="torch")
+def ours(default_model) -> tuple[LlamaModel, Tokenizer]:
+    model, _, tok = default_model
     assert tok is not None
     return model, tok
 
 
 @pytest.fixture(scope="module")
-def hf_model() -> torch.nn.Module:
-    from transformers import AutoModelForCausalLM
-
-    path = default_gguf_path()
-    return AutoModelForCausalLM.from_pretrained(
-        str(path.parent), gguf_file=path.name, dtype=torch.float32
-    ).eval()
+def hf_model(hf_default_model) -> torch.nn.Module:
+    return hf_default_model
 
 
 def test_gguf_config_is_smollm2(ours: tuple[LlamaModel, Tokenizer]) -> None:

@@ -14,6 +14,8 @@ import openai
 import pytest
 
 from graphpool import LLM, SamplingParams
+from graphpool.engine.config import EngineConfig
+from graphpool.engine.engine import LLMEngine
 from graphpool.server.main import serve_in_thread
 
 MAX_MODEL_LEN = 256
@@ -41,8 +43,9 @@ class Served:
 
 
 @pytest.fixture(scope="module")
-def served() -> Iterator[Served]:
-    llm = LLM(device="cpu", max_model_len=MAX_MODEL_LEN, max_num_seqs=16, num_kv_blocks=96)
+def served(default_model) -> Iterator[Served]:
+    config = EngineConfig(device="cpu", max_model_len=MAX_MODEL_LEN, max_num_seqs=16, num_kv_blocks=96)
+    llm = LLM.from_engine(LLMEngine(config, loaded=default_model))
     greedy = SamplingParams(temperature=0, max_tokens=N)
     penalised = SamplingParams(temperature=0, max_tokens=N, **PENALTIES)
     # NOTE: one prompt at a time (batch composition cannot matter for greedy rows, but keep it simple).

@@ -19,6 +19,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from graphpool import LLM, SamplingParams
+from graphpool.engine.config import EngineConfig
+from graphpool.engine.engine import LLMEngine
 from graphpool.server.main import serve_in_thread
 
 MAX_MODEL_LEN = 256
@@ -53,8 +55,9 @@ class Served:
 
 
 @pytest.fixture(scope="module")
-def served() -> Iterator[Served]:
-    llm = LLM(device="cpu", max_model_len=MAX_MODEL_LEN, max_num_seqs=64, num_kv_blocks=160)
+def served(default_model) -> Iterator[Served]:
+    config = EngineConfig(device="cpu", max_model_len=MAX_MODEL_LEN, max_num_seqs=64, num_kv_blocks=160)
+    llm = LLM.from_engine(LLMEngine(config, loaded=default_model))
     greedy = SamplingParams(temperature=0, max_tokens=MAX_TOKENS)
     # NOTE: one prompt at a time, as the server tests send them, so batch composition cannot differ.
     completions = {p: llm.generate(p, greedy, use_tqdm=False)[0].text for p in PROMPTS}
