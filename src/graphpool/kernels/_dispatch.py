@@ -8,8 +8,7 @@ import warnings
 from types import ModuleType
 
 
-# NOTE: cached, because every CUDA call of a kernel entry point (several per layer per eager step) asks; a
-# failed import is then neither retried each call nor warned about twice.
+# NOTE: cached: every CUDA call of an entry point asks; a failed import is tried and warned about once.
 @functools.cache
 def triton_impl(module: str) -> ModuleType | None:
     """``graphpool.kernels.<module>`` if triton imports, else None (with one warning per module)."""

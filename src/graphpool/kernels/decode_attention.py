@@ -79,8 +79,7 @@ def paged_decode_attention_ref(
     bound = effective_len_bound(max_len_bound, block_tables.shape[1], block_size)
     num_blocks = -(-bound // block_size)
 
-    # NOTE: block_tables may hold anything past a sequence's last block; clamping keeps the gather in range,
-    # and those positions are masked below.
+    # NOTE: entries past a sequence's last block may be anything: clamped to stay in range, masked below.
     table = block_tables[:, :num_blocks].long().clamp_(0, k_cache.shape[0] - 1)  # [bs, nb]
     k = k_cache[table].reshape(bs, num_blocks * block_size, num_kv_heads, head_dim)[:, :bound]
     v = v_cache[table].reshape(bs, num_blocks * block_size, num_kv_heads, head_dim)[:, :bound]

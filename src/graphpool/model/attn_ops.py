@@ -12,9 +12,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from graphpool.kernels.decode_attention import effective_len_bound
 
-# NOTE: SDPA's cuDNN backend (torch 2.11's first choice on Hopper) builds a plan for every new sequence length:
-# ~2.7 ms of host time per call, 0.39 s of a 9-prompt prefill whose GPU work took 16 ms (H200). Flash and
-# memory-efficient attention have no per-shape set-up; math stays as the fallback (e.g. float32 on CPU).
+# NOTE: no cuDNN: it plans every new sequence length on the host (docs/benchmarks.md); math is the fallback.
 _PREFILL_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 

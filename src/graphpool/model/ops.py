@@ -14,8 +14,7 @@ from typing import Literal
 
 import torch
 
-# NOTE: the torch ops share their formulas with graphpool.kernels' references (one copy of the numerics),
-# but call the check-free forms: no per-layer host-side validation in an eager step.
+# NOTE: the kernels' reference numerics (one copy), in their check-free forms: no host checks per layer.
 from graphpool.kernels.norm_rope import rms_norm_unchecked as rms_norm_torch
 from graphpool.kernels.norm_rope import rotary_and_write_kv_unchecked as rotary_and_write_kv_torch
 from graphpool.model.attn_ops import paged_decode_attention_torch

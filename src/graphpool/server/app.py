@@ -110,8 +110,7 @@ def build_app(engine: AsyncEngine, metrics: ServerMetrics, served_model_name: st
     async def prometheus() -> Response:
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
-    # NOTE: bodies are parsed here, not by FastAPI, so that a JSON body is read whatever its Content-Type
-    # (curl -d sends form-encoded) and every parse error gets the same 400 body.
+    # NOTE: not parsed by FastAPI: JSON whatever the Content-Type (curl -d), the same 400 body for any error.
     @app.post("/v1/completions", openapi_extra=_body_schema(CompletionRequest))
     async def completions(raw: Request) -> Response:
         return await serving.completions(await _parse(raw, CompletionRequest), raw)

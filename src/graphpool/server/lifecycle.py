@@ -23,8 +23,7 @@ import uvicorn
 
 logger = logging.getLogger("graphpool.server")
 
-# NOTE: after the drain, what uvicorn may still spend: writing the last chunks (its graceful timeout), and
-# the step in flight when the deadline passed.
+# NOTE: what may still run after the drain: uvicorn writing the last chunks, and the step in flight.
 FINISH_WRITES_S = 2.0
 STEP_GRACE_S = 5.0
 _IMPORTED_AT = time.monotonic()

@@ -37,8 +37,7 @@ class APIError(Exception):
 def error_body(
     message: str, *, param: str | None = None, code: str | None = None, type: str = "invalid_request_error"
 ) -> dict[str, Any]:
-    # NOTE: a message may quote the request (a model name, a pydantic input); a lone surrogate in it would
-    # make the UTF-8 encoding of the response itself fail, so such characters are written as escapes.
+    # NOTE: a message may quote the request; a lone surrogate in it would break the response's UTF-8.
     message = message.encode("utf-8", "backslashreplace").decode("utf-8")
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
 

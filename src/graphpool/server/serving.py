@@ -240,8 +240,7 @@ class OpenAIServing:
         try:
             async for index, out in merged(streams):
                 timer.on_output(len(out.token_ids), out.finished)
-                # NOTE: a chunk per step that made tokens, text or not: a model without a tokenizer (random
-                # weights, token-id prompts) still streams one chunk per token.
+                # NOTE: a chunk per step that made tokens, text or not (a tokenizer-less model makes no text).
                 if out.delta_text or out.new_token_ids:
                     yield chunk(index, out.delta_text)
                 if out.finished:
