@@ -30,7 +30,12 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         help="decode attention: auto = triton on CUDA, torch on CPU")
     add("--max-num-seqs", "max_num_seqs", type=int, help="most requests decoding at once (default 256)")
     add("--max-model-len", "max_model_len", type=int, help="prompt + output tokens per request (default 2048)")
-    add("--max-num-batched-tokens", "max_num_batched_tokens", type=int, help="prefill tokens per step")
+    add("--max-num-batched-tokens", "max_num_batched_tokens", type=int,
+        help="prefill token budget per step; longer prompts are prefilled in chunks over several steps")
+    _ENGINE_FLAGS["--enable-prefix-caching"] = "enable_prefix_caching"
+    group.add_argument("--enable-prefix-caching", dest="enable_prefix_caching",
+                       action=argparse.BooleanOptionalAction, default=None,
+                       help="reuse the KV blocks of identical prompt prefixes (default: on)")
     add("--kv-cache-fraction", "kv_cache_fraction", type=float,
         help="share of free GPU memory (after loading the model) for the KV cache (default 0.5)")
     add("--num-kv-blocks", "num_kv_blocks", type=int, help="exact number of KV blocks (overrides the fraction)")

@@ -220,6 +220,7 @@ class LLMEngine:
         return self.runner.pool.stats() if self.runner.graphs_enabled else None
 
     def stats(self) -> EngineStats:
+        prefix = self.block_manager.pool.stats()
         return EngineStats(
             running=len(self.scheduler.running),
             waiting=len(self.scheduler.waiting),
@@ -228,4 +229,7 @@ class LLMEngine:
             prompt_tokens_total=self.prompt_tokens_total,
             generation_tokens_total=self.generation_tokens_total,
             preemptions_total=self.scheduler.num_preemptions,
+            prefix_cache_queries_tokens_total=prefix.queries_tokens,
+            prefix_cache_hits_tokens_total=prefix.hits_tokens,
+            prefix_cache_blocks=prefix.cached_blocks,
         )

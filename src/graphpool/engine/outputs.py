@@ -41,6 +41,9 @@ class EngineStats:
     prompt_tokens_total: int
     generation_tokens_total: int
     preemptions_total: int
+    prefix_cache_queries_tokens_total: int = 0  # prompt tokens looked up in the prefix cache
+    prefix_cache_hits_tokens_total: int = 0  # ... found there (not prefilled again)
+    prefix_cache_blocks: int = 0  # KV blocks holding a cached prefix (referenced or not)
 
 
 def detokenize(seq: Sequence, tokenizer: Any, final: bool) -> None:

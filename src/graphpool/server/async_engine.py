@@ -237,7 +237,7 @@ class AsyncEngine:
             self._drain = cmd
 
     def _step(self) -> bool:
-        """One engine step; returns whether it produced any output."""
+        """One engine step; returns whether it ran one (a middle prefill chunk runs and outputs nothing)."""
         outputs = self.engine.step()
         if self.observer is not None:
             self.observer.on_step(self.engine, outputs)
@@ -253,7 +253,7 @@ class AsyncEngine:
         for loop, items in by_loop.items():
             deliver(loop, put_all, items)
         self._publish()
-        return bool(outputs)
+        return self.engine.last_step is not None
 
     def _check_drain(self) -> None:
         """Answers a pending drain once no request runs, or at its deadline after aborting what is left."""

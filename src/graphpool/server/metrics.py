@@ -75,6 +75,11 @@ class EngineCollector(Collector):
         yield _counter("prompt_tokens", "Prompt tokens prefilled", s.prompt_tokens_total)
         yield _counter("generation_tokens", "Tokens generated", s.generation_tokens_total)
         yield _counter("preemptions", "Requests preempted to free KV blocks", s.preemptions_total)
+        yield _counter("prefix_cache_queries_tokens", "Prompt tokens looked up in the prefix cache",
+                       s.prefix_cache_queries_tokens_total)
+        yield _counter("prefix_cache_hits_tokens", "Prompt tokens found in the prefix cache (not prefilled)",
+                       s.prefix_cache_hits_tokens_total)
+        yield _gauge("prefix_cache_blocks", "KV blocks holding a cached prefix", s.prefix_cache_blocks)
 
     @staticmethod
     def _pool(g: Any) -> Iterator[Metric]:

@@ -1,0 +1,42 @@
+"""Random-weight models (no tokenizer) through the server: streaming per token, prefix-cache metrics."""
+
+from __future__ import annotations
+
+import openai
+
+from graphpool import LLM
+from graphpool.server.main import serve_in_thread
+
+
+def test_tokenless_model_streams_a_chunk_per_token() -> None:
+    llm = LLM(model="random:smollm2-135m", device="cpu", max_model_len=64, num_kv_blocks=16)
+    assert llm.engine.tokenizer is None
+    with serve_in_thread(llm.engine) as (base_url, _):
+        client = openai.OpenAI(base_url=f"{base_url}/v1", api_key="none", max_retries=0)
+        chunks = list(client.completions.create(
+            model=llm.engine.model_name, prompt=[5, 17, 42, 7], max_tokens=6, temperature=0, stream=True,
+            stream_options={"include_usage": True}, extra_body={"ignore_eos": True}))
+    choices = [c.choices[0] for c in chunks if c.choices]
+    # one chunk per generated token, then the finish chunk; no text without a tokenizer
+    assert [c.finish_reason for c in choices] == [None] * 6 + ["length"]
+    assert all(c.text == "" for c in choices)
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 6
+
+
+def test_prefix_cache_counters_reach_metrics() -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from graphpool import SamplingParams
+    from graphpool.server.metrics import ServerMetrics
+
+    llm = LLM(model="random:smollm2-135m", device="cpu", max_model_len=128, num_kv_blocks=32)
+    shared = list(range(10, 58))  # three full 16-token blocks
+    params = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
+    llm.generate([[*shared, 7]], params, use_tqdm=False)
+    llm.generate([[*shared, 9, 11]], params, use_tqdm=False)  # its first 48 tokens are cached blocks
+    metrics = ServerMetrics()
+    metrics.publish(llm.engine)
+    got = {s.name: s.value for f in text_string_to_metric_families(metrics.render().decode()) for s in f.samples}
+    assert got["graphpool_prefix_cache_hits_tokens_total"] == 48
+    assert got["graphpool_prefix_cache_queries_tokens_total"] == 49 + 50
+    assert got["graphpool_prefix_cache_blocks"] >= 3
