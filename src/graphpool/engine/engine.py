@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from graphpool.engine.config import EngineConfig
-from graphpool.engine.kv_cache import BlockManager, allocate_kv_caches, choose_num_blocks
+from graphpool.engine.kv_cache import BlockManager, choose_num_blocks
 from graphpool.engine.outputs import (
     EngineStats,
     RequestOutput,
@@ -68,7 +68,7 @@ class LLMEngine:
             kv_cache_fraction=config.kv_cache_fraction, max_num_seqs=config.max_num_seqs,
             max_model_len=config.max_model_len, num_kv_blocks=config.num_kv_blocks,
         )
-        self.kv_caches = allocate_kv_caches(self.model_config, num_blocks, bs, self.dtype, self.device)
+        self.kv_caches = self.model.allocate_kv_caches(num_blocks, bs)
         max_blocks = max(-(-config.max_model_len // bs), -(-config.len_bound // bs))
         self.block_manager = BlockManager(num_blocks, bs, max_blocks, config.enable_prefix_caching)
         self.scheduler = Scheduler(

@@ -51,16 +51,6 @@ def choose_num_blocks(
     return blocks
 
 
-def allocate_kv_caches(
-    model_config: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device
-) -> list[KVCache]:
-    shape = (num_blocks, block_size, model_config.num_kv_heads, model_config.head_dim)
-    return [
-        (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
-        for _ in range(model_config.num_layers)
-    ]
-
-
 class BlockManager:
     """Hands out KV blocks 1..num_blocks-1 and keeps each request's block table.
 

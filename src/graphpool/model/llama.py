@@ -171,7 +171,7 @@ class LlamaModel(nn.Module):
         return logits.float() if upcast else logits
 
     def allocate_kv_caches(self, num_blocks: int, block_size: int) -> list[KVCache]:
-        """Zeroed per-layer caches `[num_blocks, block_size, num_kv_heads, head_dim]` (for tests and tools)."""
+        """Zeroed per-layer caches `[num_blocks, block_size, num_kv_heads, head_dim]` in the model's dtype."""
         shape = (num_blocks, block_size, self.config.num_kv_heads, self.config.head_dim)
         return [
             (
