@@ -269,4 +269,5 @@ def test_progress_log_line(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level("INFO", logger="graphpool.server"):
         metrics.on_step(engine, engine.step())
     assert "running 1, waiting 0, KV blocks free 99/100" in caplog.text
-    assert "graphs: 1 hits, 0 padded, 1 misses, 1 captures, 0 evictions, 2 eager, 1 resident" in caplog.text
+    assert "graphs: 1 decode steps: 1 hits, 0 padded hits, 1 misses, 1 captures (0.50 s)" in caplog.text
+    assert "0 evictions, 2 eager; 1 graphs resident" in caplog.text

@@ -19,6 +19,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from graphpool.engine.pool_summary import describe
+
 logger = logging.getLogger("graphpool.server")
 
 PREFIX = "graphpool"
@@ -184,11 +186,7 @@ class ServerMetrics:
         )
         g = engine.graph_stats()
         if g is not None:
-            line += (
-                f"; graphs: {g.hits} hits, {g.padded_hits} padded, {g.misses} misses, {g.captures} captures, "
-                f"{g.evictions} evictions, {g.eager_steps} eager, {g.resident_graphs} resident "
-                f"({g.resident_bytes / 2**20:.1f} MiB)"
-            )
+            line += f"; graphs: {describe(g)}"
         logger.info(line)
 
     def on_abort(self, request_id: str) -> None:
