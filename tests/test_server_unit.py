@@ -53,6 +53,9 @@ class Stats:
     prompt_tokens_total: int
     generation_tokens_total: int
     preemptions_total: int
+    prefix_cache_queries_tokens_total: int = 0
+    prefix_cache_hits_tokens_total: int = 0
+    prefix_cache_blocks: int = 0
 
 
 @dataclass
