@@ -7,8 +7,6 @@ the server takes it over (afterwards only the server's engine thread touches it)
 from __future__ import annotations
 
 import asyncio
-import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +20,7 @@ from graphpool import LLM, SamplingParams
 from graphpool.engine.config import EngineConfig
 from graphpool.engine.engine import LLMEngine
 from graphpool.server.main import serve_in_thread
+from server_checks import check_disconnects_free_kv
 
 MAX_MODEL_LEN = 256
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time"]
@@ -197,57 +196,9 @@ def test_32_concurrent_streams_all_complete(served: Served) -> None:
     assert steps < rows
 
 
-def _kv_idle(served: Served, timeout: float = 30.0) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    deadline = time.monotonic() + timeout
-    while True:
-        m = served.metrics()
-        idle = m[("graphpool_requests_running", ())] == 0 and m[("graphpool_requests_waiting", ())] == 0
-        if idle and m[("graphpool_kv_blocks_free", ())] == m[("graphpool_kv_blocks_total", ())]:
-            return m
-        assert time.monotonic() < deadline, f"KV blocks not freed: {m}"
-        time.sleep(0.05)
-
-
 def test_disconnecting_client_frees_its_kv_blocks(served: Served) -> None:
-    idle = _kv_idle(served)
-    aborted = ("graphpool_requests_finished_total", (("reason", "abort"),))
     # NOTE: 200 tokens on CPU take many seconds; the abort must come long before the request could finish.
-    body = {"prompt": "Write a long story about a dragon.", "max_tokens": 200, "ignore_eos": True}
-    results: list[Any] = []
-
-    def other(prompt: str) -> None:
-        r = served.client().completions.create(
-            model=served.model,
-            prompt=prompt,
-            max_tokens=MAX_TOKENS,
-            temperature=0,
-            extra_body={"ignore_eos": True},
-        )
-        results.append((r.choices[0].finish_reason, r.usage.completion_tokens if r.usage else -1))
-
-    with httpx.Client(base_url=served.base_url, timeout=60) as http:
-        with http.stream("POST", "/v1/completions", json={**body, "stream": True}) as response:
-            assert response.status_code == 200
-            # NOTE: keep the iterator alive: closing it (a `break` out of a for loop) closes the connection.
-            lines = response.iter_lines()
-            data_lines = 0
-            while data_lines < 3:
-                data_lines += next(lines).startswith("data: ")
-            others = [threading.Thread(target=other, args=(p,)) for p in PROMPTS]
-            for t in others:
-                t.start()
-            busy = served.metrics()
-            assert busy[("graphpool_kv_blocks_free", ())] < idle[("graphpool_kv_blocks_free", ())]
-        # Leaving the block closed the connection mid-stream. Now a non-streaming client that gives up:
-        with pytest.raises(httpx.ReadTimeout):
-            http.post("/v1/completions", json=body, timeout=1.0)
-        for t in others:
-            t.join(60)
-    after = _kv_idle(served)
-    assert after[("graphpool_kv_blocks_free", ())] == idle[("graphpool_kv_blocks_free", ())]
-    assert after[aborted] - idle.get(aborted, 0) == 2
-    # The other clients were unaffected.
-    assert results == [("length", MAX_TOKENS)] * len(PROMPTS)
+    check_disconnects_free_kv(served.base_url, served.model, PROMPTS, MAX_TOKENS, long_tokens=200, give_up_s=1.0)
 
 
 BAD_REQUESTS: list[tuple[str, str, Any, str | None]] = [

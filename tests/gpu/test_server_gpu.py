@@ -8,7 +8,6 @@ a client that disconnects mid-stream frees its KV blocks; bad requests get a 400
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -136,50 +135,12 @@ def test_64_concurrent_streams_complete_through_graphs(served: Served) -> None:
     report("server_64_streams", {"seconds": round(seconds, 2), "tokens": n * max_tokens})
 
 
-def _kv_idle(served: Served, timeout: float = 60.0) -> Metrics:
-    deadline = time.monotonic() + timeout
-    while True:
-        m = served.metrics()
-        idle = m[("graphpool_requests_running", ())] == 0 and m[("graphpool_requests_waiting", ())] == 0
-        if idle and m[("graphpool_kv_blocks_free", ())] == m[("graphpool_kv_blocks_total", ())]:
-            return m
-        assert time.monotonic() < deadline, f"KV blocks not freed: {m}"
-        time.sleep(0.05)
-
-
 def test_disconnecting_clients_free_their_kv_blocks(served: Served) -> None:
-    httpx = require("httpx")
-    idle = _kv_idle(served)
-    aborted = ("graphpool_requests_finished_total", (("reason", "abort"),))
+    from server_checks import check_disconnects_free_kv
+
     # NOTE: ~2000 tokens at a few ms a step on the GPU: seconds, far longer than the client waits.
-    body = {"prompt": "Write a long story about a dragon.", "max_tokens": MAX_MODEL_LEN - 64, "ignore_eos": True}
-    results: list[tuple[str | None, int]] = []
-
-    def other(prompt: str) -> None:
-        r = served.client().completions.create(model=served.model, prompt=prompt, max_tokens=MAX_TOKENS,
-                                               temperature=0, extra_body={"ignore_eos": True})
-        results.append((r.choices[0].finish_reason, r.usage.completion_tokens if r.usage else -1))
-
-    with httpx.Client(base_url=served.base_url, timeout=60) as http:
-        with http.stream("POST", "/v1/completions", json={**body, "stream": True}) as response:
-            assert response.status_code == 200
-            lines = response.iter_lines()
-            data_lines = 0
-            while data_lines < 3:
-                data_lines += next(lines).startswith("data: ")
-            others = [threading.Thread(target=other, args=(p,)) for p in PROMPTS]
-            for t in others:
-                t.start()
-            busy = served.metrics()
-            assert busy[("graphpool_kv_blocks_free", ())] < idle[("graphpool_kv_blocks_free", ())]
-        with pytest.raises(httpx.ReadTimeout):
-            http.post("/v1/completions", json=body, timeout=0.5)
-        for t in others:
-            t.join(60)
-    after = _kv_idle(served)
-    assert after[("graphpool_kv_blocks_free", ())] == idle[("graphpool_kv_blocks_free", ())]
-    assert after[aborted] - idle.get(aborted, 0) == 2
-    assert results == [("length", MAX_TOKENS)] * len(PROMPTS)
+    check_disconnects_free_kv(served.base_url, served.model, PROMPTS, MAX_TOKENS, long_tokens=MAX_MODEL_LEN - 64,
+                              give_up_s=0.5)
 
 
 BAD_REQUESTS: list[tuple[str, dict[str, Any], str | None]] = [
