@@ -9,6 +9,18 @@ import torch
 from graphpool.model.attn_metadata import AttentionMetadata
 from graphpool.model.llama import LlamaModel
 
+# Prompts of the parity tests against transformers (CPU engine tests use the first five, the GPU test all).
+PARITY_PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time, in a small village by the sea, there lived",
+    "The theory of relativity was proposed by Albert Einstein in 1905. It says that",
+    "Q: What is 7 times 8?\nA:",
+    "Here is a recipe for pancakes. Ingredients:",
+    "The three primary colors are",
+    "import numpy as np\n\ndef softmax(x):",
+]
+
 
 @torch.no_grad()
 def paged_greedy(

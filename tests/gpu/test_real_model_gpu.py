@@ -15,17 +15,9 @@ from gpu_helpers import report, require
 
 from graphpool import LLM, SamplingParams
 from graphpool.model import AttentionMetadata, LlamaModel, load_model
+from model_reference import PARITY_PROMPTS
 
-PROMPTS = [
-    "The capital of France is",
-    "def fibonacci(n):",
-    "Once upon a time, in a small village by the sea, there lived",
-    "The theory of relativity was proposed by Albert Einstein in 1905. It says that",
-    "Q: What is 7 times 8?\nA:",
-    "Here is a recipe for pancakes. Ingredients:",
-    "The three primary colors are",
-    "import numpy as np\n\ndef softmax(x):",
-]
+PROMPTS = PARITY_PROMPTS
 NEW_TOKENS = 32
 MAX_MODEL_LEN = 256
 BLOCK = 16
