@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 
@@ -73,3 +74,30 @@ def check_disconnects_free_kv(
     assert after[("graphpool_kv_blocks_free", ())] == idle[("graphpool_kv_blocks_free", ())]
     assert after[aborted] - idle.get(aborted, 0) == 2
     assert results == [("length", max_tokens)] * len(prompts)
+
+
+def concurrent_streams(base_url: str, model: str, n: int, max_tokens: int) -> list[tuple[str, str | None, int]]:
+    """``n`` streamed, seeded, sampled completions at once through the openai async client:
+    (text, finish reason, completion tokens from the usage chunk) per request, in order."""
+
+    async def one(client: openai.AsyncOpenAI, i: int) -> tuple[str, str | None, int]:
+        stream = await client.completions.create(
+            model=model, prompt=f"Request number {i}: the weather today is", max_tokens=max_tokens,
+            temperature=0.8, seed=i, stream=True, stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
+        )
+        text, reason, tokens = "", None, -1
+        async for chunk in stream:
+            if chunk.choices:
+                text += chunk.choices[0].text
+                reason = chunk.choices[0].finish_reason or reason
+            if chunk.usage is not None:
+                tokens = chunk.usage.completion_tokens
+        return text, reason, tokens
+
+    async def all_of_them() -> list[tuple[str, str | None, int]]:
+        async with openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="none", max_retries=0,
+                                      timeout=120) as client:
+            return await asyncio.gather(*(one(client, i) for i in range(n)))
+
+    return asyncio.run(all_of_them())

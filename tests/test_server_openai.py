@@ -6,7 +6,6 @@ the server takes it over (afterwards only the server's engine thread touches it)
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -20,7 +19,7 @@ from graphpool import LLM, SamplingParams
 from graphpool.engine.config import EngineConfig
 from graphpool.engine.engine import LLMEngine
 from graphpool.server.main import serve_in_thread
-from server_checks import check_disconnects_free_kv
+from server_checks import check_disconnects_free_kv, concurrent_streams
 
 MAX_MODEL_LEN = 256
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time"]
@@ -151,33 +150,7 @@ def test_32_concurrent_streams_all_complete(served: Served) -> None:
     n, max_tokens = 32, 8
     before = served.metrics()
 
-    async def one(client: openai.AsyncOpenAI, i: int) -> tuple[str, str | None, int]:
-        stream = await client.completions.create(
-            model=served.model,
-            prompt=f"Request number {i}: the weather today is",
-            max_tokens=max_tokens,
-            temperature=0.8,
-            seed=i,
-            stream=True,
-            stream_options={"include_usage": True},
-            extra_body={"ignore_eos": True},
-        )
-        text, reason, tokens = "", None, -1
-        async for chunk in stream:
-            if chunk.choices:
-                text += chunk.choices[0].text
-                reason = chunk.choices[0].finish_reason or reason
-            if chunk.usage is not None:
-                tokens = chunk.usage.completion_tokens
-        return text, reason, tokens
-
-    async def all_of_them() -> list[tuple[str, str | None, int]]:
-        async with openai.AsyncOpenAI(
-            base_url=f"{served.base_url}/v1", api_key="none", max_retries=0, timeout=120
-        ) as client:
-            return await asyncio.gather(*(one(client, i) for i in range(n)))
-
-    results = asyncio.run(all_of_them())
+    results = concurrent_streams(served.base_url, served.model, n, max_tokens)
     assert len(results) == n
     assert [(reason, tokens) for _, reason, tokens in results] == [("length", max_tokens)] * n
     assert all(text for text, _, _ in results)

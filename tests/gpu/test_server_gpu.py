@@ -98,32 +98,13 @@ def test_completion_and_chat_streamed_and_not_equal_the_engine(served: Served) -
 
 
 def test_64_concurrent_streams_complete_through_graphs(served: Served) -> None:
-    openai = require("openai")
     n, max_tokens = 64, 48
     before = served.metrics()
 
-    async def one(client: Any, i: int) -> tuple[str, str | None, int]:
-        stream = await client.completions.create(
-            model=served.model, prompt=f"Request {i}: the weather today is", max_tokens=max_tokens,
-            temperature=0.8, seed=i, stream=True, stream_options={"include_usage": True},
-            extra_body={"ignore_eos": True},
-        )
-        text, reason, tokens = "", None, -1
-        async for chunk in stream:
-            if chunk.choices:
-                text += chunk.choices[0].text
-                reason = chunk.choices[0].finish_reason or reason
-            if chunk.usage is not None:
-                tokens = chunk.usage.completion_tokens
-        return text, reason, tokens
-
-    async def all_of_them() -> list[tuple[str, str | None, int]]:
-        async with openai.AsyncOpenAI(base_url=f"{served.base_url}/v1", api_key="none", max_retries=0,
-                                      timeout=120) as client:
-            return await asyncio.gather(*(one(client, i) for i in range(n)))
+    from server_checks import concurrent_streams
 
     t0 = time.perf_counter()
-    results = asyncio.run(all_of_them())
+    results = concurrent_streams(served.base_url, served.model, n, max_tokens)
     seconds = time.perf_counter() - t0
     assert [(reason, tokens) for _, reason, tokens in results] == [("length", max_tokens)] * n
     assert all(text for text, _, _ in results)
