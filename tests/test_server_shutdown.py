@@ -60,7 +60,7 @@ def _start(tmp_path: Path, *flags: str) -> Server:
             if httpx.get(f"{url}/health", timeout=2).status_code == 200:
                 return Server(proc, url, log, time.monotonic() - start)
         except httpx.HTTPError:
-            pass
+            pass  # not listening yet: poll again
         time.sleep(0.1)
     proc.kill()
     raise AssertionError(f"the server was not healthy within 300 s:\n{log.read_text()}")
