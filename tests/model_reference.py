@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -121,3 +122,21 @@ def hf_greedy(hf: torch.nn.Module, prompt: list[int], n: int) -> list[int]:
         for _ in range(n):
             ids.append(int(hf(torch.tensor([ids])).logits[0, -1].argmax()))
     return ids[len(prompt) :]
+
+
+def run_waves(engine: Any, prompts: Sequence[Sequence[int]], waves: Sequence[Sequence[int]], max_tokens: int,
+              ignore_eos: bool = True, prefix: str = "r") -> dict[str, list[int]]:
+    """Greedy token ids per request id (``prefix`` + prompt index) from an LLMEngine, wave by wave: a wave is
+    added once the previous one finished (so its prompts' prefixes are cached by then)."""
+    from graphpool.engine.sampling_params import SamplingParams
+
+    out: dict[str, list[int]] = {}
+    for wave in waves:
+        for i in wave:
+            params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=ignore_eos)
+            engine.add_request(f"{prefix}{i}", list(prompts[i]), params)
+        while engine.has_unfinished_requests():
+            for o in engine.step():
+                if o.finished:
+                    out[o.request_id] = o.token_ids
+    return out

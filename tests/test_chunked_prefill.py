@@ -14,6 +14,7 @@ from graphpool.engine.kv_cache import BlockManager
 from graphpool.engine.sampling_params import SamplingParams
 from graphpool.engine.scheduler import Scheduler
 from graphpool.engine.sequence import Sequence, Status
+from model_reference import run_waves
 
 
 # scheduler alone -------------------------------------------------------------------------------------------
@@ -119,14 +120,7 @@ def _engine(loaded, **kwargs) -> LLMEngine:
 
 
 def _generate(engine: LLMEngine, prompts: list[list[int]], max_tokens: int = 8) -> dict[str, list[int]]:
-    for i, p in enumerate(prompts):
-        engine.add_request(f"r{i}", p, SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True))
-    out: dict[str, list[int]] = {}
-    while engine.has_unfinished_requests():
-        for o in engine.step():
-            if o.finished:
-                out[o.request_id] = o.token_ids
-    return out
+    return run_waves(engine, prompts, [range(len(prompts))], max_tokens)
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,7 @@ from graphpool.engine.engine import LLMEngine
 from graphpool.engine.kv_cache import BlockManager
 from graphpool.engine.sampling_params import SamplingParams
 from graphpool.engine.sequence import Sequence
+from model_reference import run_waves
 
 
 def _seq(rid: str, tokens: list[int]) -> Sequence:
@@ -140,15 +141,7 @@ def _generate(loaded, prompts: list[list[int]], waves: list[list[int]], max_toke
               ignore_eos: bool = False, **kwargs) -> tuple[dict[str, list[int]], LLMEngine]:
     config = EngineConfig(**({"device": "cpu", "max_model_len": MAX_MODEL_LEN, "num_kv_blocks": 64} | kwargs))
     engine = LLMEngine(config, loaded=loaded)
-    out: dict[str, list[int]] = {}
-    for wave in waves:  # a wave starts once the previous one finished, so its prefixes are cached
-        for i in wave:
-            params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=ignore_eos)
-            engine.add_request(f"p{i}", prompts[i], params)
-        while engine.has_unfinished_requests():
-            for o in engine.step():
-                if o.finished:
-                    out[o.request_id] = o.token_ids
+    out = run_waves(engine, prompts, waves, max_tokens, ignore_eos=ignore_eos, prefix="p")
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_usable_blocks
     return out, engine
 

@@ -13,6 +13,7 @@ from graphpool.engine.config import EngineConfig
 from graphpool.engine.engine import LLMEngine
 from graphpool.engine.sampling_params import SamplingParams
 from graphpool.model.loader import load_model
+from model_reference import run_waves
 
 MAX_MODEL_LEN = 512
 SYSTEM = ("You are a careful assistant. Answer in one short paragraph, name your sources, and say so when you are "
@@ -23,15 +24,7 @@ QUESTIONS = ["Who built the first telescope?", "What did Vesalius change?", "Why
 
 
 def _run(engine: LLMEngine, prompts: list[list[int]], waves: list[list[int]]) -> dict[str, list[int]]:
-    out: dict[str, list[int]] = {}
-    for wave in waves:
-        for i in wave:
-            engine.add_request(f"r{i}", prompts[i], SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
-        while engine.has_unfinished_requests():
-            for o in engine.step():
-                if o.finished:
-                    out[o.request_id] = o.token_ids
-    return out
+    return run_waves(engine, prompts, waves, max_tokens=24)
 
 
 @pytest.fixture(scope="module")
