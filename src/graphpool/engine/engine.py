@@ -220,7 +220,7 @@ class LLMEngine:
         return self.runner.pool.stats() if self.runner.graphs_enabled else None
 
     def stats(self) -> EngineStats:
-        prefix = self.block_manager.pool.stats()
+        prefix = self.prefix_cache_stats()
         return EngineStats(
             running=len(self.scheduler.running),
             waiting=len(self.scheduler.waiting),

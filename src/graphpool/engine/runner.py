@@ -17,6 +17,13 @@ from graphpool.model.attn_metadata import AttentionMetadata
 from graphpool.pool import GraphPool
 from graphpool.pool.capture import Capturer
 
+
+def _pow2_bound(n: int) -> int:
+    # NOTE: attention length bounds outside the graphs are powers of two: few decode-kernel variants (its
+    # launch constants follow the bound, and each new one is a Triton JIT compile).
+    return 1 << (n - 1).bit_length()
+
+
 _PAGED_POSITIONS = 1 << 18  # context positions the torch attention of one paged-prefill piece may gather
 
 
@@ -50,6 +57,13 @@ class ModelRunner:
 
     def _to_device(self, values: list[int], dtype: torch.dtype) -> torch.Tensor:
         return torch.tensor(values, dtype=dtype, pin_memory=self._pin).to(self.device, non_blocking=True)
+
+    def _tables_to_device(self, rows: np.ndarray) -> torch.Tensor:
+        """Block-table rows [n, width] (int32, host) -> the device, through pinned memory on CUDA."""
+        tables = torch.from_numpy(np.ascontiguousarray(rows))
+        if self._pin:
+            tables = tables.pin_memory()
+        return tables.to(self.device, non_blocking=True)
 
     @torch.inference_mode()
     def prefill(self, chunks: list[PrefillChunk]) -> torch.Tensor:
@@ -109,8 +123,7 @@ class ModelRunner:
             slots.extend(bm.slots(c.seq.request_id, c.start, c.end))
             owner.extend([k] * (c.end - c.start))
         max_ctx = max(c.end for c in chunks)
-        # NOTE: a power-of-two bound: few decode-kernel variants (its launch constants follow the bound).
-        bound = 1 << (max_ctx - 1).bit_length()
+        bound = _pow2_bound(max_ctx)
         width = max(self.max_blocks, -(-bound // self.block_size))
         table_rows = np.stack([bm.row(c.seq.request_id) for c in chunks])
         if table_rows.shape[1] < width:
@@ -124,14 +137,11 @@ class ModelRunner:
         out: dict[int, torch.Tensor] = {}
         for lo in range(0, len(ids), piece):
             hi = min(lo + piece, len(ids))
-            tables = torch.from_numpy(np.ascontiguousarray(table_rows[owner[lo:hi]]))
-            if self._pin:
-                tables = tables.pin_memory()
             meta = AttentionMetadata(
                 is_prefill=False,
                 positions=self._to_device(positions[lo:hi], torch.int64),
                 slot_mapping=self._to_device(slots[lo:hi], torch.int64),
-                block_tables=tables.to(self.device, non_blocking=True),
+                block_tables=self._tables_to_device(table_rows[owner[lo:hi]]),
                 context_lens=self._to_device([p + 1 for p in positions[lo:hi]], torch.int32),
                 max_len_bound=bound,
             )
@@ -153,19 +163,15 @@ class ModelRunner:
         # block table and a bound rounded up to a power of two (few kernel variants).
         width = max(self.max_blocks, -(-max_len // self.block_size))
         rows = np.stack([self.block_manager.row(seq.request_id) for seq in seqs])[:, :width]
-        block_tables = torch.from_numpy(rows)
-        if self._pin:
-            block_tables = block_tables.pin_memory()
         inputs = {
             "input_ids": self._to_device([seq.last_token for seq in seqs], torch.int64),
             "positions": self._to_device([n - 1 for n in lens], torch.int64),
             "slot_mapping": self._to_device(slots, torch.int64),
-            "block_tables": block_tables.to(self.device, non_blocking=True),
+            "block_tables": self._tables_to_device(rows),
             "context_lens": self._to_device(lens, torch.int32),
         }
         if max_len > self.len_bound:
-            bound = 1 << (max_len - 1).bit_length()
-            return decode_forward(self.model, self.kv_caches, inputs, max_len_bound=bound), False
+            return decode_forward(self.model, self.kv_caches, inputs, max_len_bound=_pow2_bound(max_len)), False
         logits = self.pool.run(inputs, max_len_in_batch=max_len)
         return logits, self.pool.last_replayed
 
