@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from graphpool.bench.workload import TraceConfig
@@ -13,23 +11,10 @@ from graphpool.model.config import ModelConfig
 
 
 def model_architecture(model: str) -> ModelConfig:
-    """The ModelConfig of a model the engine accepts (a random preset, the default model, a .gguf file, a
-    Hugging Face folder), read from its preset, GGUF metadata or config.json without loading the weights."""
-    from graphpool.model.gguf_loader import default_gguf_path, gguf_config, open_gguf
-    from graphpool.model.loader import DEFAULT_MODEL, RANDOM_PREFIX, accepted_models
-    from graphpool.model.presets import PRESETS
+    """The ModelConfig of a model the engine accepts, without loading its weights (model.loader)."""
+    from graphpool.model.loader import model_config
 
-    if model.startswith(RANDOM_PREFIX) and model[len(RANDOM_PREFIX):] in PRESETS:
-        return PRESETS[model[len(RANDOM_PREFIX):]]
-    path = default_gguf_path() if model == DEFAULT_MODEL else Path(model).expanduser()
-    if path.is_dir() and (path / "config.json").is_file():
-        return ModelConfig.from_hf_config(json.loads((path / "config.json").read_text()))
-    ggufs = sorted(path.glob("*.gguf")) if path.is_dir() else []
-    if len(ggufs) == 1:
-        path = ggufs[0]
-    if path.is_file() and path.suffix == ".gguf":
-        return gguf_config(open_gguf(path))
-    raise ValueError(f"unknown model {model!r}; accepted models: {accepted_models()}")
+    return model_config(model)
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,41 @@ def accepted_models() -> str:
     )
 
 
+def model_source(name_or_path: str | Path | None) -> ModelConfig | tuple[str, Path]:
+    """What a model name names: a random preset's ModelConfig, or ("gguf", file) / ("hf", folder).
+
+    The one place that reads model names: `load_model` and `model_config` both go through it."""
+    name = DEFAULT_MODEL if name_or_path is None else str(name_or_path)
+    if name.startswith(RANDOM_PREFIX):
+        preset = name[len(RANDOM_PREFIX) :]
+        if preset not in PRESETS:
+            raise ValueError(f"unknown model {name!r} (no random preset {preset!r}); accepted models: {accepted_models()}")
+        return PRESETS[preset]
+    if name == DEFAULT_MODEL:
+        return ("gguf", default_gguf_path())
+    path = Path(name).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return ("gguf", path)
+    if path.is_dir() and (path / "config.json").is_file():
+        return ("hf", path)
+    if path.is_dir():
+        ggufs = sorted(path.glob("*.gguf"))
+        if len(ggufs) == 1:
+            return ("gguf", ggufs[0])
+    raise ValueError(f"unknown model {name!r}; accepted models: {accepted_models()}")
+
+
+def model_config(name_or_path: str | Path | None = None) -> ModelConfig:
+    """The architecture of a model `load_model` accepts, read without loading its weights."""
+    source = model_source(name_or_path)
+    if isinstance(source, ModelConfig):
+        return source
+    kind, path = source
+    if kind == "gguf":
+        return gguf_config(open_gguf(path))
+    return ModelConfig.from_hf_config(json.loads((path / "config.json").read_text()))
+
+
 @torch.no_grad()
 def load_model(
     name_or_path: str | Path | None = None,
@@ -47,29 +82,15 @@ def load_model(
 
     `max_positions` caps the rotary cache (defaults to the model's max_position_embeddings).
     """
-    device = torch.device(device)
-    name = DEFAULT_MODEL if name_or_path is None else str(name_or_path)
-    kwargs = {"device": device, "dtype": dtype, "attn_backend": attn_backend, "max_positions": max_positions}
-    if name.startswith(RANDOM_PREFIX):
-        preset = name[len(RANDOM_PREFIX) :]
-        if preset not in PRESETS:
-            raise ValueError(f"unknown random preset {preset!r}; accepted models: {accepted_models()}")
-        config = PRESETS[preset]
-        model = LlamaModel(config, **kwargs)
+    kwargs = {"device": torch.device(device), "dtype": dtype, "attn_backend": attn_backend,
+              "max_positions": max_positions}
+    source = model_source(name_or_path)
+    if isinstance(source, ModelConfig):
+        model = LlamaModel(source, **kwargs)
         init_random_weights(model, seed=seed)
-        return model.eval(), config, None
-    if name == DEFAULT_MODEL:
-        return _load_gguf(default_gguf_path(), **kwargs)
-    path = Path(name).expanduser()
-    if path.is_file() and path.suffix == ".gguf":
-        return _load_gguf(path, **kwargs)
-    if path.is_dir() and (path / "config.json").is_file():
-        return _load_hf_folder(path, **kwargs)
-    if path.is_dir():
-        ggufs = sorted(path.glob("*.gguf"))
-        if len(ggufs) == 1:
-            return _load_gguf(ggufs[0], **kwargs)
-    raise ValueError(f"unknown model {name!r}; accepted models: {accepted_models()}")
+        return model.eval(), source, None
+    kind, path = source
+    return _load_gguf(path, **kwargs) if kind == "gguf" else _load_hf_folder(path, **kwargs)
 
 
 def _load_gguf(path: Path, **kwargs: object) -> tuple[LlamaModel, ModelConfig, Tokenizer | None]:
