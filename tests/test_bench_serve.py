@@ -60,8 +60,10 @@ def test_configs_and_ladder() -> None:
     args = SimpleNamespace(model="random:llama3.2-1b", dtype=None, rate=1.0, duration=5.0, seeds=2, first_seed=3,
                            configs="cd", budget="1GiB", prompt_mean=10.0, prompt_cap=20, max_tokens_mean=5.0,
                            max_tokens_cap=10, sigma=1.0, concurrency=None, url=None, server_arg=["--max-num-seqs=8"],
-                           startup_timeout=10.0, stop_timeout=5.0, resume=False, prime=True)
+                           startup_timeout=10.0, stop_timeout=5.0, resume=False, prime=True,
+                           step_timeline=False)
     cfg = config_from_args(args)  # type: ignore[arg-type]
+    assert not cfg.step_timeline
     assert cfg.seeds == (3, 4) and cfg.token_ids and cfg.engine_flags()[-1] == "--max-num-seqs=8"
     with pytest.raises(ValueError, match="--seeds"):
         config_from_args(SimpleNamespace(**{**vars(args), "seeds": 0}))  # type: ignore[arg-type]
@@ -234,3 +236,9 @@ def test_real_run_on_cpu(tmp_path: Path) -> None:
     assert "| (a) no graphs | 1 | 0 |" in md and "met: 0 errors" in md
     assert (tmp_path / "serve_itl_cdf.png").stat().st_size > 10_000
     assert (tmp_path / "runs" / "a-seed0.itl.npy").exists() and (tmp_path / "logs" / "a-seed0.log").exists()
+    # the server kept a step timeline and the client's gaps were put next to it
+    causes = run["gap_causes"]
+    assert causes["threshold_ms"] == 10.0 and sum(causes["counts"].values()) == causes["gaps"]
+    assert causes["steps"]["prefill step"]["steps"] > 0 and causes["steps"]["eager decode step"]["steps"] > 0
+    assert (tmp_path / "timelines" / "a-seed0.json").exists()
+    assert run["client_cpu_share"] > 0 and run["client_loop_lag_ms"]["p50"] >= 0

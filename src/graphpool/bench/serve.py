@@ -18,10 +18,19 @@ from pathlib import Path
 
 from graphpool.bench import common
 from graphpool.bench.common import progress
+from graphpool.bench.serve_attribution import attribute
 from graphpool.bench.serve_client import run_trace
 from graphpool.bench.serve_report import save_run, summarize_run, write_serve_report
-from graphpool.bench.serve_server import ServerFailed, ServerProcess, connect, scrape, start_server
+from graphpool.bench.serve_server import (
+    ServerFailed,
+    ServerProcess,
+    connect,
+    fetch_timeline,
+    scrape,
+    start_server,
+)
 from graphpool.bench.workload import TraceConfig, TraceRequest, generate_trace, summarize_trace
+from graphpool.engine.timeline import records_from_export
 
 CONFIG_LABELS = {
     "a": "no graphs",
@@ -84,6 +93,7 @@ class ServeBenchConfig:
     stop_timeout_s: float
     resume: bool
     prime: bool = True
+    step_timeline: bool = True  # the server keeps a step timeline, and the client's gaps are attributed by it
 
     def __post_init__(self) -> None:
         if not self.seeds:
@@ -123,17 +133,28 @@ def run_one(cfg: ServeBenchConfig, sc: ServeConfig, seed: int, out_dir: Path) ->
         server: ServerProcess = connect(cfg.url)
     else:
         log = out_dir / "logs" / f"{sc.key}-seed{seed}.log"
-        server = start_server([*cfg.engine_flags(), *sc.flags], log, cfg.startup_timeout_s)
+        timeline_flag = ["--record-step-timeline"] if cfg.step_timeline else []
+        server = start_server([*cfg.engine_flags(), *timeline_flag, *sc.flags], log, cfg.startup_timeout_s)
         progress(f"{name}: healthy {server.startup_s:.1f} s after process start (log {log})")
     try:
         before = scrape(server.url)
         model = _served_model(server.url)
         client = asyncio.run(run_trace(server.url, model, trace, seed, cfg.token_ids, cfg.concurrency, name))
         after = scrape(server.url)
+        timeline = fetch_timeline(server.url) if cfg.step_timeline else None
     finally:
         stop = server.stop(cfg.stop_timeout_s)
+    causes = None
+    if timeline is not None:
+        causes = attribute([[client.t0_monotonic + t for t in r.timeline.token_times] for r in client.results
+                            if r.error is None], records_from_export(timeline))
+        (out_dir / "timelines").mkdir(parents=True, exist_ok=True)
+        (out_dir / "timelines" / f"{sc.key}-seed{seed}.json").write_text(json.dumps(
+            {**timeline, "client_t0_monotonic": client.t0_monotonic}) + "\n")
+        progress(f"{name}: {causes['gaps']} gaps over {causes['threshold_ms']:g} ms: "
+                 + ", ".join(f"{k} {v}" for k, v in causes["counts"].items() if v))
     run, itls = summarize_run(sc.key, sc.label, seed, cfg.model, cfg.rate, cfg.duration_s, client, before, after,
-                              server.startup_s, stop)
+                              server.startup_s, stop, causes)
     save_run(out_dir / "runs", run, itls)
     progress(f"{name}: {run.errors} errors, {run.itl_gaps} ITL gaps, ITL p50/p99/p99.9 "
              f"{run.itl_ms['p50']:.1f}/{run.itl_ms['p99']:.1f}/{run.itl_ms['p99.9']:.1f} ms, TTFT p99 "
@@ -258,6 +279,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-prime", dest="prime", action="store_false",
                    help="skip the untimed prime run (graphs off, one request at a time across every context "
                         "length) that fills the Triton compile cache before the timed runs")
+    p.add_argument("--no-step-timeline", dest="step_timeline", action="store_false",
+                   help="start the servers without --record-step-timeline (no attribution of the ITL gaps)")
     p.add_argument("--resume", action="store_true", help="skip the runs already saved under <out>/runs")
     p.add_argument("--report-only", action="store_true",
                    help="run nothing: rebuild the report from <out>/runs (and the GPU header from <out>/env.json)")
@@ -274,7 +297,7 @@ def config_from_args(args: argparse.Namespace) -> ServeBenchConfig:
         output_mean=args.max_tokens_mean, output_cap=args.max_tokens_cap, sigma=args.sigma,
         concurrency=args.concurrency, url=args.url, server_args=tuple(args.server_arg),
         startup_timeout_s=args.startup_timeout, stop_timeout_s=args.stop_timeout, resume=args.resume,
-        prime=args.prime)
+        prime=args.prime, step_timeline=args.step_timeline)
 
 
 def main(args: argparse.Namespace, argv: Sequence[str] | None = None) -> None:

@@ -24,6 +24,7 @@ _WORD_TEXT = (
     "guy moment air teacher force education"
 )
 _WORDS = tuple(_WORD_TEXT.split())
+_LAG_PROBE_S = 0.01
 
 
 def text_prompt(req: TraceRequest, seed: int) -> str:
@@ -54,6 +55,9 @@ class ClientRun:
     max_in_flight: int
     progress_lines: int = 0
     errors_sample: list[str] = field(default_factory=list)
+    t0_monotonic: float = 0.0  # time.monotonic() at the trace's time 0 (to line up with a server timeline)
+    loop_lag_ms: list[float] = field(default_factory=list)  # how late the client's 10-ms timer woke, each time
+    cpu_share: float = float("nan")  # client process CPU time / wall time over the run (1.0 = one core)
 
 
 async def _one(client: object, model: str, req: TraceRequest, prompt: str | list[int], res: RequestResult,
@@ -128,8 +132,21 @@ async def run_trace(url: str, model: str, trace: Sequence[TraceRequest], seed: i
             await asyncio.sleep(progress_every_s)
             report(t0)
 
+    lags: list[float] = []
+
+    async def lag_probe() -> None:
+        # NOTE: a busy client would deliver chunks late and inflate every gap: its event loop's lateness is
+        # part of the report, so that a tail can be told apart from a client that could not keep up.
+        while True:
+            t = time.perf_counter()
+            await asyncio.sleep(_LAG_PROBE_S)
+            lags.append((time.perf_counter() - t - _LAG_PROBE_S) * 1e3)
+
     t0 = time.perf_counter()
+    t0_mono = time.monotonic() - (time.perf_counter() - t0)
+    cpu0 = time.process_time()
     tick = asyncio.create_task(ticker(t0))
+    probe = asyncio.create_task(lag_probe())
     tasks = []
     try:
         for req, res, prompt in zip(trace, results, prompts, strict=True):
@@ -140,11 +157,15 @@ async def run_trace(url: str, model: str, trace: Sequence[TraceRequest], seed: i
         await asyncio.gather(*tasks)
     finally:
         tick.cancel()
+        probe.cancel()
         await client.close()
+    wall = time.perf_counter() - t0
+    cpu_share = (time.process_time() - cpu0) / wall if wall > 0 else float("nan")
     report(t0)
     sent = [r.timeline.arrival_s for r in results]
     ends = [r.end_s for r in results]
     duration = (max(ends) - min(sent)) if results else 0.0
     errors = [r.error for r in results if r.error is not None]
     return ClientRun(results=results, duration_s=duration, max_in_flight=state["max_in_flight"],
-                     progress_lines=state["lines"], errors_sample=list(dict.fromkeys(errors))[:5])
+                     progress_lines=state["lines"], errors_sample=list(dict.fromkeys(errors))[:5],
+                     t0_monotonic=t0_mono, loop_lag_ms=lags, cpu_share=cpu_share)

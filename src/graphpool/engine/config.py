@@ -77,6 +77,7 @@ class EngineConfig:
     attn_backend: str = "auto"
     seed: int = 0
     profile_steps: bool = False  # synchronize around each step's forward to time it (benchmarks only)
+    record_step_timeline: bool = False  # keep a timeline of steps (engine.timeline; the server's /debug/steps)
     # graph pool settings (the seed's names)
     # NOTE: None -> 16 (the seed's default), or the whole ladder when graph_warmup="all" asks for every size.
     max_graph_pool_size: int | None = None
@@ -131,7 +132,7 @@ class EngineConfig:
             object.__setattr__(self, "graph_warmup", sizes)
         elif self.graph_warmup not in WARMUP_MODES:
             raise ValueError(f"graph_warmup must be 'none', 'cover', 'all' or a tuple of sizes, got {self.graph_warmup!r}")
-        for name in ("disable_cudagraph", "profile_steps", "enable_prefix_caching"):
+        for name in ("disable_cudagraph", "profile_steps", "enable_prefix_caching", "record_step_timeline"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         self._resolve_pool_size()
