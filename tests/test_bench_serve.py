@@ -51,9 +51,10 @@ def test_configs_and_ladder() -> None:
     assert cfgs["b"].flags == ("--graph-warmup", "all", "--max-graph-pool-size", "46")
     assert "--graph-miss-policy" in cfgs["c"].flags and "16" in cfgs["c"].flags and cfgs["d"].flags == ()
     assert cfgs["e"].flags == ("--graph-memory-budget", "128MiB")
+    assert cfgs["f"].flags == ("--graph-warmup", "none")
     with pytest.raises(ValueError, match="exactly one --configs"):
         _bench_config(url="http://127.0.0.1:1", configs=("a", "d"))
-    with pytest.raises(ValueError, match="letters a-e"):
+    with pytest.raises(ValueError, match="letters a-f"):
         _bench_config(configs=("z",))
     with pytest.raises(ValueError, match="rate"):
         _bench_config(rate=0.0)

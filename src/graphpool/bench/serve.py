@@ -38,6 +38,7 @@ CONFIG_LABELS = {
     "c": "seed: LRU 16, capture on miss, shared",
     "d": "graphpool default",
     "e": "graphpool + byte budget",
+    "f": "graphpool, no start-up warm-up",
 }
 
 
@@ -67,6 +68,7 @@ def serve_configs(ladder_n: int, budget: str) -> dict[str, ServeConfig]:
               "--graph-warmup", "none"),
         "d": (),
         "e": ("--graph-memory-budget", budget),
+        "f": ("--graph-warmup", "none"),
     }
     labels = CONFIG_LABELS | {"b": f"capture all {ladder_n} at start-up", "e": f"graphpool + budget {budget}"}
     return {k: ServeConfig(k, labels[k], v) for k, v in flags.items()}
@@ -100,7 +102,7 @@ class ServeBenchConfig:
             raise ValueError("serve bench: --seeds must be >= 1")
         unknown = [c for c in self.configs if c not in CONFIG_LABELS]
         if unknown or not self.configs:
-            raise ValueError(f"serve bench: --configs are letters a-e, got {''.join(self.configs)!r}")
+            raise ValueError(f"serve bench: --configs are letters a-f, got {''.join(self.configs)!r}")
         if self.url and len(self.configs) != 1:
             raise ValueError("serve bench: with --url (an existing server) give exactly one --configs letter, "
                              "the one that server runs")
@@ -263,7 +265,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--configs", default="abcde",
                    help="letters: (a) no graphs, (b) capture every ladder size at start-up, (c) the seed: LRU 16, "
                         "capture on miss, shared mempool, no warm-up, (d) graphpool default, (e) graphpool with "
-                        "--graph-memory-budget")
+                        "--graph-memory-budget, (f) graphpool default without the start-up warm-up (lazy capture)")
     p.add_argument("--budget", default="256MiB", help="--graph-memory-budget of configuration (e)")
     p.add_argument("--prompt-mean", type=float, default=300.0, help="lognormal prompt length mean (tokens)")
     p.add_argument("--prompt-cap", type=int, default=1024)
