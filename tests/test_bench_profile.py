@@ -1,0 +1,111 @@
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from graphpool.bench import profile_events as pe
+from graphpool.bench.cli import main
+from graphpool.bench.decode import DecodeSetup, build_random_model
+from graphpool.bench.profile_step import (
+    PARTS,
+    DecodeProfile,
+    ProfileConfig,
+    profile_decode,
+    run_profile_bench,
+)
+from graphpool.model.config import ModelConfig
+
+TINY = ModelConfig(vocab_size=512, hidden_size=32, intermediate_size=64, num_layers=3, num_heads=4, num_kv_heads=2,
+                   head_dim=8)
+
+
+def _check_decode(d: DecodeProfile) -> None:
+    total = d.kernels_per_step
+    assert total > 0 and float(total).is_integer()  # every profiled step runs the same ops
+    assert set(d.layer_counts) == set(range(d.num_layers)) and min(d.layer_counts.values()) > 0
+    assert d.per_layer_min <= d.per_layer <= d.per_layer_max
+    assert d.per_layer * d.num_layers + sum(d.outside_layers.values()) == pytest.approx(total)
+    assert set(d.outside_layers) == {PARTS[r] for r in ("gp.embedding", "gp.model", "gp.step", "gp.sampling")}
+    assert min(d.outside_layers.values()) > 0
+    assert d.kinds == {"cpu op": total}
+    rows = d.rows
+    assert sum(r.per_step for r in rows) == pytest.approx(total)
+    assert sum(r.in_layers_per_layer for r in rows) == pytest.approx(d.per_layer)
+    assert sum(r.outside_layers_per_step for r in rows) == pytest.approx(sum(d.outside_layers.values()))
+    assert sum(r.share_pct for r in rows) == pytest.approx(100.0, abs=0.01)
+    assert sum(r.us_per_step for r in rows) == pytest.approx(d.device_us_per_step, rel=1e-6)
+    assert [r.us_per_step for r in rows] == sorted((r.us_per_step for r in rows), reverse=True)
+    assert 0 < d.layers_share_pct < 100
+
+
+def test_profile_bench_cpu_tables_are_consistent(tmp_path: Path) -> None:
+    cfg = ProfileConfig(model=TINY, batch_sizes=(1, 3), context_len=20, prefill_tokens=8, steps=2, warmup=0,
+                        reps=1, device="cpu")
+    res = run_profile_bench(cfg, tmp_path, ["graphpool", "bench", "profile"])
+    assert not res["cuda"] and [d.batch_size for d in res["decode"]] == [1, 3]
+    for d in res["decode"]:
+        _check_decode(d)
+        assert d.graph_kernels is None  # graphs need CUDA
+    p = res["prefill"]
+    assert p.prompt_tokens == 8 and p.kernels > TINY.num_layers
+    assert p.first_step_ms > 0 and p.warm_step_ms > 0 and p.stack_step_ms > 0
+    assert p.kernel_ms > 0 and p.busy_ms <= p.profiled_step_ms + 1e-6 and 0 <= p.idle_share < 1
+    assert sum(r.share_pct for r in p.top_kernels) <= 100.0 + 1e-6
+    assert p.top_ops and all(us >= 0 for _, _, us in p.top_ops)
+    funcs = [name for name, _, _ in p.top_python]
+    assert any("engine/runner.py" in f and f.endswith(": prefill") for f in funcs), funcs
+    assert any("engine/engine.py" in f and f.endswith(": step") for f in funcs), funcs
+    md = (tmp_path / "profile.md").read_text()
+    assert "CPU only" in md and "command: `graphpool bench profile`" in md and "### Prefill step" in md
+    data = json.loads((tmp_path / "profile.json").read_text())
+    assert [d["batch_size"] for d in data["results"]["decode"]] == [1, 3]
+    assert data["results"]["prefill"]["kernels"] == p.kernels
+
+
+def test_per_layer_counts_follow_the_number_of_layers() -> None:
+    cfg = ProfileConfig(model=TINY, batch_sizes=(2,), warmup=0, device="cpu")
+    by_layers = {}
+    for n in (2, 4):
+        model = build_random_model(replace(TINY, num_layers=n), torch.device("cpu"), torch.float32, "torch", 64)
+        setup = DecodeSetup.create(model, max_batch_size=2, context_len=20, block_size=8)
+        with torch.inference_mode():
+            by_layers[n] = profile_decode(setup, 2, cfg)
+    two, four = by_layers[2], by_layers[4]
+    # two more layers, each like the second layer of the 2-layer model; the non-layer part is the same
+    assert four.kernels_per_step - two.kernels_per_step == 2 * two.layer_counts[1]
+    assert four.outside_layers == two.outside_layers
+    assert four.layer_counts[1] == four.layer_counts[2] == four.layer_counts[3] == two.layer_counts[1]
+
+
+def test_kernel_names_group_and_busy_time_counts_overlaps_once() -> None:
+    gemm = "void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_64x4_tn_align8>(Params)"
+    assert pe.group_name(gemm) == "cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_64x4_tn_align8>"
+    assert pe.group_name("Memcpy HtoD (Pinned -> Device)") == "Memcpy HtoD (Pinned -> Device)"
+    assert pe.kind_of("Memcpy HtoD (Pinned -> Device)", True) == "memcpy" and pe.kind_of("k", False) == "cpu op"
+    evs = [pe.DeviceEvent("a", "kernel", "", 10.0, 0.0), pe.DeviceEvent("b", "kernel", "", 10.0, 5.0),
+           pe.DeviceEvent("c", "kernel", "", 5.0, 30.0)]
+    assert pe.union_us(evs, 0.0, 100.0) == 20.0  # [0, 15] and [30, 35]
+    assert pe.union_us(evs, 8.0, 32.0) == 9.0  # [8, 15] and [30, 32]
+    assert pe.part_of("gp.layer.3", PARTS) == "layers" and pe.part_of("", PARTS).startswith("unattributed")
+    assert math.isclose(pe.kernel_table(evs, 1, 2)[0].share_pct + pe.kernel_table(evs, 1, 2)[1].share_pct, 80.0)
+
+
+def test_profile_cli_defaults_and_bad_sizes(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    import argparse
+
+    from graphpool.bench.cli import _add_benches
+
+    p = argparse.ArgumentParser()
+    _add_benches(p)
+    a = p.parse_args(["profile"])
+    assert a.model == "random:llama3.2-1b" and a.batch_sizes == "1,64" and a.context_len == 512
+    assert a.prefill_tokens == 40 and a.out == Path("results/profile")
+    assert main(["profile", "--batch-sizes", "1,x", "--device", "cpu", "--out", str(tmp_path)]) == 2
+    assert "--batch-sizes must be comma-separated ints" in capsys.readouterr().err
+    assert main(["profile", "--batch-sizes", "", "--prefill-tokens", "0", "--device", "cpu"]) == 2
+    assert "nothing to profile" in capsys.readouterr().err
