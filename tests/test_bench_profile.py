@@ -87,8 +87,8 @@ def test_kernel_names_group_and_busy_time_counts_overlaps_once() -> None:
     assert pe.group_name(gemm) == "cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_64x4_tn_align8>"
     assert pe.group_name("Memcpy HtoD (Pinned -> Device)") == "Memcpy HtoD (Pinned -> Device)"
     assert pe.kind_of("Memcpy HtoD (Pinned -> Device)", True) == "memcpy" and pe.kind_of("k", False) == "cpu op"
-    evs = [pe.DeviceEvent("a", "kernel", "", 10.0, 0.0), pe.DeviceEvent("b", "kernel", "", 10.0, 5.0),
-           pe.DeviceEvent("c", "kernel", "", 5.0, 30.0)]
+    evs = [pe.DeviceEvent("a", "kernel", "", 10.0, 0.0, 10.0), pe.DeviceEvent("b", "kernel", "", 10.0, 5.0, 15.0),
+           pe.DeviceEvent("c", "kernel", "", 5.0, 30.0, 35.0)]
     assert pe.union_us(evs, 0.0, 100.0) == 20.0  # [0, 15] and [30, 35]
     assert pe.union_us(evs, 8.0, 32.0) == 9.0  # [8, 15] and [30, 32]
     assert pe.part_of("gp.layer.3", PARTS) == "layers" and pe.part_of("", PARTS).startswith("unattributed")

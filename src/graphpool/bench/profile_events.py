@@ -1,4 +1,4 @@
-"""Reading one torch.profiler run for `bench profile`: the device's kernels (without CUDA: the CPU's leaf
+"""Reading one torch.profiler run for `bench profile`: the device's kernels (without CUDA: the CPU
 ops, which stand in for them), each attributed to the bench's `gp.*` ranges; and the host's costs, by op and
 by Python function.
 
@@ -28,8 +28,9 @@ class DeviceEvent:
     name: str  # the grouped name (group_name)
     kind: str  # kernel | memcpy | memset | cpu op
     region: str  # the innermost gp.* range that launched it; "" when the profiler linked it to none
-    dur_us: float
-    start_us: float = float("nan")  # NaN where only the duration is known
+    dur_us: float  # a kernel's time; a CPU op's self time
+    start_us: float
+    end_us: float  # a CPU op's end includes the ops it called
 
 
 @dataclass(frozen=True)
@@ -84,15 +85,12 @@ def _cpu_ops(events: Iterable[Any]) -> list[Any]:
 
 def device_events(events: Sequence[Any], cuda: bool) -> list[DeviceEvent]:
     """CUDA: every device event (kernel, memcpy, memset), with the region of the CPU op the profiler linked it
-    to; a device event linked to no op is kept with region "". CPU: the leaf CPU ops (no op below them)."""
+    to; a device event linked to no op is kept with region "". CPU: every CPU op with its self time (an op
+    that calls others, aten::linear, is counted too: on the CPU there is no launch to tell work apart)."""
     if not cuda:
-        out = []
-        for e in _cpu_ops(events):
-            if e.name.startswith(REGION_PREFIX) or any(not is_python(c.name) for c in e.cpu_children):
-                continue
-            out.append(DeviceEvent(group_name(e.name), "cpu op", region_of(e), float(e.self_cpu_time_total),
-                                   float(e.time_range.start)))
-        return out
+        return [DeviceEvent(group_name(e.name), "cpu op", region_of(e), max(0.0, float(e.self_cpu_time_total)),
+                            float(e.time_range.start), float(e.time_range.end))
+                for e in _cpu_ops(events) if not e.name.startswith(REGION_PREFIX)]
     linked: dict[str, list[str]] = defaultdict(list)  # kernel name -> regions of the ops that launched one
     for e in _cpu_ops(events):
         for k in e.kernels:
@@ -106,7 +104,7 @@ def device_events(events: Sequence[Any], cuda: bool) -> list[DeviceEvent]:
         # stream run in launch order; a kernel of a name launched from two regions keeps its own region.
         region = regions.pop(0) if regions else ""
         out.append(DeviceEvent(group_name(e.name), kind_of(e.name, True), region, float(e.time_range.elapsed_us()),
-                               float(e.time_range.start)))
+                               float(e.time_range.start), float(e.time_range.end)))
     return out
 
 
@@ -139,7 +137,7 @@ def layer_counts(evs: Sequence[DeviceEvent], steps: int) -> dict[int, float]:
 
 def union_us(evs: Iterable[DeviceEvent], lo: float, hi: float) -> float:
     """Microseconds of [lo, hi] covered by at least one event (overlapping kernels counted once)."""
-    spans = sorted((max(e.start_us, lo), min(e.start_us + e.dur_us, hi)) for e in evs)
+    spans = sorted((max(e.start_us, lo), min(e.end_us, hi)) for e in evs)
     busy, end = 0.0, lo
     for a, b in spans:
         if b <= end:
@@ -169,13 +167,16 @@ def top_ops(events: Sequence[Any], n: int) -> list[tuple[str, int, float]]:
     return sorted(((k, calls[k], v) for k, v in self_us.items()), key=lambda r: -r[2])[:n]
 
 
-def top_python(events: Sequence[Any], n: int, needle: str = "graphpool/") -> list[tuple[str, int, float]]:
+def top_python(events: Sequence[Any], n: int, needle: str = "graphpool/",
+               skip: tuple[str, ...] = ("graphpool/bench/", "graphpool/cli.py")) -> list[tuple[str, int, float]]:
     """(function, calls, inclusive CPU us) of the Python functions (a `with_stack` profile) whose file path
-    holds `needle`, most time first. Inclusive: a function's callees are in its time."""
+    holds `needle` and none of `skip` (the bench's own frames), most time first. Inclusive: a function's
+    callees are in its time."""
     calls: Counter[str] = Counter()
     incl: dict[str, float] = defaultdict(float)
     for e in events:
-        if e.device_type == DeviceType.CPU and is_python(e.name) and needle in e.name:
+        if (e.device_type == DeviceType.CPU and is_python(e.name) and needle in e.name
+                and not any(s in e.name for s in skip)):
             calls[e.name] += 1
             incl[e.name] += float(e.cpu_time_total)
     short = {k: k[k.index(needle) + len(needle):] for k in incl}

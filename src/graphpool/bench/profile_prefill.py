@@ -29,7 +29,7 @@ class PrefillProfile:
     warm_step_ms: float  # median of the timed steps, no profiler
     timed_steps: int
     profiled_step_ms: float  # the profiled step's own range (profiler on: the host is slowed a little)
-    kernels: int  # device events of the profiled step (CPU: leaf ops)
+    kernels: int  # device events of the profiled step (CPU: ops)
     kernel_ms: float  # their summed time
     busy_ms: float  # time covered by at least one of them, within the step's range
     idle_share: float  # 1 - busy / step range
@@ -99,7 +99,7 @@ def profile_prefill(engine: LLMEngine, n_tokens: int, warmup: int, reps: int, to
 
 
 def prefill_markdown(p: PrefillProfile, cuda: bool) -> str:
-    dev = "GPU kernels" if cuda else "CPU leaf ops (no CUDA: they stand in for kernels)"
+    dev = "GPU kernels" if cuda else "CPU ops (no CUDA: they stand in for kernels; self times)"
     idle = "GPU idle" if cuda else "outside any op (host Python, scheduling)"
     out = [f"### Prefill step: one prompt of {p.prompt_tokens} tokens\n\n", md_table(["what", "value"], [
         ["first step of this length, ms (may JIT-compile Triton kernels)", p.first_step_ms],

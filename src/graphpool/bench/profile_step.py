@@ -1,6 +1,6 @@
 """`graphpool bench profile`: the kernels of one engine-level decode step per batch size, per layer, with
 their time shares (issue 12), and where the time of one short prefill step goes (issue 11 §1), from
-torch.profiler. On the CPU it profiles CPU activity only (leaf ops stand in for kernels)."""
+torch.profiler. On the CPU it profiles CPU activity only (its ops, by self time, stand in for kernels)."""
 
 from __future__ import annotations
 
@@ -171,7 +171,7 @@ def _graph_replay_count(step: StepFn, static: dict[str, torch.Tensor], eager: De
 
 
 def decode_markdown(d: DecodeProfile, context_len: int, cuda: bool) -> str:
-    unit = "kernels" if cuda else "CPU leaf ops (no CUDA: they stand in for kernels)"
+    unit = "kernels" if cuda else "CPU ops (no CUDA: they stand in for kernels; self times)"
     outside = ", ".join(f"{k} {v:g}" for k, v in d.outside_layers.items())
     kinds = ", ".join(f"{k} {v:g}" for k, v in sorted(d.kinds.items()))
     lines = [
@@ -207,7 +207,7 @@ def run_profile_bench(cfg: ProfileConfig, out_dir: Path, argv: Sequence[str] | N
     cuda = device.type == "cuda"
     env = common.collect_env(argv, device)
     activity = ("torch.profiler activities CPU + CUDA" if cuda
-                else "torch.profiler activity CPU only (no CUDA device: CPU leaf ops stand in for kernels)")
+                else "torch.profiler activity CPU only (no CUDA device: CPU ops stand in for kernels)")
     header = env.header_markdown() + f"- {activity}\n"
     print(header, flush=True)
     label = model_label(cfg.model)
