@@ -6,6 +6,8 @@ KV cache per layer: `[num_blocks, block_size, num_kv_heads, head_dim]`; flat slo
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import torch
 from torch.nn import functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -44,6 +46,13 @@ def prefill_attention(
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
 
 
+# NOTE (CPU only): splitting off one more group of rows costs the fixed op overhead of one more attention
+# call, about what gathering ~1k context positions costs on a 2-core CPU; a group is split off only where it
+# saves at least twice that, and only for rows under 3/4 of their group's longest context (a few groups).
+_GROUP_MIN_SAVING = 2048
+_GROUP_RATIO = 0.75
+
+
 def paged_decode_attention_torch(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -55,16 +64,58 @@ def paged_decode_attention_torch(
 ) -> torch.Tensor:
     """One query token per sequence over its paged context. q [bs, Hq, D] -> [bs, Hq, D].
 
-    Graph-capturable: reads ceil(max_len_bound / block_size) blocks of every row and masks positions
-    >= context_lens; no host sync, shapes depend only on host ints. Every row needs context_lens >= 1.
+    On CUDA, graph-capturable: reads ceil(max_len_bound / block_size) blocks of every row and masks positions
+    >= context_lens; no host sync, shapes depend only on host ints. On the CPU (no graphs, reading
+    context_lens is free) rows are grouped by their real lengths (`cpu_row_groups`), each group reading the
+    blocks of its longest context only, so rows of 100 positions next to one of 1,900 do not read 1,900 each.
+    Every row needs context_lens >= 1.
 
     NOTE: not `graphpool.kernels.decode_attention.paged_decode_attention_ref`: that reference upcasts the
     gathered K/V to float32 (exact, twice the bytes); this backend keeps the matmuls in the cache dtype.
     """
+    block_size = k_cache.shape[1]
+    # NOTE: the kernels' bound convention (<= 0: the whole block table), so both backends read the same blocks.
+    bound = effective_len_bound(max_len_bound, block_tables.shape[1], block_size)
+    if q.device.type != "cpu":
+        return _padded_attention(q, k_cache, v_cache, block_tables, context_lens, scale, -(-bound // block_size))
+    order, groups = cpu_row_groups(context_lens.tolist(), block_size, bound)
+    if len(groups) == 1:
+        return _padded_attention(q, k_cache, v_cache, block_tables, context_lens, scale, groups[0][2])
+    perm = torch.tensor(order, device=q.device)
+    q, block_tables, context_lens = q[perm], block_tables[perm], context_lens[perm]
+    parts = [_padded_attention(q[a:b], k_cache, v_cache, block_tables[a:b], context_lens[a:b], scale, nb)
+             for a, b, nb in groups]
+    out = torch.empty_like(q)
+    out[perm] = torch.cat(parts)
+    return out
+
+
+def cpu_row_groups(lens: list[int], block_size: int, bound: int) -> tuple[list[int], list[tuple[int, int, int]]]:
+    """Rows by context length, longest first -> (that order, groups (start, end, blocks to read) of it).
+
+    A group reads the blocks of its longest row, at most ceil(bound / block_size) of them and at least one.
+    """
+    order = sorted(range(len(lens)), key=lambda i: -lens[i])
+    cuts = [0]
+    top = lens[order[0]]
+    for j in range(1, len(order)):
+        n = lens[order[j]]
+        if n <= top * _GROUP_RATIO and (top - n) * (len(order) - j) >= _GROUP_MIN_SAVING:
+            cuts.append(j)
+            top = n
+    cuts.append(len(order))
+    max_blocks = -(-bound // block_size)
+    groups = [(a, b, min(max_blocks, max(1, -(-lens[order[a]] // block_size)))) for a, b in pairwise(cuts)]
+    return order, groups
+
+
+def _padded_attention(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+    context_lens: torch.Tensor, scale: float, num_blocks: int,
+) -> torch.Tensor:
+    """The first `num_blocks` blocks of every row, positions >= context_lens masked."""
     bs, num_heads, dim = q.shape
     _, block_size, kv_heads, _ = k_cache.shape
-    # NOTE: the kernels' bound convention (<= 0: the whole block table), so both backends read the same blocks.
-    num_blocks = -(-effective_len_bound(max_len_bound, block_tables.shape[1], block_size) // block_size)
     length = num_blocks * block_size
     ids = block_tables[:, :num_blocks].reshape(-1)
     # [bs, kv_heads, length, D]
