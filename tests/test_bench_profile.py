@@ -7,10 +7,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.autograd import DeviceType
+from torch.autograd.profiler_util import FunctionEvent
 
 from graphpool.bench import profile_events as pe
 from graphpool.bench.cli import main
 from graphpool.bench.decode import DecodeSetup, build_random_model
+from graphpool.bench.profile_prefill import _stepper, cprofile_python, prefill_engine
 from graphpool.bench.profile_step import (
     PARTS,
     DecodeProfile,
@@ -58,6 +61,9 @@ def test_profile_bench_cpu_tables_are_consistent(tmp_path: Path) -> None:
     assert sum(r.share_pct for r in p.top_kernels) <= 100.0 + 1e-6
     assert p.top_ops and all(us >= 0 for _, _, us in p.top_ops)
     funcs = [name for name, _, _ in p.top_python]
+    assert p.python_source.startswith("torch.profiler with_stack") and p.stack_python_events > 0
+    assert funcs and all(pe.is_python(f) and "bench/" not in f for f in funcs), funcs
+    assert p.launches == 0 and "kernel launch calls" not in (tmp_path / "profile.md").read_text()  # no CUDA
     assert any("engine/runner.py" in f and f.endswith(": prefill") for f in funcs), funcs
     assert any("engine/engine.py" in f and f.endswith(": step") for f in funcs), funcs
     md = (tmp_path / "profile.md").read_text()
@@ -109,3 +115,51 @@ def test_profile_cli_defaults_and_bad_sizes(capsys: pytest.CaptureFixture[str], 
     assert "--batch-sizes must be comma-separated ints" in capsys.readouterr().err
     assert main(["profile", "--batch-sizes", "", "--prefill-tokens", "0", "--device", "cpu"]) == 2
     assert "nothing to profile" in capsys.readouterr().err
+
+
+def _ev(id_: int, name: str, t0: float, t1: float, dev: DeviceType = DeviceType.CPU, **kw: object) -> FunctionEvent:
+    return FunctionEvent(id=id_, name=name, thread=kw.pop("thread", 1), start_us=t0, end_us=t1, device_type=dev,
+                         **kw)  # type: ignore[arg-type]
+
+
+def test_cuda_kernels_link_to_their_launch_call_and_annotations_are_no_kernels() -> None:
+    """A CUDA profile's shape (torch.profiler FunctionEvents, as torch builds them from kineto): a Triton
+    kernel launched by cuLaunchKernelEx with no aten op above it (the call has kineto's own thread id), an
+    aten::mm's kernel, the device-side copies of the gp.* ranges, a kernel linked to nothing."""
+    cuda = DeviceType.CUDA
+    events = [
+        _ev(1, "gp.layer.0", 0, 100, is_user_annotation=True), _ev(2, "gp.sampling", 100, 150, is_user_annotation=True),
+        _ev(501, "cuLaunchKernelEx", 10, 14, thread=4242, activity_type="cuda_driver"),
+        _ev(7, "aten::mm", 40, 60), _ev(502, "cudaLaunchKernel", 45, 50, thread=4242, linked_correlation_id=7),
+        _ev(8, "aten::argmax", 110, 120),
+        _ev(501, "_rms_norm_kernel", 20, 25, cuda), _ev(502, "void gemm_kernel<8>(float*)", 52, 70, cuda,
+                                                         linked_correlation_id=7),
+        _ev(900, "gp.layer.0", 20, 70, cuda, is_user_annotation=True, activity_type="gpu_user_annotation"),
+        _ev(901, "gp.sampling", 125, 130, cuda),  # an annotation as a torch without is_user_annotation shows it
+        _ev(503, "Memcpy DtoH (Device -> Pinned)", 125, 128, cuda, linked_correlation_id=8),
+        _ev(999, "lost_kernel", 140, 141, cuda),
+    ]
+    evs = pe.device_events(events, cuda=True)
+    got = {(e.name, e.region, e.link) for e in evs}
+    assert got == {("_rms_norm_kernel", "gp.layer.0", "runtime"), ("gemm_kernel<8>", "gp.layer.0", "runtime"),
+                   ("Memcpy DtoH (Device -> Pinned)", "gp.sampling", "op"), ("lost_kernel", "", "")}
+    assert sum(e.dur_us for e in evs) == 5 + 18 + 3 + 1  # the annotations' spans are not in the device time
+    assert pe.unlinked(evs) == {"lost_kernel": 1}
+    assert pe.launch_stats(events, 0, 100) == (2, 9.0) and pe.launch_stats(events, 30, 100) == (1, 5.0)
+    assert pe.window_us(events, "gp.layer.0") == (0.0, 100.0)  # the host range, not its device copy
+
+
+def test_cprofile_python_names_graphpool_functions_like_the_torch_tracer() -> None:
+    from graphpool.bench.profile_step import _load
+
+    cfg = ProfileConfig(model=TINY, batch_sizes=(), prefill_tokens=6, device="cpu", dtype="float32")
+    loaded = _load(cfg, torch.device("cpu"), torch.float32, 64)
+    with torch.inference_mode():
+        step = _stepper(prefill_engine(loaded, "tiny", cfg, 64), cfg.prefill_tokens)
+        step()
+        rows = cprofile_python(step, 50)
+    funcs = [f for f, _, _ in rows]
+    assert any(f.startswith("engine/engine.py(") and f.endswith(": step") for f in funcs), funcs
+    assert any(f.startswith("engine/runner.py(") and f.endswith(": prefill") for f in funcs), funcs
+    assert not any("bench/" in f for f in funcs) and all(n >= 1 and us > 0 for _, n, us in rows)
+    assert [us for _, _, us in rows] == sorted((us for _, _, us in rows), reverse=True)

@@ -2,10 +2,11 @@
 ops, which stand in for them), each attributed to the bench's `gp.*` ranges; and the host's costs, by op and
 by Python function.
 
-NOTE: only attributes that torch 2.11 and 2.13 both have are read: `FunctionEvent.device_type`,
-`.time_range`, `.kernels` (the device activity the profiler links to the CPU op that launched it, by
-correlation id), `.cpu_parent` / `.cpu_children`, `.self_cpu_time_total`, `.cpu_time_total`. The device
-time of a kernel is its `time_range` (what `device_time_total` returns for a device event in both).
+NOTE: only attributes that torch 2.11 and 2.13 both have are read: `FunctionEvent.id` (for a kernel and for
+the CUDA runtime/driver call that launched it: the same CUPTI correlation id), `.device_type`, `.time_range`,
+`.cpu_parent`, `.self_cpu_time_total`, `.cpu_time_total`, `.is_async`; `.is_user_annotation`,
+`.activity_type`, `.is_python_function` and `.linked_correlation_id` through getattr, with a fallback on the
+name. The device time of a kernel is its `time_range`.
 """
 
 from __future__ import annotations
@@ -21,16 +22,23 @@ from torch.autograd import DeviceType
 REGION_PREFIX = "gp."
 LAYER_PREFIX = "gp.layer."
 _PYTHON = re.compile(r"^.+\(\d+\): |^<built-in |^nn\.Module: ")
+# the CUDA runtime / driver calls on the host (kineto activity types cuda_runtime / cuda_driver); the name is the
+# fallback where an event has no activity_type
+_RUNTIME_KINDS = frozenset({"cuda_runtime", "cuda_driver"})
+_RUNTIME = re.compile(r"^cu(da)?[A-Z]\w*$")
+_LAUNCH = re.compile(r"^cu(da)?(LaunchKernel|LaunchCooperativeKernel|GraphLaunch)\w*$")
+UNLINKED = "no launch call with its correlation id and no linked op"
 
 
 @dataclass(frozen=True)
 class DeviceEvent:
     name: str  # the grouped name (group_name)
     kind: str  # kernel | memcpy | memset | cpu op
-    region: str  # the innermost gp.* range that launched it; "" when the profiler linked it to none
+    region: str  # the innermost gp.* range that launched it; "" when it could not be linked to one
     dur_us: float  # a kernel's time; a CPU op's self time
     start_us: float
     end_us: float  # a CPU op's end includes the ops it called
+    link: str = ""  # CUDA: "runtime" (its launch call), "op" (the profiler's linked op), "" (neither found)
 
 
 @dataclass(frozen=True)
@@ -83,29 +91,79 @@ def _cpu_ops(events: Iterable[Any]) -> list[Any]:
     return [e for e in events if e.device_type == DeviceType.CPU and not e.is_async and not is_python(e.name)]
 
 
+def is_runtime(evt: Any) -> bool:
+    """A CUDA runtime / driver call (cudaLaunchKernel, cuLaunchKernelEx, cudaMemcpyAsync...) on the host."""
+    kind = str(getattr(evt, "activity_type", "") or "")
+    return evt.device_type == DeviceType.CPU and (kind in _RUNTIME_KINDS or bool(_RUNTIME.match(evt.name)))
+
+
+def is_launch(evt: Any) -> bool:
+    return is_runtime(evt) and bool(_LAUNCH.match(evt.name))
+
+
+def is_annotation(evt: Any) -> bool:
+    """A device-side copy of a record_function range (kineto's gpu_user_annotation: it spans the kernels
+    launched inside the range; it is no kernel)."""
+    kind = str(getattr(evt, "activity_type", "") or "")
+    return (bool(getattr(evt, "is_user_annotation", False)) or kind == "gpu_user_annotation"
+            or evt.name.startswith(REGION_PREFIX))
+
+
+class _Regions:
+    """The host-side gp.* ranges, to find the innermost one holding a host time stamp. By time, not by
+    `cpu_parent`: a launch call that no aten op links (a Triton kernel's cuLaunchKernelEx) has a kineto
+    thread id that is not the ops' one, so the profiler gives it no parent."""
+
+    def __init__(self, events: Iterable[Any]) -> None:
+        self.spans = sorted(((float(e.time_range.start), float(e.time_range.end), str(e.name)) for e in events
+                             if e.device_type == DeviceType.CPU and e.name.startswith(REGION_PREFIX)),
+                            key=lambda s: (s[0], -s[1]))
+
+    def at(self, t: float) -> str:
+        inner = ""
+        for lo, hi, name in self.spans:
+            if lo > t:
+                break
+            if t <= hi:
+                inner = name  # a later start inside an earlier range is nested in it
+        return inner
+
+
 def device_events(events: Sequence[Any], cuda: bool) -> list[DeviceEvent]:
-    """CUDA: every device event (kernel, memcpy, memset), with the region of the CPU op the profiler linked it
-    to; a device event linked to no op is kept with region "". CPU: every CPU op with its self time (an op
-    that calls others, aten::linear, is counted too: on the CPU there is no launch to tell work apart)."""
+    """CUDA: every kernel, memcpy, memset (not the gp.* annotations), with the region of the host call that
+    launched it: the runtime/driver call of the same correlation id, else the op the profiler linked it to; one
+    found by neither keeps region "" and link "". CPU: every CPU op with its self time (an op that calls
+    others, aten::linear, is counted too: on the CPU there is no launch to tell work apart)."""
     if not cuda:
         return [DeviceEvent(group_name(e.name), "cpu op", region_of(e), max(0.0, float(e.self_cpu_time_total)),
                             float(e.time_range.start), float(e.time_range.end))
                 for e in _cpu_ops(events) if not e.name.startswith(REGION_PREFIX)]
-    linked: dict[str, list[str]] = defaultdict(list)  # kernel name -> regions of the ops that launched one
-    for e in _cpu_ops(events):
-        for k in e.kernels:
-            linked[k.name].append(region_of(e))
+    regions = _Regions(events)
+    launches = {int(e.id): e for e in events if is_runtime(e)}
+    ops = {int(e.id): e for e in _cpu_ops(events) if not is_runtime(e)}
     out = []
     for e in events:
-        if e.device_type != DeviceType.CUDA:
+        if e.device_type != DeviceType.CUDA or is_annotation(e):
             continue
-        regions = linked.get(e.name)
-        # NOTE: the link is by name in launch order: device events come in start order, as kernels of one
-        # stream run in launch order; a kernel of a name launched from two regions keeps its own region.
-        region = regions.pop(0) if regions else ""
+        host, link = launches.get(int(e.id)), "runtime"
+        if host is None:
+            host, link = ops.get(int(getattr(e, "linked_correlation_id", 0) or 0)), "op"
+        region = regions.at(float(host.time_range.start)) if host is not None else ""
         out.append(DeviceEvent(group_name(e.name), kind_of(e.name, True), region, float(e.time_range.elapsed_us()),
-                               float(e.time_range.start), float(e.time_range.end)))
+                               float(e.time_range.start), float(e.time_range.end),
+                               link if host is not None else ""))
     return out
+
+
+def launch_stats(events: Sequence[Any], lo: float, hi: float) -> tuple[int, float]:
+    """(kernel launch calls, their summed host us) of the runtime/driver launch calls starting in [lo, hi]."""
+    mine = [e for e in events if is_launch(e) and lo <= float(e.time_range.start) <= hi]
+    return len(mine), sum(float(e.time_range.elapsed_us()) for e in mine)
+
+
+def unlinked(evs: Iterable[DeviceEvent]) -> dict[str, int]:
+    """Grouped name -> count of the device events linked to no host call (the report names them)."""
+    return dict(Counter(e.name for e in evs if e.kind != "cpu op" and not e.link))
 
 
 def kernel_table(evs: Sequence[DeviceEvent], steps: int, num_layers: int) -> list[KernelRow]:
@@ -148,9 +206,9 @@ def union_us(evs: Iterable[DeviceEvent], lo: float, hi: float) -> float:
 
 
 def window_us(events: Sequence[Any], region: str) -> tuple[float, float]:
-    """The (start, end) of the first CPU range of that name."""
+    """The (start, end) of the first host range of that name (not its device-side annotation)."""
     for e in events:
-        if e.name == region:
+        if e.name == region and e.device_type == DeviceType.CPU:
             return float(e.time_range.start), float(e.time_range.end)
     raise ValueError(f"the profile has no {region!r} range")
 
@@ -167,6 +225,12 @@ def top_ops(events: Sequence[Any], n: int) -> list[tuple[str, int, float]]:
     return sorted(((k, calls[k], v) for k, v in self_us.items()), key=lambda r: -r[2])[:n]
 
 
+def python_events(events: Iterable[Any]) -> list[Any]:
+    """The Python function events of a with_stack profile (`is_python_function`, else by the name's form)."""
+    return [e for e in events if e.device_type == DeviceType.CPU
+            and (bool(getattr(e, "is_python_function", False)) or is_python(e.name))]
+
+
 def top_python(events: Sequence[Any], n: int, needle: str = "graphpool/",
                skip: tuple[str, ...] = ("graphpool/bench/", "graphpool/cli.py")) -> list[tuple[str, int, float]]:
     """(function, calls, inclusive CPU us) of the Python functions (a `with_stack` profile) whose file path
@@ -174,8 +238,8 @@ def top_python(events: Sequence[Any], n: int, needle: str = "graphpool/",
     callees are in its time."""
     calls: Counter[str] = Counter()
     incl: dict[str, float] = defaultdict(float)
-    for e in events:
-        if (e.device_type == DeviceType.CPU and is_python(e.name) and needle in e.name
+    for e in python_events(events):
+        if (needle in e.name
                 and not any(s in e.name for s in skip)):
             calls[e.name] += 1
             incl[e.name] += float(e.cpu_time_total)

@@ -76,6 +76,7 @@ class DecodeProfile:
     graph_kernels: float | None = None  # device events of one graph replay (CUDA), None where not run
     graph_note: str = ""
     rows: list[pe.KernelRow] = field(default_factory=list)
+    unlinked: dict[str, float] = field(default_factory=dict)  # grouped name -> per step, linked to no host call
 
 
 @contextlib.contextmanager
@@ -145,6 +146,7 @@ def profile_decode(setup: DecodeSetup, bs: int, cfg: ProfileConfig) -> DecodePro
         layers_share_pct=100.0 * layer_us / total_us,
         kinds={k: v / steps for k, v in Counter(e.kind for e in evs).items()},
         layer_counts=layers, rows=pe.kernel_table(evs, steps, n),
+        unlinked={k: v / steps for k, v in pe.unlinked(evs).items()},
     )
     if cuda:
         out.graph_kernels, out.graph_note = _graph_replay_count(step, static, out)
@@ -184,6 +186,9 @@ def decode_markdown(d: DecodeProfile, context_len: int, cuda: bool) -> str:
     ]
     if d.graph_note:
         lines.append(f"- graph replay: {d.graph_note}\n")
+    if d.unlinked:
+        names = ", ".join(f"{k} x{v:g}" for k, v in sorted(d.unlinked.items()))
+        lines.append(f"- unattributed ({pe.UNLINKED}): {names}\n")
     lines.append("\n" + md_table(["name", "kind", "per step", "per layer", "outside layers", "us per step",
                                   "share %"],
                                  [[r.name, r.kind, r.per_step, r.in_layers_per_layer, r.outside_layers_per_step,
