@@ -62,9 +62,9 @@ def test_configs_and_ladder() -> None:
                            configs="cd", budget="1GiB", prompt_mean=10.0, prompt_cap=20, max_tokens_mean=5.0,
                            max_tokens_cap=10, sigma=1.0, concurrency=None, url=None, server_arg=["--max-num-seqs=8"],
                            startup_timeout=10.0, stop_timeout=5.0, resume=False, prime=True,
-                           step_timeline=False)
+                           step_timeline=False, client_processes=2)
     cfg = config_from_args(args)  # type: ignore[arg-type]
-    assert not cfg.step_timeline
+    assert not cfg.step_timeline and cfg.client_processes == 2
     assert cfg.seeds == (3, 4) and cfg.token_ids and cfg.engine_flags()[-1] == "--max-num-seqs=8"
     with pytest.raises(ValueError, match="--seeds"):
         config_from_args(SimpleNamespace(**{**vars(args), "seeds": 0}))  # type: ignore[arg-type]

@@ -81,7 +81,8 @@ def test_attribute_names_the_largest_part() -> None:
     got = attribute([[0.0021, 0.0541, 0.0861], [0.0861, 0.150, 0.152, 0.2021]], steps)
     assert got["gaps"] == 4
     assert got["counts"] == {"graph capture": 1, "prefill step": 1, "eager decode step": 0, "graph decode step": 0,
-                             "engine thread between steps": 1, "delivery (HTTP, event loop, client)": 1}
+                             "engine thread between steps": 1, "delivery (HTTP, event loop, client)": 1,
+                             "client event loop late": 0}
     assert set(got["counts"]) == set(CAUSES)
     assert got["steps"]["prefill step"]["steps"] == 1 and got["steps"]["graph capture"]["host_ms_max"] == 50.0
 
@@ -104,3 +105,38 @@ def test_server_serves_the_timeline_only_when_asked() -> None:
         assert got.status_code == 200
         steps = records_from_export(got.json())
         assert [s.kind for s in steps] == ["prefill", "decode", "decode"]
+
+
+def test_a_gap_the_client_was_late_for_is_the_clients() -> None:
+    steps = [_step(0.000, 0.003), _step(0.003, 0.003), _step(0.006, 0.003), _step(0.009, 0.003),
+             _step(0.012, 0.003), _step(0.015, 0.003), _step(0.018, 0.003), _step(0.021, 0.003)]
+    # the engine made a token every 3 ms, but the client's loop was late from 4 to 22 ms: a burst at 23 ms
+    times = [0.0031, 0.023, 0.0231]
+    late = [(0.004, 0.022)]
+    got = attribute([times], steps, late_spans=[late])
+    assert got["gaps"] == 1 and got["counts"]["client event loop late"] == 1
+    assert got["seconds"]["client event loop late"] == pytest.approx(0.018)
+    assert sum(got["seconds"].values()) == pytest.approx(0.023 - 0.0031)
+    blind = attribute([times], steps)  # without the client's spans the same gap looks like decode steps
+    assert blind["counts"]["graph decode step"] == 1
+
+
+def test_client_processes_share_one_time_axis() -> None:
+    pytest.importorskip("openai")
+    from graphpool.bench.serve_clients import run_trace_processes
+    from graphpool.bench.workload import TraceRequest
+    from graphpool.server.main import serve_in_thread
+
+    llm = LLM(model="random:smollm2-135m", device="cpu", max_model_len=64, num_kv_blocks=32)
+    trace = [TraceRequest(i, 0.05 * i, 4, 3) for i in range(6)]
+    with serve_in_thread(llm.engine) as (base_url, _):
+        t = time.monotonic()
+        run = run_trace_processes(base_url, llm.engine.model_name, trace, 0, True, None, "test", processes=2,
+                                  progress_every_s=0)
+    assert run.processes == 2 and [r.index for r in run.results] == list(range(6))
+    assert [r.worker for r in run.results] == [0, 1, 0, 1, 0, 1]
+    assert all(r.error is None and r.completion_tokens == 3 for r in run.results), run.errors_sample
+    assert t < run.t0_monotonic < t + 60 and len(run.late_spans) == 2 and run.cpu_share > 0
+    for r in run.results:  # sent on schedule, on the shared axis
+        assert r.timeline.arrival_s == pytest.approx(r.scheduled_s, abs=0.5)
+        assert r.timeline.token_times[0] > r.timeline.arrival_s

@@ -20,6 +20,7 @@ from graphpool.bench import common
 from graphpool.bench.common import progress
 from graphpool.bench.serve_attribution import attribute
 from graphpool.bench.serve_client import run_trace
+from graphpool.bench.serve_clients import default_processes, run_trace_processes
 from graphpool.bench.serve_report import save_run, summarize_run, write_serve_report
 from graphpool.bench.serve_server import (
     ServerFailed,
@@ -96,6 +97,7 @@ class ServeBenchConfig:
     resume: bool
     prime: bool = True
     step_timeline: bool = True  # the server keeps a step timeline, and the client's gaps are attributed by it
+    client_processes: int = 1  # client processes streaming the trace (serve_clients.py says why)
 
     def __post_init__(self) -> None:
         if not self.seeds:
@@ -106,6 +108,8 @@ class ServeBenchConfig:
         if self.url and len(self.configs) != 1:
             raise ValueError("serve bench: with --url (an existing server) give exactly one --configs letter, "
                              "the one that server runs")
+        if self.client_processes < 1:
+            raise ValueError(f"serve bench: --client-processes must be >= 1, got {self.client_processes}")
         if self.concurrency is not None and self.concurrency < 1:
             raise ValueError(f"serve bench: --concurrency must be >= 1, got {self.concurrency}")
         if not (self.startup_timeout_s > 0 and self.stop_timeout_s > 0):
@@ -141,15 +145,17 @@ def run_one(cfg: ServeBenchConfig, sc: ServeConfig, seed: int, out_dir: Path) ->
     try:
         before = scrape(server.url)
         model = _served_model(server.url)
-        client = asyncio.run(run_trace(server.url, model, trace, seed, cfg.token_ids, cfg.concurrency, name))
+        client = run_trace_processes(server.url, model, trace, seed, cfg.token_ids, cfg.concurrency, name,
+                                     cfg.client_processes)
         after = scrape(server.url)
         timeline = fetch_timeline(server.url) if cfg.step_timeline else None
     finally:
         stop = server.stop(cfg.stop_timeout_s)
     causes = None
     if timeline is not None:
-        causes = attribute([[client.t0_monotonic + t for t in r.timeline.token_times] for r in client.results
-                            if r.error is None], records_from_export(timeline))
+        ok = [r for r in client.results if r.error is None]
+        causes = attribute([[client.t0_monotonic + t for t in r.timeline.token_times] for r in ok],
+                           records_from_export(timeline), late_spans=[client.late_spans[r.worker] for r in ok])
         (out_dir / "timelines").mkdir(parents=True, exist_ok=True)
         (out_dir / "timelines" / f"{sc.key}-seed{seed}.json").write_text(json.dumps(
             {**timeline, "client_t0_monotonic": client.t0_monotonic}) + "\n")
@@ -281,6 +287,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-prime", dest="prime", action="store_false",
                    help="skip the untimed prime run (graphs off, one request at a time across every context "
                         "length) that fills the Triton compile cache before the timed runs")
+    p.add_argument("--client-processes", type=int, default=None,
+                   help="client processes sharing the trace (default: one per 4 cores, at most 4), so the client's "
+                        "event loop does not fall behind the server")
     p.add_argument("--no-step-timeline", dest="step_timeline", action="store_false",
                    help="start the servers without --record-step-timeline (no attribution of the ITL gaps)")
     p.add_argument("--resume", action="store_true", help="skip the runs already saved under <out>/runs")
@@ -299,7 +308,8 @@ def config_from_args(args: argparse.Namespace) -> ServeBenchConfig:
         output_mean=args.max_tokens_mean, output_cap=args.max_tokens_cap, sigma=args.sigma,
         concurrency=args.concurrency, url=args.url, server_args=tuple(args.server_arg),
         startup_timeout_s=args.startup_timeout, stop_timeout_s=args.stop_timeout, resume=args.resume,
-        prime=args.prime, step_timeline=args.step_timeline)
+        prime=args.prime, step_timeline=args.step_timeline,
+        client_processes=args.client_processes if args.client_processes is not None else default_processes())
 
 
 def main(args: argparse.Namespace, argv: Sequence[str] | None = None) -> None:

@@ -4,7 +4,9 @@ step timeline (GET /debug/steps) on the one monotonic clock, and given the cause
 A gap runs from the client's arrival of one chunk (a) to the next (b). The token at b left the engine when the
 last step that ended before b ended (e); [e, b] is delivery (engine thread -> event loop -> HTTP -> client).
 [a, e] is split over the steps that ran in it (by kind: a step that captured a graph, a prefill, an eager or
-a replayed decode) and the engine thread's time between steps. The cause of the gap is its largest part.
+a replayed decode) and the engine thread's time between steps. The client's own lateness (spans in which the
+event loop of the client process that streams the request woke over 1 ms late) is taken out first: a gap
+that was at least half client lateness is the client's; else the cause is its largest part.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ CAUSES = (
     "graph decode step",
     "engine thread between steps",
     "delivery (HTTP, event loop, client)",
+    "client event loop late",
 )
 THRESHOLD_MS = 10.0
 
@@ -53,21 +56,38 @@ def gap_parts(a: float, b: float, steps: Sequence[StepRecord], ends: Sequence[fl
     return parts
 
 
+def _overlap(spans: Sequence[tuple[float, float]], starts: Sequence[float], a: float, b: float) -> float:
+    total = 0.0
+    for i in range(max(0, bisect.bisect_right(starts, a) - 1), bisect.bisect_right(starts, b)):
+        lo, hi = spans[i]
+        total += max(0.0, min(hi, b) - max(lo, a))
+    return total
+
+
 def attribute(token_times: Sequence[Sequence[float]], steps: Sequence[StepRecord],
-              threshold_ms: float = THRESHOLD_MS) -> dict[str, Any]:
-    """``token_times``: per stream, chunk arrival times on the steps' clock. Counts of gaps over the threshold
-    by cause, and the seconds of those gaps by part."""
+              threshold_ms: float = THRESHOLD_MS,
+              late_spans: Sequence[Sequence[tuple[float, float]]] | None = None) -> dict[str, Any]:
+    """``token_times``: per stream, chunk arrival times on the steps' clock; ``late_spans``: per stream, the
+    spans in which its client process was late (sorted, not overlapping). Counts of gaps over the threshold by
+    cause, and the seconds of those gaps by part."""
     steps = sorted(steps, key=lambda s: s.start)
     ends = [s.start + s.seconds for s in steps]
     counts = dict.fromkeys(CAUSES, 0)
     seconds = dict.fromkeys(CAUSES, 0.0)
     limit = threshold_ms / 1e3
-    for times in token_times:
+    late_starts = {id(sp): [lo for lo, _ in sp] for sp in late_spans or ()}
+    for n, times in enumerate(token_times):
+        spans = late_spans[n] if late_spans else ()
         for a, b in itertools.pairwise(times):
             if b - a <= limit:
                 continue
             parts = gap_parts(a, b, steps, ends)
-            counts[max(parts, key=parts.__getitem__)] += 1
+            late = _overlap(spans, late_starts[id(spans)], a, b) if spans else 0.0
+            if late > 0:
+                keep = max(0.0, 1.0 - late / (b - a))
+                parts = {k: v * keep for k, v in parts.items()} | {CAUSES[6]: late}
+            cause = CAUSES[6] if late >= 0.5 * (b - a) else max(CAUSES[:6], key=parts.__getitem__)
+            counts[cause] += 1
             for k, v in parts.items():
                 seconds[k] += v
     return {"threshold_ms": threshold_ms, "gaps": sum(counts.values()), "counts": counts, "seconds": seconds,

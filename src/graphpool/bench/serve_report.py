@@ -50,6 +50,7 @@ class RunSummary:
     gap_causes: dict[str, Any] = field(default_factory=dict)
     client_loop_lag_ms: dict[str, float] = field(default_factory=dict)  # p50 / p99 / max lateness of a 10-ms timer
     client_cpu_share: float = math.nan  # client CPU time / wall time (1.0 = one core busy)
+    client_processes: int = 1
 
 
 def pcts(xs: Sequence[float]) -> dict[str, float]:
@@ -79,7 +80,7 @@ def summarize_run(config: str, label: str, seed: int, model: str, rate: float, t
         gap_causes=dict(gap_causes or {}),
         client_loop_lag_ms={"p50": percentile(client.loop_lag_ms, 50), "p99": percentile(client.loop_lag_ms, 99),
                             "max": max(client.loop_lag_ms, default=math.nan)},
-        client_cpu_share=client.cpu_share,
+        client_cpu_share=client.cpu_share, client_processes=getattr(client, "processes", 1),
     )
     return summary, itls
 
@@ -188,7 +189,8 @@ COLUMNS = [
     ("captures serving", "serving.captures"), ("hits", "serving.hits"), ("padded hits", "serving.padded_hits"),
     ("misses", "serving.misses"), ("evictions", "serving.evictions"), ("eager steps", "serving.eager_steps"),
     ("resident graphs", "resident_graphs"), ("resident MiB", "resident_mib"),
-    ("client loop lag p99 ms", "client_loop_lag_ms.p99"), ("client CPU", "client_cpu_share"),
+    ("client processes", "client_processes"), ("client loop lag p99 ms", "client_loop_lag_ms.p99"),
+    ("client CPU", "client_cpu_share"),
 ]
 
 
