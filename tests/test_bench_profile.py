@@ -163,3 +163,20 @@ def test_cprofile_python_names_graphpool_functions_like_the_torch_tracer() -> No
     assert any(f.startswith("engine/runner.py(") and f.endswith(": prefill") for f in funcs), funcs
     assert not any("bench/" in f for f in funcs) and all(n >= 1 and us > 0 for _, n, us in rows)
     assert [us for _, _, us in rows] == sorted((us for _, _, us in rows), reverse=True)
+
+
+def test_graphpool_frames_are_told_by_their_file_whatever_sys_path_strips(monkeypatch: pytest.MonkeyPatch) -> None:
+    pkg = Path(pe.__file__).resolve().parents[1]  # src/graphpool
+    runner = pkg / "engine" / "runner.py"
+    assert pe.graphpool_frame(f"{runner}(66): prefill") == "engine/runner.py(66): prefill"
+    assert pe.graphpool_frame(f"{pkg / 'bench' / 'decode.py'}(1): f") is None  # the bench's own frames
+    assert pe.graphpool_frame(f"{torch.__file__}(1): f") is None and pe.graphpool_frame("aten::mm") is None
+    # graphpool's own folder on sys.path (`python src/graphpool/cli.py`): torch names its files `engine/...`
+    monkeypatch.setattr(pe, "_prefixes", lambda: (str(pkg) + "/", str(pkg.parent) + "/"))
+    pe.package_file.cache_clear()
+    try:
+        assert pe.graphpool_frame("engine/runner.py(66): prefill") == "engine/runner.py(66): prefill"
+        assert pe.graphpool_frame("graphpool/engine/runner.py(66): prefill") == "engine/runner.py(66): prefill"
+        assert pe.graphpool_frame("typing.py(359): inner") is None
+    finally:
+        pe.package_file.cache_clear()

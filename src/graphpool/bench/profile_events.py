@@ -11,16 +11,23 @@ name. The device time of a kernel is its `time_range`.
 
 from __future__ import annotations
 
+import functools
+import os
 import re
+import sys
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from torch.autograd import DeviceType
 
+import graphpool
+
 REGION_PREFIX = "gp."
 LAYER_PREFIX = "gp.layer."
+_FRAME = re.compile(r"^(.+)\(\d+\): ")
 _PYTHON = re.compile(r"^.+\(\d+\): |^<built-in |^nn\.Module: ")
 # the CUDA runtime / driver calls on the host (kineto activity types cuda_runtime / cuda_driver); the name is the
 # fallback where an event has no activity_type
@@ -231,17 +238,52 @@ def python_events(events: Iterable[Any]) -> list[Any]:
             and (bool(getattr(e, "is_python_function", False)) or is_python(e.name))]
 
 
-def top_python(events: Sequence[Any], n: int, needle: str = "graphpool/",
-               skip: tuple[str, ...] = ("graphpool/bench/", "graphpool/cli.py")) -> list[tuple[str, int, float]]:
-    """(function, calls, inclusive CPU us) of the Python functions (a `with_stack` profile) whose file path
-    holds `needle` and none of `skip` (the bench's own frames), most time first. Inclusive: a function's
-    callees are in its time."""
+_PACKAGE = Path(graphpool.__file__).resolve().parent
+_SKIP = ("bench/", "cli.py")  # the bench's own frames
+
+
+@functools.cache
+def _prefixes() -> tuple[str, ...]:
+    try:
+        from torch.profiler.python_tracer import _prefix_regex
+
+        return tuple(_prefix_regex())
+    except ImportError:  # a torch without it: the paths it strips are sys.path's
+        return tuple(os.path.abspath(p) + os.sep for p in sys.path)
+
+
+@functools.cache
+def package_file(path: str) -> str | None:
+    """The path inside graphpool (`engine/runner.py`) of a frame's file, None for a file outside it. The
+    torch tracer names a file relative to the longest sys.path entry holding it: `graphpool/engine/...` from an
+    installed package, but `engine/...` when graphpool's own folder is on sys.path (running
+    `src/graphpool/cli.py` as a script puts it first), so the name alone does not tell graphpool's files."""
+    p = Path(path)
+    if not p.is_absolute():
+        p = next((Path(pre + path) for pre in _prefixes() if os.path.isfile(pre + path)), p)
+    try:
+        return p.resolve().relative_to(_PACKAGE).as_posix()
+    except ValueError:
+        return None
+
+
+def graphpool_frame(name: str) -> str | None:
+    """`engine/runner.py(66): prefill` for a graphpool frame `<path>(66): prefill` outside the bench, else None."""
+    m = _FRAME.match(name)
+    rel = package_file(m.group(1)) if m else None
+    if rel is None or rel.startswith(_SKIP):
+        return None
+    return f"{rel}{name[m.end(1):]}" if m else None
+
+
+def top_python(events: Sequence[Any], n: int) -> list[tuple[str, int, float]]:
+    """(function, calls, inclusive CPU us) of graphpool's Python functions (a `with_stack` profile), the
+    bench's own frames left out, most time first. Inclusive: a function's callees are in its time."""
     calls: Counter[str] = Counter()
     incl: dict[str, float] = defaultdict(float)
     for e in python_events(events):
-        if (needle in e.name
-                and not any(s in e.name for s in skip)):
-            calls[e.name] += 1
-            incl[e.name] += float(e.cpu_time_total)
-    short = {k: k[k.index(needle) + len(needle):] for k in incl}
-    return sorted(((short[k], calls[k], v) for k, v in incl.items()), key=lambda r: -r[2])[:n]
+        frame = graphpool_frame(e.name)
+        if frame is not None:
+            calls[frame] += 1
+            incl[frame] += float(e.cpu_time_total)
+    return sorted(((k, calls[k], v) for k, v in incl.items()), key=lambda r: -r[2])[:n]

@@ -116,17 +116,16 @@ def profile_prefill(engine: LLMEngine, n_tokens: int, warmup: int, reps: int, to
     )
 
 
-def cprofile_python(step: Callable[[], float], top: int, needle: str = "graphpool/",
-                    skip: tuple[str, ...] = ("graphpool/bench/", "graphpool/cli.py")) -> list[tuple[str, int, float]]:
+def cprofile_python(step: Callable[[], float], top: int) -> list[tuple[str, int, float]]:
     """top_python's table from cProfile (the standard library's tracer) around one step: (function, calls,
-    inclusive us), named like the torch tracer names them, `engine/runner.py(66): prefill`."""
+    inclusive us), named like top_python names them, `engine/runner.py(66): prefill`."""
     prof = cProfile.Profile()
     prof.runcall(step)
     rows = []
     for (path, line, func), (_, calls, _, cum_s, _) in pstats.Stats(prof).stats.items():  # type: ignore[attr-defined]
-        path = path.replace("\\", "/")
-        if needle in path and not any(s in path for s in skip):
-            rows.append((f"{path[path.rindex(needle) + len(needle):]}({line}): {func}", int(calls), cum_s * 1e6))
+        frame = pe.graphpool_frame(f"{path}({line}): {func}")
+        if frame is not None:
+            rows.append((frame, int(calls), cum_s * 1e6))
     return sorted(rows, key=lambda r: -r[2])[:top]
 
 
