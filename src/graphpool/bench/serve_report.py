@@ -221,7 +221,7 @@ def _attribution_section(by_config: Mapping[str, Sequence[RunSummary]]) -> str:
     if not causes:
         return ""
     steps = {f"({k}) {rs[0].label}, seed {r.seed}": r.gap_causes["steps"]
-             for k, rs in sorted(by_config.items()) for r in rs[:1] if r.gap_causes}
+             for k, rs in sorted(by_config.items()) for r in [r for r in rs if r.gap_causes][:1]}
     return ("\nWhere the client's inter-token gaps over 10 ms come from (every seed with a server step timeline; "
             "each gap counted under its largest part, in brackets each cause's share of those gaps' time; "
             "bench/serve_attribution.py says how):\n\n" + cause_table(causes)
