@@ -52,6 +52,17 @@ def test_the_varlen_path_is_taken_on_cuda_bf16() -> None:
     report("varlen_attn parameters", sorted(attn_ops._VARLEN_PARAMS))
     assert attn_ops.varlen_attn is not None, f"torch {torch.__version__} has no torch.nn.attention.varlen"
     assert attn_ops._varlen_usable(q, 64**-0.5)
+    lens = [40, 7, 230]
+    q, k, v = _qkv(lens, 9, 3, 64, torch.bfloat16)
+    prefill_attention(q, k, v, lens, 0.125)  # warm
+    with torch.inference_mode(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        prefill_attention(q, k, v, lens, 0.125)
+        torch.cuda.synchronize()
+    kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    report("kernels of one varlen prefill attention (3 prompts, GQA 9/3)", kernels)
+    # NOTE: FA2 (flash_fwd*), not cuDNN: newer torch may route varlen to cuDNN, which plans every new length
+    # on the host and refuses GQA
+    assert any("flash" in name for name in kernels) and len(kernels) <= 4, kernels
 
 
 @pytest.mark.parametrize(("hq", "hkv", "dim"), SHAPES)
