@@ -164,8 +164,8 @@ def test_triton_kernel_in_interpreter_matches_reference() -> None:
     assert len(results) == 3 * 3 * 4 + 2
     for dtype, tokens, inter, max_ulp, equal in results:
         # torch's CPU exp vs numpy's: an fp32 ulp of the silu can move its 16-bit rounding by one ulp, which
-        # the product carries as up to two output ulps; in fp32 a few ulps. Mostly bitwise all the same.
-        limit = {"torch.bfloat16": 2, "torch.float16": 2}.get(dtype, 4)
+        # the product carries as up to two output ulps; in fp32 up to 4 seen (limit 8). Mostly bitwise.
+        limit = {"torch.bfloat16": 2, "torch.float16": 2}.get(dtype, 8)
         assert max_ulp <= limit, (dtype, tokens, inter, max_ulp)
         assert equal >= (0.99 if dtype == "torch.bfloat16" else 0.5), (dtype, tokens, inter, equal)
 
