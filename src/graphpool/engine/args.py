@@ -41,6 +41,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     add("--num-kv-blocks", "num_kv_blocks", type=int, help="exact number of KV blocks (overrides the fraction)")
     add("--block-size", "block_size", type=int, help="tokens per KV block (default 16)")
     add("--seed", "seed", type=int, help="engine random seed (default 0)")
+    add("--tensor-parallel-size", "tensor_parallel_size", type=int,
+        help="ranks to shard the model over: one process per GPU (NCCL), or CPU processes (gloo) (default 1)")
     group = parser.add_argument_group("CUDA graph pool")
     add("--max-graph-pool-size", "max_graph_pool_size", type=int, help="most graphs resident at once (default 16; the whole ladder with --graph-warmup all)")
     add("--graph-max-batch-size", "graph_max_batch_size", type=int, help="largest graph batch size (256)")
