@@ -157,10 +157,11 @@ class TPLeader:
 
     def _died(self, rank: int) -> WorkerDiedError:
         proc = self._procs[rank - 1]
-        proc.join(1.0)
+        proc.join(STOP_TIMEOUT_S)  # NOTE: its pipe closes before the process has exited
+        how = "still exiting" if proc.exitcode is None else f"exit code {proc.exitcode}"
         err = WorkerDiedError(
-            f"tensor-parallel rank {rank} (pid {proc.pid}) died (exit code {proc.exitcode}); this engine cannot "
-            "step any more: close it and start a new one"
+            f"tensor-parallel rank {rank} (pid {proc.pid}) died ({how}); this engine cannot step any more: close "
+            "it and start a new one"
         )
         log.error("%s", err)
         return err

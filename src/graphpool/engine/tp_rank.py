@@ -6,6 +6,7 @@ of KV blocks, warm the graph pool up (each capture ends with an agreement), then
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,6 +29,9 @@ def join_group(config: EngineConfig, rank: int, init_method: str) -> TPGroup:
                            "process already has one (destroy it first)")
     device = torch.device(config.rank_device(rank))
     extra: dict[str, Any] = {"device_id": device} if device.type == "cuda" else {}
+    # NOTE: NVLink multicast (NVLS) off unless asked for: on shared multi-GPU hosts a program using it can put
+    # the GPUs out of service (the device machines' rule); NCCL's ring/tree all-reduce needs none of it
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method=init_method, rank=rank,
                             world_size=config.tensor_parallel_size, **extra)
     return TPGroup(rank, config.tensor_parallel_size)

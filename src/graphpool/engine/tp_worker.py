@@ -42,8 +42,9 @@ def _serve(rank: int, config: EngineConfig, init_method: str, conn: Connection,
            capturer: Capturer | None) -> None:
     import torch.distributed as dist
 
-    config = dataclasses.replace(config, device=config.rank_device(rank))
-    device = config.torch_device
+    # NOTE: this rank's own settings: its device, and one rank (what the runner and the pool see)
+    local = dataclasses.replace(config, device=config.rank_device(rank), tensor_parallel_size=1)
+    device = local.torch_device
     if device.type == "cuda":
         torch.cuda.set_device(device)
     conn.send(("hello", None))
@@ -51,11 +52,11 @@ def _serve(rank: int, config: EngineConfig, init_method: str, conn: Connection,
     try:
         model, model_config, _ = load_shard(config, tp)
         conn.send(("loaded", None))
-        kv_caches = model.allocate_kv_caches(num_kv_blocks(config, model_config, tp, device), config.block_size)
-        tables = BlockTableView(config.block_size)
-        runner = ModelRunner(model, kv_caches, config, cast(BlockManager, tables), capturer,
+        kv_caches = model.allocate_kv_caches(num_kv_blocks(local, model_config, tp, device), local.block_size)
+        tables = BlockTableView(local.block_size)
+        runner = ModelRunner(model, kv_caches, local, cast(BlockManager, tables), capturer,
                              capture_sync(tp, device))
-        runner.warmup(config.graph_warmup)
+        runner.warmup(local.graph_warmup)
         conn.send(("ready", None))
         while True:
             message = conn.recv()
