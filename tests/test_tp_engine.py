@@ -62,6 +62,35 @@ def test_two_ranks_give_the_tokens_of_one_and_their_pools_stay_in_lockstep(one_r
     assert not dist.is_initialized() and not proc.is_alive()
 
 
+class _BreaksOnRank1(EagerCapturer):
+    """A capturer that raises (a bug, not a capture failure) in any process but the one that made it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.home = os.getpid()
+
+    def capture(self, size, fn):  # type: ignore[no-untyped-def]
+        if os.getpid() != self.home:
+            raise RuntimeError("rank 1 broke on purpose")
+        return super().capture(size, fn)
+
+
+def test_a_rank_that_dies_while_serving_is_named_with_its_traceback() -> None:
+    settings = {**SETTINGS, "graph_warmup": "none"}
+    engine = LLMEngine(EngineConfig(model=MODEL, tensor_parallel_size=2, **settings),  # type: ignore[arg-type]
+                       capturer=_BreaksOnRank1())
+    try:
+        (proc,) = engine._tp._procs  # type: ignore[union-attr]
+        with pytest.raises(RuntimeError):  # rank 0's all-reduce loses its peer (gloo raises at once)
+            _tokens(engine)
+        proc.join(30)
+        with pytest.raises(WorkerDiedError, match=r"(?s)rank 1 \(pid \d+\) died \(exit code 1\).*broke on purpose"):
+            _tokens(engine)
+    finally:
+        engine.close()
+    assert not dist.is_initialized()
+
+
 class _FailsOnRank1:
     """Pickled to rank 1 as its capturer, where unpickling it raises: rank 1 dies before it starts."""
 

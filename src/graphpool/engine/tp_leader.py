@@ -159,9 +159,16 @@ class TPLeader:
         proc = self._procs[rank - 1]
         proc.join(STOP_TIMEOUT_S)  # NOTE: its pipe closes before the process has exited
         how = "still exiting" if proc.exitcode is None else f"exit code {proc.exitcode}"
+        last_words = ""
+        conn = self._conns[rank - 1]
+        with contextlib.suppress(EOFError, OSError):  # nothing (more) to read from a dead rank
+            while conn.poll():
+                kind, detail = conn.recv()
+                if kind == "error":
+                    last_words = f":\n{detail}"
         err = WorkerDiedError(
             f"tensor-parallel rank {rank} (pid {proc.pid}) died ({how}); this engine cannot step any more: close "
-            "it and start a new one"
+            f"it and start a new one{last_words}"
         )
         log.error("%s", err)
         return err

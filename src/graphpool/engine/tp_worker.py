@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import sys
 import traceback
 from multiprocessing.connection import Connection
 from typing import cast
@@ -32,8 +33,10 @@ def worker_main(rank: int, config: EngineConfig, init_method: str, conn: Connect
     except EOFError:
         return  # NOTE: rank 0 closed its end (it stopped or died): nothing is left to serve
     except BaseException:
+        text = traceback.format_exc()
+        print(f"graphpool tensor-parallel rank {rank} failed:\n{text}", file=sys.stderr, flush=True)
         with contextlib.suppress(OSError):  # rank 0 may be gone already
-            conn.send(("error", traceback.format_exc()))
+            conn.send(("error", text))
         raise SystemExit(1) from None
 
 
