@@ -51,17 +51,20 @@ def test_configs_and_ladder() -> None:
     assert cfgs["b"].flags == ("--graph-warmup", "all", "--max-graph-pool-size", "46")
     assert "--graph-miss-policy" in cfgs["c"].flags and "16" in cfgs["c"].flags and cfgs["d"].flags == ()
     assert cfgs["e"].flags == ("--graph-memory-budget", "128MiB")
+    assert cfgs["f"].flags == ("--graph-warmup", "none")
     with pytest.raises(ValueError, match="exactly one --configs"):
         _bench_config(url="http://127.0.0.1:1", configs=("a", "d"))
-    with pytest.raises(ValueError, match="letters a-e"):
+    with pytest.raises(ValueError, match="letters a-f"):
         _bench_config(configs=("z",))
     with pytest.raises(ValueError, match="rate"):
         _bench_config(rate=0.0)
     args = SimpleNamespace(model="random:llama3.2-1b", dtype=None, rate=1.0, duration=5.0, seeds=2, first_seed=3,
                            configs="cd", budget="1GiB", prompt_mean=10.0, prompt_cap=20, max_tokens_mean=5.0,
                            max_tokens_cap=10, sigma=1.0, concurrency=None, url=None, server_arg=["--max-num-seqs=8"],
-                           startup_timeout=10.0, stop_timeout=5.0, resume=False, prime=True)
+                           startup_timeout=10.0, stop_timeout=5.0, resume=False, prime=True,
+                           step_timeline=False, client_processes=2)
     cfg = config_from_args(args)  # type: ignore[arg-type]
+    assert not cfg.step_timeline and cfg.client_processes == 2
     assert cfg.seeds == (3, 4) and cfg.token_ids and cfg.engine_flags()[-1] == "--max-num-seqs=8"
     with pytest.raises(ValueError, match="--seeds"):
         config_from_args(SimpleNamespace(**{**vars(args), "seeds": 0}))  # type: ignore[arg-type]
@@ -234,3 +237,9 @@ def test_real_run_on_cpu(tmp_path: Path) -> None:
     assert "| (a) no graphs | 1 | 0 |" in md and "met: 0 errors" in md
     assert (tmp_path / "serve_itl_cdf.png").stat().st_size > 10_000
     assert (tmp_path / "runs" / "a-seed0.itl.npy").exists() and (tmp_path / "logs" / "a-seed0.log").exists()
+    # the server kept a step timeline and the client's gaps were put next to it
+    causes = run["gap_causes"]
+    assert causes["threshold_ms"] == 10.0 and sum(causes["counts"].values()) == causes["gaps"]
+    assert causes["steps"]["prefill step"]["steps"] > 0 and causes["steps"]["eager decode step"]["steps"] > 0
+    assert (tmp_path / "timelines" / "a-seed0.json").exists()
+    assert run["client_cpu_share"] > 0 and run["client_loop_lag_ms"]["p50"] >= 0

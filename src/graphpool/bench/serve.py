@@ -18,10 +18,20 @@ from pathlib import Path
 
 from graphpool.bench import common
 from graphpool.bench.common import progress
+from graphpool.bench.serve_attribution import attribute
 from graphpool.bench.serve_client import run_trace
+from graphpool.bench.serve_clients import default_processes, run_trace_processes
 from graphpool.bench.serve_report import save_run, summarize_run, write_serve_report
-from graphpool.bench.serve_server import ServerFailed, ServerProcess, connect, scrape, start_server
+from graphpool.bench.serve_server import (
+    ServerFailed,
+    ServerProcess,
+    connect,
+    fetch_timeline,
+    scrape,
+    start_server,
+)
 from graphpool.bench.workload import TraceConfig, TraceRequest, generate_trace, summarize_trace
+from graphpool.engine.timeline import records_from_export
 
 CONFIG_LABELS = {
     "a": "no graphs",
@@ -29,6 +39,7 @@ CONFIG_LABELS = {
     "c": "seed: LRU 16, capture on miss, shared",
     "d": "graphpool default",
     "e": "graphpool + byte budget",
+    "f": "graphpool, no start-up warm-up",
 }
 
 
@@ -58,6 +69,7 @@ def serve_configs(ladder_n: int, budget: str) -> dict[str, ServeConfig]:
               "--graph-warmup", "none"),
         "d": (),
         "e": ("--graph-memory-budget", budget),
+        "f": ("--graph-warmup", "none"),
     }
     labels = CONFIG_LABELS | {"b": f"capture all {ladder_n} at start-up", "e": f"graphpool + budget {budget}"}
     return {k: ServeConfig(k, labels[k], v) for k, v in flags.items()}
@@ -84,16 +96,20 @@ class ServeBenchConfig:
     stop_timeout_s: float
     resume: bool
     prime: bool = True
+    step_timeline: bool = True  # the server keeps a step timeline, and the client's gaps are attributed by it
+    client_processes: int = 1  # client processes streaming the trace (serve_clients.py says why)
 
     def __post_init__(self) -> None:
         if not self.seeds:
             raise ValueError("serve bench: --seeds must be >= 1")
         unknown = [c for c in self.configs if c not in CONFIG_LABELS]
         if unknown or not self.configs:
-            raise ValueError(f"serve bench: --configs are letters a-e, got {''.join(self.configs)!r}")
+            raise ValueError(f"serve bench: --configs are letters a-f, got {''.join(self.configs)!r}")
         if self.url and len(self.configs) != 1:
             raise ValueError("serve bench: with --url (an existing server) give exactly one --configs letter, "
                              "the one that server runs")
+        if self.client_processes < 1:
+            raise ValueError(f"serve bench: --client-processes must be >= 1, got {self.client_processes}")
         if self.concurrency is not None and self.concurrency < 1:
             raise ValueError(f"serve bench: --concurrency must be >= 1, got {self.concurrency}")
         if not (self.startup_timeout_s > 0 and self.stop_timeout_s > 0):
@@ -123,17 +139,30 @@ def run_one(cfg: ServeBenchConfig, sc: ServeConfig, seed: int, out_dir: Path) ->
         server: ServerProcess = connect(cfg.url)
     else:
         log = out_dir / "logs" / f"{sc.key}-seed{seed}.log"
-        server = start_server([*cfg.engine_flags(), *sc.flags], log, cfg.startup_timeout_s)
+        timeline_flag = ["--record-step-timeline"] if cfg.step_timeline else []
+        server = start_server([*cfg.engine_flags(), *timeline_flag, *sc.flags], log, cfg.startup_timeout_s)
         progress(f"{name}: healthy {server.startup_s:.1f} s after process start (log {log})")
     try:
         before = scrape(server.url)
         model = _served_model(server.url)
-        client = asyncio.run(run_trace(server.url, model, trace, seed, cfg.token_ids, cfg.concurrency, name))
+        client = run_trace_processes(server.url, model, trace, seed, cfg.token_ids, cfg.concurrency, name,
+                                     cfg.client_processes)
         after = scrape(server.url)
+        timeline = fetch_timeline(server.url) if cfg.step_timeline else None
     finally:
         stop = server.stop(cfg.stop_timeout_s)
+    causes = None
+    if timeline is not None:
+        ok = [r for r in client.results if r.error is None]
+        causes = attribute([[client.t0_monotonic + t for t in r.timeline.token_times] for r in ok],
+                           records_from_export(timeline), late_spans=[client.late_spans[r.worker] for r in ok])
+        (out_dir / "timelines").mkdir(parents=True, exist_ok=True)
+        (out_dir / "timelines" / f"{sc.key}-seed{seed}.json").write_text(json.dumps(
+            {**timeline, "client_t0_monotonic": client.t0_monotonic}) + "\n")
+        progress(f"{name}: {causes['gaps']} gaps over {causes['threshold_ms']:g} ms: "
+                 + ", ".join(f"{k} {v}" for k, v in causes["counts"].items() if v))
     run, itls = summarize_run(sc.key, sc.label, seed, cfg.model, cfg.rate, cfg.duration_s, client, before, after,
-                              server.startup_s, stop)
+                              server.startup_s, stop, causes)
     save_run(out_dir / "runs", run, itls)
     progress(f"{name}: {run.errors} errors, {run.itl_gaps} ITL gaps, ITL p50/p99/p99.9 "
              f"{run.itl_ms['p50']:.1f}/{run.itl_ms['p99']:.1f}/{run.itl_ms['p99.9']:.1f} ms, TTFT p99 "
@@ -242,7 +271,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--configs", default="abcde",
                    help="letters: (a) no graphs, (b) capture every ladder size at start-up, (c) the seed: LRU 16, "
                         "capture on miss, shared mempool, no warm-up, (d) graphpool default, (e) graphpool with "
-                        "--graph-memory-budget")
+                        "--graph-memory-budget, (f) graphpool default without the start-up warm-up (lazy capture)")
     p.add_argument("--budget", default="256MiB", help="--graph-memory-budget of configuration (e)")
     p.add_argument("--prompt-mean", type=float, default=300.0, help="lognormal prompt length mean (tokens)")
     p.add_argument("--prompt-cap", type=int, default=1024)
@@ -258,6 +287,11 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-prime", dest="prime", action="store_false",
                    help="skip the untimed prime run (graphs off, one request at a time across every context "
                         "length) that fills the Triton compile cache before the timed runs")
+    p.add_argument("--client-processes", type=int, default=None,
+                   help="client processes sharing the trace (default: one per 4 cores, at most 4), so the client's "
+                        "event loop does not fall behind the server")
+    p.add_argument("--no-step-timeline", dest="step_timeline", action="store_false",
+                   help="start the servers without --record-step-timeline (no attribution of the ITL gaps)")
     p.add_argument("--resume", action="store_true", help="skip the runs already saved under <out>/runs")
     p.add_argument("--report-only", action="store_true",
                    help="run nothing: rebuild the report from <out>/runs (and the GPU header from <out>/env.json)")
@@ -274,7 +308,8 @@ def config_from_args(args: argparse.Namespace) -> ServeBenchConfig:
         output_mean=args.max_tokens_mean, output_cap=args.max_tokens_cap, sigma=args.sigma,
         concurrency=args.concurrency, url=args.url, server_args=tuple(args.server_arg),
         startup_timeout_s=args.startup_timeout, stop_timeout_s=args.stop_timeout, resume=args.resume,
-        prime=args.prime)
+        prime=args.prime, step_timeline=args.step_timeline,
+        client_processes=args.client_processes if args.client_processes is not None else default_processes())
 
 
 def main(args: argparse.Namespace, argv: Sequence[str] | None = None) -> None:

@@ -6,6 +6,7 @@ import asyncio
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -24,6 +25,7 @@ _WORD_TEXT = (
     "guy moment air teacher force education"
 )
 _WORDS = tuple(_WORD_TEXT.split())
+_LAG_PROBE_S = 0.01
 
 
 def text_prompt(req: TraceRequest, seed: int) -> str:
@@ -42,6 +44,7 @@ class RequestResult:
     prompt_tokens: int = 0  # the server's usage count
     completion_tokens: int = 0
     error: str | None = None
+    worker: int = 0  # the client process that sent it
 
     def e2e_s(self) -> float | None:
         return self.end_s - self.timeline.arrival_s if self.error is None else None
@@ -54,6 +57,12 @@ class ClientRun:
     max_in_flight: int
     progress_lines: int = 0
     errors_sample: list[str] = field(default_factory=list)
+    t0_monotonic: float = 0.0  # time.monotonic() at the trace's time 0 (to line up with a server timeline)
+    loop_lag_ms: list[float] = field(default_factory=list)  # how late the client's 10-ms timer woke, each time
+    cpu_share: float = float("nan")  # client processes' CPU time / wall time over the run (1.0 = one core)
+    # per client process: (from, to) monotonic spans in which its event loop was over 1 ms late
+    late_spans: list[list[tuple[float, float]]] = field(default_factory=list)
+    processes: int = 1
 
 
 async def _one(client: object, model: str, req: TraceRequest, prompt: str | list[int], res: RequestResult,
@@ -88,9 +97,12 @@ async def _one(client: object, model: str, req: TraceRequest, prompt: str | list
 
 async def run_trace(url: str, model: str, trace: Sequence[TraceRequest], seed: int, token_ids: bool,
                     concurrency: int | None, label: str, request_timeout_s: float = 600.0,
-                    progress_every_s: float = 5.0) -> ClientRun:
+                    progress_every_s: float = 5.0, start_monotonic: float | None = None,
+                    done: Any = None) -> ClientRun:
     """Sends each request at its scheduled time (waiting for a slot under ``concurrency``), streams it, and
-    returns once every request has finished or failed."""
+    returns once every request has finished or failed. ``start_monotonic``: the trace's time 0 (default: now);
+    ``done``: a shared counter of finished requests (a worker of `run_trace_processes`); no progress lines
+    when ``progress_every_s`` is 0."""
     import httpx
     import openai
 
@@ -114,6 +126,9 @@ async def run_trace(url: str, model: str, trace: Sequence[TraceRequest], seed: i
         finally:
             state["in_flight"] -= 1
             state["done"] += 1
+            if done is not None:
+                with done.get_lock():
+                    done.value += 1
             if sem is not None:
                 sem.release()
 
@@ -128,8 +143,28 @@ async def run_trace(url: str, model: str, trace: Sequence[TraceRequest], seed: i
             await asyncio.sleep(progress_every_s)
             report(t0)
 
-    t0 = time.perf_counter()
-    tick = asyncio.create_task(ticker(t0))
+    lags: list[float] = []
+    late: list[tuple[float, float]] = []
+
+    async def lag_probe() -> None:
+        # NOTE: a busy client would deliver chunks late and inflate every gap: its event loop's lateness is
+        # part of the report, so that a tail can be told apart from a client that could not keep up.
+        while True:
+            t = time.monotonic()
+            await asyncio.sleep(_LAG_PROBE_S)
+            woke = time.monotonic()
+            lags.append((woke - t - _LAG_PROBE_S) * 1e3)
+            if lags[-1] > 1.0:
+                late.append((t + _LAG_PROBE_S, woke))
+
+    if start_monotonic is not None:
+        await asyncio.sleep(max(0.0, start_monotonic - time.monotonic()))
+    # NOTE: time 0 is the start asked for, however late this process woke: the schedule stays the common one
+    t0 = time.perf_counter() - (time.monotonic() - start_monotonic if start_monotonic is not None else 0.0)
+    t0_mono = time.monotonic() - (time.perf_counter() - t0)
+    cpu0 = time.process_time()
+    tick = asyncio.create_task(ticker(t0)) if progress_every_s > 0 else None
+    probe = asyncio.create_task(lag_probe())
     tasks = []
     try:
         for req, res, prompt in zip(trace, results, prompts, strict=True):
@@ -139,12 +174,18 @@ async def run_trace(url: str, model: str, trace: Sequence[TraceRequest], seed: i
             tasks.append(asyncio.create_task(send(req, res, prompt, t0)))
         await asyncio.gather(*tasks)
     finally:
-        tick.cancel()
+        if tick is not None:
+            tick.cancel()
+        probe.cancel()
         await client.close()
-    report(t0)
+    wall = time.perf_counter() - t0
+    cpu_share = (time.process_time() - cpu0) / wall if wall > 0 else float("nan")
+    if progress_every_s > 0:
+        report(t0)
     sent = [r.timeline.arrival_s for r in results]
     ends = [r.end_s for r in results]
     duration = (max(ends) - min(sent)) if results else 0.0
     errors = [r.error for r in results if r.error is not None]
     return ClientRun(results=results, duration_s=duration, max_in_flight=state["max_in_flight"],
-                     progress_lines=state["lines"], errors_sample=list(dict.fromkeys(errors))[:5])
+                     progress_lines=state["lines"], errors_sample=list(dict.fromkeys(errors))[:5],
+                     t0_monotonic=t0_mono, loop_lag_ms=lags, cpu_share=cpu_share, late_spans=[late])

@@ -46,6 +46,11 @@ class RunSummary:
     stop_s: float
     killed: bool
     errors_sample: list[str] = field(default_factory=list)
+    # client-side gaps over 10 ms by cause, from the server's step timeline (serve_attribution.attribute)
+    gap_causes: dict[str, Any] = field(default_factory=dict)
+    client_loop_lag_ms: dict[str, float] = field(default_factory=dict)  # p50 / p99 / max lateness of a 10-ms timer
+    client_cpu_share: float = math.nan  # client CPU time / wall time (1.0 = one core busy)
+    client_processes: int = 1
 
 
 def pcts(xs: Sequence[float]) -> dict[str, float]:
@@ -53,8 +58,8 @@ def pcts(xs: Sequence[float]) -> dict[str, float]:
 
 
 def summarize_run(config: str, label: str, seed: int, model: str, rate: float, trace_s: float, client: Any,
-                  before: Mapping[str, float], after: Mapping[str, float], startup_s: float, stop: tuple[float, bool]
-                  ) -> tuple[RunSummary, list[float]]:
+                  before: Mapping[str, float], after: Mapping[str, float], startup_s: float, stop: tuple[float, bool],
+                  gap_causes: Mapping[str, Any] | None = None) -> tuple[RunSummary, list[float]]:
     """A run's summary and its ITLs in ms (``client``: serve_client.ClientRun)."""
     ok = [r for r in client.results if r.error is None]
     itls = all_itls_ms([r.timeline for r in ok])
@@ -72,6 +77,10 @@ def summarize_run(config: str, label: str, seed: int, model: str, rate: float, t
         resident_graphs=after.get("resident", math.nan), resident_mib=after.get("resident_bytes", math.nan) / MIB,
         prompt_tokens_mean=sum(r.prompt_tokens for r in ok) / len(ok) if ok else math.nan,
         max_in_flight=client.max_in_flight, stop_s=stop[0], killed=stop[1], errors_sample=client.errors_sample,
+        gap_causes=dict(gap_causes or {}),
+        client_loop_lag_ms={"p50": percentile(client.loop_lag_ms, 50), "p99": percentile(client.loop_lag_ms, 99),
+                            "max": max(client.loop_lag_ms, default=math.nan)},
+        client_cpu_share=client.cpu_share, client_processes=getattr(client, "processes", 1),
     )
     return summary, itls
 
@@ -180,6 +189,8 @@ COLUMNS = [
     ("captures serving", "serving.captures"), ("hits", "serving.hits"), ("padded hits", "serving.padded_hits"),
     ("misses", "serving.misses"), ("evictions", "serving.evictions"), ("eager steps", "serving.eager_steps"),
     ("resident graphs", "resident_graphs"), ("resident MiB", "resident_mib"),
+    ("client processes", "client_processes"), ("client loop lag p99 ms", "client_loop_lag_ms.p99"),
+    ("client CPU", "client_cpu_share"),
 ]
 
 
@@ -196,9 +207,26 @@ def markdown(by_config: Mapping[str, Sequence[RunSummary]], targets: Sequence[Ta
     samples = [f"({r.config}) seed {r.seed}: {e}" for rs in by_config.values() for r in rs for e in r.errors_sample]
     if samples:
         body += "\nErrors (first of each kind):\n\n" + "\n".join(f"- {s}" for s in samples[:20]) + "\n"
+    body += _attribution_section(by_config)
     if png:
         body += f"\n![ITL CDFs]({png})\n"
     return body
+
+
+def _attribution_section(by_config: Mapping[str, Sequence[RunSummary]]) -> str:
+    from graphpool.bench.serve_attribution import cause_table, merge, step_table
+
+    causes = {f"({k}) {rs[0].label}": merge([r.gap_causes for r in rs if r.gap_causes])
+              for k, rs in sorted(by_config.items()) if any(r.gap_causes for r in rs)}
+    if not causes:
+        return ""
+    steps = {f"({k}) {rs[0].label}, seed {r.seed}": r.gap_causes["steps"]
+             for k, rs in sorted(by_config.items()) for r in [r for r in rs if r.gap_causes][:1]}
+    return ("\nWhere the client's inter-token gaps over 10 ms come from (every seed with a server step timeline; "
+            "each gap counted under its largest part, in brackets each cause's share of those gaps' time; "
+            "bench/serve_attribution.py says how):\n\n" + cause_table(causes)
+            + "\nThe server's steps (GET /debug/steps; host ms = the engine thread's wall time of a step, device "
+            "ms = its forward's GPU time):\n\n" + step_table(steps))
 
 
 def write_serve_report(out_dir: Path, env: common.EnvInfo, extra: Mapping[str, Any], plot: bool = True
@@ -217,9 +245,11 @@ def write_serve_report(out_dir: Path, env: common.EnvInfo, extra: Mapping[str, A
     if plot:
         from graphpool.bench.plots import plot_itl_cdfs
 
-        itls = {f"({k}) {rs[0].label}": [float(x) for r in rs
-                                          for x in np.load(out_dir / "runs" / f"{k}-seed{r.seed}.itl.npy")]
-                for k, rs in by_config.items()}
+        # NOTE: a run saved without its gaps (e.g. rebuilt from a report) is left out of the plot only
+        files = {k: [f for r in rs if (f := out_dir / "runs" / f"{k}-seed{r.seed}.itl.npy").exists()]
+                 for k, rs in by_config.items()}
+        itls = {f"({k}) {rs[0].label}": [float(x) for f in files[k] for x in np.load(f)]
+                for k, rs in by_config.items() if files[k]}
         png = plot_itl_cdfs({f"{runs[0].model} @ {runs[0].rate:g} req/s": itls}, out_dir / "serve_itl_cdf.png").name
     body = markdown(by_config, targets, png)
     aggregate = {k: {key: spread(rs, key) for _, key in COLUMNS if key is not None} for k, rs in by_config.items()}

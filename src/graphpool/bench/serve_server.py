@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from graphpool.bench.common import progress
+
 # NOTE: counters as the exposition names them (prometheus_client adds `_total` to a counter's samples)
 POOL_COUNTERS = {
     "captures": "graphpool_graph_captures_total",
@@ -173,3 +175,16 @@ def connect(url: str, timeout_s: float = 10.0) -> ServerProcess:
     if r.status_code != 200:
         raise ValueError(f"{url}/health answered {r.status_code}: {r.text[:200]}")
     return ServerProcess(url=url, startup_s=float("nan"), log_path=Path(os.devnull))
+
+
+def fetch_timeline(url: str) -> dict[str, object] | None:
+    """The server's step timeline (GET /debug/steps), or None from a server that keeps none (a --url server
+    started without --record-step-timeline: the run is reported without the attribution)."""
+    import httpx
+
+    r = httpx.get(f"{url}/debug/steps", timeout=120)
+    if r.status_code == 404:
+        progress(f"{url} keeps no step timeline (start it with --record-step-timeline): no gap attribution")
+        return None
+    r.raise_for_status()
+    return dict(r.json())

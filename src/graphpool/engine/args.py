@@ -41,6 +41,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     add("--num-kv-blocks", "num_kv_blocks", type=int, help="exact number of KV blocks (overrides the fraction)")
     add("--block-size", "block_size", type=int, help="tokens per KV block (default 16)")
     add("--seed", "seed", type=int, help="engine random seed (default 0)")
+    _ENGINE_FLAGS["--record-step-timeline"] = "record_step_timeline"
+    group.add_argument("--record-step-timeline", dest="record_step_timeline", action="store_true", default=None,
+                       help="keep a timeline of engine steps (kind, batch, start, host and device time), served "
+                            "at GET /debug/steps (what `bench serve` attributes latency gaps with)")
     add("--tensor-parallel-size", "tensor_parallel_size", type=int,
         help="ranks to shard the model over: one process per GPU (NCCL), or CPU processes (gloo) (default 1)")
     group = parser.add_argument_group("CUDA graph pool")

@@ -77,6 +77,7 @@ class EngineConfig:
     attn_backend: str = "auto"
     seed: int = 0
     profile_steps: bool = False  # synchronize around each step's forward to time it (benchmarks only)
+    record_step_timeline: bool = False  # keep a timeline of steps (engine.timeline; the server's /debug/steps)
     # ranks (processes, one GPU each: cuda:i .. cuda:i+N-1 from the device's index i; gloo on the CPU)
     tensor_parallel_size: int = 1
     # graph pool settings (the seed's names)
@@ -133,7 +134,7 @@ class EngineConfig:
             object.__setattr__(self, "graph_warmup", sizes)
         elif self.graph_warmup not in WARMUP_MODES:
             raise ValueError(f"graph_warmup must be 'none', 'cover', 'all' or a tuple of sizes, got {self.graph_warmup!r}")
-        for name in ("disable_cudagraph", "profile_steps", "enable_prefix_caching"):
+        for name in ("disable_cudagraph", "profile_steps", "enable_prefix_caching", "record_step_timeline"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         self._check_tensor_parallel()

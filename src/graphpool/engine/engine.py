@@ -24,6 +24,7 @@ from graphpool.engine.sampler import Sampler
 from graphpool.engine.sampling_params import InvalidParam, SamplingParams, check_text
 from graphpool.engine.scheduler import Scheduler
 from graphpool.engine.sequence import Sequence
+from graphpool.engine.timeline import StepRecord, StepTimeline
 from graphpool.engine.tp_rank import capture_sync, load_shard, num_kv_blocks
 from graphpool.model.config import ModelConfig
 from graphpool.model.tp_group import SINGLE
@@ -104,6 +105,7 @@ class LLMEngine:
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
         self.last_step: StepInfo | None = None
+        self.timeline = StepTimeline(self.device) if config.record_step_timeline else None
         self.runner.warmup(config.graph_warmup)
         if self._tp is not None:
             self._tp.wait_for("ready")
@@ -171,6 +173,7 @@ class LLMEngine:
     # stepping -----------------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         start = time.perf_counter()
+        start_mono = time.monotonic()
         batch = self.scheduler.schedule()
         if batch is None:
             self.last_step = None
@@ -181,6 +184,10 @@ class LLMEngine:
             torch.cuda.synchronize(self.device)
             events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
             events[0].record()
+        marks = self.timeline.forward_events() if self.timeline is not None else None
+        if marks is not None:
+            marks[0].record()
+        captures = self.runner.pool.num_captures
         forward_start = time.perf_counter()
         if batch.is_prefill:
             logits = self.runner.prefill(batch.chunks)
@@ -189,6 +196,8 @@ class LLMEngine:
             logits, graph = self.runner.decode(seqs, batch.slots)
         if profile:
             events[1].record()
+        if marks is not None:
+            marks[1].record()
         # NOTE: the one host sync of a step (none for a step of prompt chunks that are not their last)
         next_tokens = self.sampler.sample(logits, seqs).tolist() if seqs else []
         # the KV of every scheduled token is written now: its full blocks become prefix-cache entries
@@ -208,7 +217,12 @@ class LLMEngine:
             kind="prefill" if batch.is_prefill else "decode", batch_size=len(batch.chunks or seqs),
             num_tokens=batch.num_tokens,
             seconds=time.perf_counter() - start, graph=graph, forward_seconds=forward_seconds,
+            start=start_mono, captures=self.runner.pool.num_captures - captures,
         )
+        if self.timeline is not None:
+            info = self.last_step
+            self.timeline.add(StepRecord(info.start, info.seconds, info.kind, info.batch_size, info.num_tokens,
+                                         info.graph, info.captures), marks)
         return outputs
 
     def _append(self, seq: Sequence, token: int) -> RequestOutput:

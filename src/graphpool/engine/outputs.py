@@ -30,6 +30,8 @@ class StepInfo:
     seconds: float  # wall time of the whole step (sampling and bookkeeping included)
     graph: bool  # decode replayed a captured graph
     forward_seconds: float | None = None  # device time of the forward (only with profile_steps=True)
+    start: float = 0.0  # time.monotonic() when the step began
+    captures: int = 0  # graphs captured during the step
 
 
 @dataclass(frozen=True)

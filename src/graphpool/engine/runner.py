@@ -26,6 +26,12 @@ def _pow2_bound(n: int) -> int:
     return 1 << (n - 1).bit_length()
 
 
+def _block_bound(n: int, block_size: int) -> int:
+    # NOTE: the bound of the batch-following (CPU) path: the torch attention reads whole blocks, so a bound
+    # of whole blocks reads nothing it does not need; a power of two would read up to twice the context.
+    return -(-n // block_size) * block_size
+
+
 _PAGED_POSITIONS = 1 << 18  # context positions the torch attention of one paged-prefill piece may gather
 
 
@@ -59,6 +65,10 @@ class ModelRunner:
         self._pin = self.device.type == "cuda"
         # NOTE: a capturer stands in for CUDA graphs (tests run the graph path on the CPU with one)
         self.graphs_enabled = not config.disable_cudagraph and (self.device.type == "cuda" or capturer is not None)
+        # NOTE: with neither CUDA nor a test capturer no graph can ever replay and no Triton kernel is
+        # compiled, so nothing needs the fixed bound below: the torch attention costs rows x bound, and
+        # 16 rows over max_model_len=2048 took 1.2-1.6 s a step. There the bound follows the batch.
+        self.bound_follows_batch = self.device.type != "cuda" and capturer is None
         # NOTE: every step the pool serves (replayed or eager) bakes in the one bound len_bound: the decode
         # kernel's launch constants follow the bound, so a per-step bound made Triton JIT-compile new variants
         # while serving, and one bound keeps eager rows bitwise equal to replayed ones. Splits past a row's
@@ -140,7 +150,7 @@ class ModelRunner:
             slots.extend(bm.slots(c.seq.request_id, c.start, c.end))
             owner.extend([k] * (c.end - c.start))
         max_ctx = max(c.end for c in chunks)
-        bound = _pow2_bound(max_ctx)
+        bound = _block_bound(max_ctx, self.block_size) if self.bound_follows_batch else _pow2_bound(max_ctx)
         width = max(self.max_blocks, -(-bound // self.block_size))
         table_rows = np.stack([bm.row(c.seq.request_id) for c in chunks])
         if table_rows.shape[1] < width:
@@ -185,11 +195,18 @@ class ModelRunner:
         `decision` (None: decide here)."""
         max_len = max(lens)
         # NOTE: contexts beyond the graph bound could never replay a graph: they skip the pool, with a wider
-        # block table and a bound rounded up to a power of two (few kernel variants).
-        width = max(self.max_blocks, -(-max_len // self.block_size))
+        # block table and a bound rounded up to a power of two (few kernel variants). Without graphs and
+        # Triton (bound_follows_batch) every step skips it, with the table and bound of its longest context.
+        eager_bound = 0
+        if self.bound_follows_batch:
+            eager_bound = _block_bound(max_len, self.block_size)
+        elif max_len > self.len_bound:
+            eager_bound = _pow2_bound(max_len)
+        width = eager_bound // self.block_size if self.bound_follows_batch else max(
+            self.max_blocks, -(-max_len // self.block_size))
         rows = rows[:, :width]
         with self.pool.lock:
-            if max_len <= self.len_bound and decision is None:
+            if not eager_bound and decision is None:
                 decision = self.pool.decide(len(lens), max_len)
             if self.announce is not None:
                 self.announce.decode(last_tokens, lens, slots, rows, decision)
@@ -200,8 +217,8 @@ class ModelRunner:
                 "block_tables": self._tables_to_device(rows),
                 "context_lens": self._to_device(lens, torch.int32),
             }
-            if max_len > self.len_bound:
-                return decode_forward(self.model, self.kv_caches, inputs, max_len_bound=_pow2_bound(max_len)), False
+            if eager_bound:
+                return decode_forward(self.model, self.kv_caches, inputs, max_len_bound=eager_bound), False
             logits = self.pool.run(inputs, max_len_in_batch=max_len, decision=decision)
             return logits, self.pool.last_replayed
 

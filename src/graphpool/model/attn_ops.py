@@ -6,14 +6,26 @@ KV cache per layer: `[num_blocks, block_size, num_kv_heads, head_dim]`; flat slo
 
 from __future__ import annotations
 
+import functools
+import inspect
+from itertools import accumulate, pairwise
+
 import torch
 from torch.nn import functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+
+try:
+    from torch.nn.attention.varlen import varlen_attn
+except ImportError:  # torch < 2.10
+    varlen_attn = None
 
 from graphpool.kernels.decode_attention import effective_len_bound
 
 # NOTE: no cuDNN: it plans every new sequence length on the host (docs/benchmarks.md); math is the fallback.
 _PREFILL_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+# NOTE: varlen_attn's keywords changed between releases (2.10: is_causal; later scale and window_size, then
+# enable_gqa in 2.12): the call is built from the signature of the installed torch.
+_VARLEN_PARAMS = frozenset(inspect.signature(varlen_attn).parameters) if varlen_attn is not None else frozenset()
 
 
 def prefill_attention(
@@ -21,27 +33,96 @@ def prefill_attention(
 ) -> torch.Tensor:
     """Causal attention within each contiguous sequence. q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq, D].
 
-    Uses SDPA (flash / memory-efficient kernels on the GPU, so memory is linear in the sequence length).
+    On CUDA in fp16/bf16: one varlen flash call for the whole batch (`torch.nn.attention.varlen`), GQA in
+    the kernel. Elsewhere SDPA per sequence over views of one transposed copy of the batch (flash /
+    memory-efficient kernels on the GPU, so memory is linear in the sequence length).
     """
+    total = sum(seq_lens)
+    if total != q.shape[0]:
+        raise ValueError(f"prefill seq_lens sum to {total}, but the batch has {q.shape[0]} tokens")
+    if _varlen_usable(q, scale):
+        return varlen_prefill_attention(q, k, v, seq_lens, scale)
+    return sdpa_prefill_attention(q, k, v, seq_lens, scale)
+
+
+def sdpa_prefill_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: list[int], scale: float
+) -> torch.Tensor:
+    """`prefill_attention` by SDPA, one call per sequence (every device)."""
     group = q.shape[1] // k.shape[1]
-    outs = []
-    start = 0
+    gqa = group > 1 and q.device.type == "cpu"
+    if group > 1 and not gqa:
+        # NOTE: explicit repeat rather than enable_gqa so the flash kernel is eligible on every version;
+        # once for the batch, not per sequence.
+        k = k.repeat_interleave(group, dim=1)
+        v = v.repeat_interleave(group, dim=1)
+    # [1, H, T, D]: SDPA's flash / efficient kernels take 4-d inputs only
+    qt, kt, vt = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))
     with sdpa_kernel(_PREFILL_BACKENDS):
-        for n in seq_lens:
-            # [1, H, n, D]
-            qs = q[start : start + n].transpose(0, 1).unsqueeze(0)
-            ks = k[start : start + n].transpose(0, 1).unsqueeze(0)
-            vs = v[start : start + n].transpose(0, 1).unsqueeze(0)
-            if group > 1:
-                # NOTE: explicit repeat rather than enable_gqa so the flash kernel is eligible on every version.
-                ks = ks.repeat_interleave(group, dim=1)
-                vs = vs.repeat_interleave(group, dim=1)
-            o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale)
-            outs.append(o.squeeze(0).transpose(0, 1))
-            start += n
-    if start != q.shape[0]:
-        raise ValueError(f"prefill seq_lens sum to {start}, but the batch has {q.shape[0]} tokens")
-    return outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
+        if len(seq_lens) == 1:
+            o = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, scale=scale, enable_gqa=gqa)
+        else:
+            o = torch.cat([
+                F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale, enable_gqa=gqa)
+                for qs, ks, vs in zip(qt.split(seq_lens, 2), kt.split(seq_lens, 2), vt.split(seq_lens, 2),
+                                      strict=True)
+            ], dim=2)
+    return o[0].transpose(0, 1)
+
+
+def varlen_prefill_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: list[int], scale: float
+) -> torch.Tensor:
+    """`prefill_attention` as one `varlen_attn` call (CUDA, fp16/bf16; torch >= 2.10)."""
+    if varlen_attn is None:
+        raise RuntimeError(f"torch {torch.__version__} has no torch.nn.attention.varlen")
+    group = q.shape[1] // k.shape[1]
+    kwargs: dict[str, object] = {}
+    if "window_size" in _VARLEN_PARAMS:
+        kwargs["window_size"] = (-1, 0)  # causal, in the later signature
+    else:
+        kwargs["is_causal"] = True  # the 2.10 signature
+    if "scale" in _VARLEN_PARAMS:
+        kwargs["scale"] = scale
+    if group > 1:
+        if "enable_gqa" in _VARLEN_PARAMS:
+            kwargs["enable_gqa"] = True
+        else:
+            k = k.repeat_interleave(group, dim=1)
+            v = v.repeat_interleave(group, dim=1)
+    cu = _cu_seqlens(tuple(seq_lens), q.device)
+    longest = max(seq_lens)
+    return varlen_attn(q, k, v, cu, cu, longest, longest, **kwargs)
+
+
+def _varlen_usable(q: torch.Tensor, scale: float) -> bool:
+    if varlen_attn is None or not q.is_cuda or q.dtype not in (torch.float16, torch.bfloat16):
+        return False
+    dim = q.shape[-1]
+    if dim % 8 or dim > 256 or ("scale" not in _VARLEN_PARAMS and scale != dim**-0.5):
+        return False
+    if "window_size" not in _VARLEN_PARAMS and "is_causal" not in _VARLEN_PARAMS:
+        return False
+    return _sm80_or_newer(q.device.index if q.device.index is not None else torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=8)
+def _sm80_or_newer(index: int) -> bool:
+    return torch.cuda.get_device_capability(index) >= (8, 0)
+
+
+@functools.lru_cache(maxsize=4)
+def _cu_seqlens(seq_lens: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    # NOTE: every layer of a step asks for the same lengths: one host-to-device copy a step, not one a layer.
+    # Never written to (read-only input of the kernel), so sharing it is safe.
+    return torch.tensor([0, *accumulate(seq_lens)], dtype=torch.int32, device=device)
+
+
+# NOTE (CPU only): splitting off one more group of rows costs the fixed op overhead of one more attention
+# call, about what gathering ~1k context positions costs on a 2-core CPU; a group is split off only where it
+# saves at least twice that, and only for rows under 3/4 of their group's longest context (a few groups).
+_GROUP_MIN_SAVING = 2048
+_GROUP_RATIO = 0.75
 
 
 def paged_decode_attention_torch(
@@ -55,16 +136,58 @@ def paged_decode_attention_torch(
 ) -> torch.Tensor:
     """One query token per sequence over its paged context. q [bs, Hq, D] -> [bs, Hq, D].
 
-    Graph-capturable: reads ceil(max_len_bound / block_size) blocks of every row and masks positions
-    >= context_lens; no host sync, shapes depend only on host ints. Every row needs context_lens >= 1.
+    On CUDA, graph-capturable: reads ceil(max_len_bound / block_size) blocks of every row and masks positions
+    >= context_lens; no host sync, shapes depend only on host ints. On the CPU (no graphs, reading
+    context_lens is free) rows are grouped by their real lengths (`cpu_row_groups`), each group reading the
+    blocks of its longest context only, so rows of 100 positions next to one of 1,900 do not read 1,900 each.
+    Every row needs context_lens >= 1.
 
     NOTE: not `graphpool.kernels.decode_attention.paged_decode_attention_ref`: that reference upcasts the
     gathered K/V to float32 (exact, twice the bytes); this backend keeps the matmuls in the cache dtype.
     """
+    block_size = k_cache.shape[1]
+    # NOTE: the kernels' bound convention (<= 0: the whole block table), so both backends read the same blocks.
+    bound = effective_len_bound(max_len_bound, block_tables.shape[1], block_size)
+    if q.device.type != "cpu":
+        return _padded_attention(q, k_cache, v_cache, block_tables, context_lens, scale, -(-bound // block_size))
+    order, groups = cpu_row_groups(context_lens.tolist(), block_size, bound)
+    if len(groups) == 1:
+        return _padded_attention(q, k_cache, v_cache, block_tables, context_lens, scale, groups[0][2])
+    perm = torch.tensor(order, device=q.device)
+    q, block_tables, context_lens = q[perm], block_tables[perm], context_lens[perm]
+    parts = [_padded_attention(q[a:b], k_cache, v_cache, block_tables[a:b], context_lens[a:b], scale, nb)
+             for a, b, nb in groups]
+    out = torch.empty_like(q)
+    out[perm] = torch.cat(parts)
+    return out
+
+
+def cpu_row_groups(lens: list[int], block_size: int, bound: int) -> tuple[list[int], list[tuple[int, int, int]]]:
+    """Rows by context length, longest first -> (that order, groups (start, end, blocks to read) of it).
+
+    A group reads the blocks of its longest row, at most ceil(bound / block_size) of them and at least one.
+    """
+    order = sorted(range(len(lens)), key=lambda i: -lens[i])
+    cuts = [0]
+    top = lens[order[0]]
+    for j in range(1, len(order)):
+        n = lens[order[j]]
+        if n <= top * _GROUP_RATIO and (top - n) * (len(order) - j) >= _GROUP_MIN_SAVING:
+            cuts.append(j)
+            top = n
+    cuts.append(len(order))
+    max_blocks = -(-bound // block_size)
+    groups = [(a, b, min(max_blocks, max(1, -(-lens[order[a]] // block_size)))) for a, b in pairwise(cuts)]
+    return order, groups
+
+
+def _padded_attention(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+    context_lens: torch.Tensor, scale: float, num_blocks: int,
+) -> torch.Tensor:
+    """The first `num_blocks` blocks of every row, positions >= context_lens masked."""
     bs, num_heads, dim = q.shape
     _, block_size, kv_heads, _ = k_cache.shape
-    # NOTE: the kernels' bound convention (<= 0: the whole block table), so both backends read the same blocks.
-    num_blocks = -(-effective_len_bound(max_len_bound, block_tables.shape[1], block_size) // block_size)
     length = num_blocks * block_size
     ids = block_tables[:, :num_blocks].reshape(-1)
     # [bs, kv_heads, length, D]

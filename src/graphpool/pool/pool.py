@@ -111,6 +111,11 @@ class GraphPool:
         with self.lock:
             return self._book.sizes()
 
+    @property
+    def num_captures(self) -> int:
+        """Graphs captured so far (a plain counter read: cheap enough to take around every step)."""
+        return self._counters.captures
+
     def stats(self) -> PoolStats:
         with self.lock:
             return self._counters.snapshot(self._book.sizes(), self._book.total_bytes)

@@ -110,6 +110,15 @@ def build_app(engine: AsyncEngine, metrics: ServerMetrics, served_model_name: st
     async def prometheus() -> Response:
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
+    # NOTE: exported on the engine thread (the timeline is its own); the device times of the last steps wait
+    # for their events there.
+    @app.get("/debug/steps")
+    async def step_timeline() -> dict[str, Any]:
+        if getattr(engine.engine, "timeline", None) is None:
+            raise APIError("this server keeps no step timeline: start it with --record-step-timeline",
+                           code="not_found", status_code=404)
+        return await engine.call(lambda e: e.timeline.export())
+
     # NOTE: not parsed by FastAPI: JSON whatever the Content-Type (curl -d), the same 400 body for any error.
     @app.post("/v1/completions", openapi_extra=_body_schema(CompletionRequest))
     async def completions(raw: Request) -> Response:

@@ -1,0 +1,170 @@
+"""`bench profile`'s prefill part (issue 11 §1): one engine step that prefills one short prompt, through
+`LLMEngine.step` (scheduler, the runner's real prefill, sampling, prefix-cache commit, detokenization), after
+warm-up steps of the same length; where the step's wall time goes."""
+
+from __future__ import annotations
+
+import cProfile
+import pstats
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch._C._profiler import _ExperimentalConfig
+from torch.profiler import ProfilerActivity, profile, record_function
+
+from graphpool.bench import profile_events as pe
+from graphpool.bench.common import md_table, median, sync
+from graphpool.engine.config import EngineConfig
+from graphpool.engine.engine import LLMEngine, LoadedModel
+from graphpool.engine.sampling_params import SamplingParams
+
+STEP_RANGE = "gp.prefill_step"
+
+
+@dataclass
+class PrefillProfile:
+    prompt_tokens: int
+    first_step_ms: float  # the first prefill of this length (may JIT-compile Triton kernels)
+    warm_step_ms: float  # median of the timed steps, no profiler
+    timed_steps: int
+    profiled_step_ms: float  # the profiled step's own range (profiler on: the host is slowed a little)
+    kernels: int  # device events of the profiled step (CPU: ops)
+    kernel_ms: float  # their summed time
+    busy_ms: float  # time covered by at least one of them, within the step's range
+    idle_share: float  # 1 - busy / step range
+    stack_step_ms: float  # the step under the with_stack profile (Python tracing slows it)
+    launches: int = 0  # CUDA kernel launch calls (runtime/driver) in the step's range; CPU: 0
+    launch_host_us: float = 0.0  # their summed host time (the calls alone)
+    python_source: str = ""  # where top_python comes from: the with_stack profile, or cProfile
+    stack_python_events: int = 0  # Python function events of the with_stack profile (all files)
+    top_kernels: list[pe.KernelRow] = field(default_factory=list)
+    top_ops: list[tuple[str, int, float]] = field(default_factory=list)  # (op, calls, self CPU us)
+    top_python: list[tuple[str, int, float]] = field(default_factory=list)  # (function, calls, inclusive us)
+
+
+def prefill_engine(loaded: LoadedModel, name: str, cfg: Any, max_len: int) -> LLMEngine:
+    """An engine over the loaded model, as the server builds it, with a small KV cache and no graph
+    warm-up (a prefill step does not touch the graph pool)."""
+    blocks = -(-(cfg.prefill_tokens + 1) // cfg.block_size)
+    config = EngineConfig(model=name, device=cfg.device, dtype=cfg.dtype, attn_backend=cfg.attn_backend,
+                          max_model_len=max_len, block_size=cfg.block_size, num_kv_blocks=2 + 4 * blocks,
+                          graph_warmup="none")
+    return LLMEngine(config, loaded=loaded)
+
+
+def _stepper(engine: LLMEngine, n_tokens: int) -> Callable[[], float]:
+    """Each call: a new request of n_tokens random ids (a new prefix: no prefix-cache hit), one engine step
+    (its prefill, which also samples its one token and finishes it); returns the step's wall ms."""
+    vocab = engine.model_config.vocab_size
+    count = 0
+
+    def step() -> float:
+        nonlocal count
+        rng = random.Random(count)
+        engine.add_request(f"p{count}", [rng.randrange(vocab) for _ in range(n_tokens)],
+                           SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True))
+        count += 1
+        sync(engine.device)
+        t0 = time.perf_counter()
+        with record_function(STEP_RANGE):
+            engine.step()
+        ms = (time.perf_counter() - t0) * 1e3
+        if engine.last_step is None or engine.last_step.kind != "prefill" or engine.has_unfinished_requests():
+            raise RuntimeError(f"the profiled step was not one whole prefill: {engine.last_step}")
+        return ms
+
+    return step
+
+
+def profile_prefill(engine: LLMEngine, n_tokens: int, warmup: int, reps: int, top: int) -> PrefillProfile:
+    cuda = engine.device.type == "cuda"
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    step = _stepper(engine, n_tokens)
+    first = step()
+    for _ in range(warmup):
+        step()
+    timed = [step() for _ in range(reps)]
+    with profile(activities=acts) as prof:
+        step()
+    events = prof.events()
+    lo, hi = pe.window_us(events, STEP_RANGE)
+    evs = pe.device_events(events, cuda)
+    # NOTE: verbose=True is what puts the Python stack on the events in torch releases before with_stack alone did
+    with profile(activities=acts, with_stack=True, experimental_config=_ExperimentalConfig(verbose=True)) as sp:
+        stack_ms = step()
+    stack_events = sp.events()
+    python = pe.top_python(stack_events, top)
+    n_python = len(pe.python_events(stack_events))
+    source = f"torch.profiler with_stack ({n_python} Python function events)"
+    if not python:
+        python = cprofile_python(step, top)
+        source = (f"cProfile of one more step (the with_stack profile had {n_python} Python function events, "
+                  "none in graphpool)")
+    busy = pe.union_us(evs, lo, hi)
+    n_launch, launch_us = pe.launch_stats(events, lo, hi)
+    return PrefillProfile(
+        prompt_tokens=n_tokens, first_step_ms=first, warm_step_ms=median(timed), timed_steps=reps,
+        profiled_step_ms=(hi - lo) / 1e3, kernels=len(evs), kernel_ms=sum(e.dur_us for e in evs) / 1e3,
+        busy_ms=busy / 1e3, idle_share=1.0 - busy / max(hi - lo, 1e-9), stack_step_ms=stack_ms,
+        top_kernels=pe.kernel_table(evs, 1, engine.model_config.num_layers)[:top],
+        top_ops=pe.top_ops(events, top), top_python=python, launches=n_launch, launch_host_us=launch_us,
+        python_source=source, stack_python_events=n_python,
+    )
+
+
+def cprofile_python(step: Callable[[], float], top: int) -> list[tuple[str, int, float]]:
+    """top_python's table from cProfile (the standard library's tracer) around one step: (function, calls,
+    inclusive us), named like top_python names them, `engine/runner.py(66): prefill`."""
+    prof = cProfile.Profile()
+    prof.runcall(step)
+    rows = []
+    for (path, line, func), (_, calls, _, cum_s, _) in pstats.Stats(prof).stats.items():  # type: ignore[attr-defined]
+        frame = pe.graphpool_frame(f"{path}({line}): {func}")
+        if frame is not None:
+            rows.append((frame, int(calls), cum_s * 1e6))
+    return sorted(rows, key=lambda r: -r[2])[:top]
+
+
+def prefill_markdown(p: PrefillProfile, cuda: bool) -> str:
+    dev = "GPU kernels" if cuda else "CPU ops (no CUDA: they stand in for kernels; self times)"
+    idle = "GPU idle" if cuda else "outside any op (host Python, scheduling)"
+    busy = "the GPU is busy (a kernel runs)" if cuda else "inside an op"
+    # the host's share of a launch: the step's wall over its launches holds the Python, the op dispatch and
+    # the launch call itself; the launch calls alone are the runtime/driver API time
+    launch_rows = [
+        ["kernel launch calls (cudaLaunchKernel, cuLaunchKernelEx, ... in the step)", p.launches],
+        ["profiled step wall per launch, us", 1e3 * p.profiled_step_ms / p.launches],
+        ["host time in the launch calls, ms (per launch, us)",
+         f"{p.launch_host_us / 1e3:.3g} ({p.launch_host_us / p.launches:.3g})"],
+    ] if p.launches else []
+    out = [f"### Prefill step: one prompt of {p.prompt_tokens} tokens\n\n", md_table(["what", "value"], [
+        ["first step of this length, ms (may JIT-compile Triton kernels)", p.first_step_ms],
+        [f"warm step wall, ms (median of {p.timed_steps}, no profiler)", p.warm_step_ms],
+        ["profiled step wall, ms", p.profiled_step_ms],
+        [f"{dev} launched", p.kernels],
+        [f"sum of {dev} time, ms", p.kernel_ms],
+        [f"time covered by {dev}, ms", p.busy_ms],
+        [f"share of the step {busy}", f"{100 * (1 - p.idle_share):.1f}%"],
+        [f"share of the step {idle}", f"{100 * p.idle_share:.1f}%"],
+        *launch_rows,
+        ["step wall under with_stack (Python tracing), ms", p.stack_step_ms],
+    ])]
+    out.append(f"\nTop {dev} by time:\n\n")
+    out.append(md_table(["name", "kind", "count", "us", "share %"],
+                        [[r.name, r.kind, r.per_step, r.us_per_step, r.share_pct] for r in p.top_kernels]))
+    out.append("\nHost: ops by self CPU time (profiler, no stack; CUDA runtime calls included):\n\n")
+    out.append(md_table(["op", "calls", "self CPU us"], [list(r) for r in p.top_ops]))
+    out.append(f"\nHost: graphpool's Python functions by inclusive CPU time (from {p.python_source}; inclusive, "
+               "so a caller holds its callees):\n\n")
+    out.append(md_table(["function", "calls", "inclusive CPU us"], [list(r) for r in p.top_python]))
+    return "".join(out)
+
+
+@torch.inference_mode()
+def run_prefill(loaded: LoadedModel, name: str, cfg: Any, max_len: int) -> PrefillProfile:
+    engine = prefill_engine(loaded, name, cfg, max_len)
+    return profile_prefill(engine, cfg.prefill_tokens, cfg.warmup, cfg.reps, cfg.top)

@@ -1,0 +1,141 @@
+"""Why a streamed token came late: each client-side inter-token gap over a threshold, put next to the server's
+step timeline (GET /debug/steps) on the one monotonic clock, and given the cause that took most of it.
+
+A gap runs from the client's arrival of one chunk (a) to the next (b). The token at b left the engine when the
+last step that ended before b ended (e); [e, b] is delivery (engine thread -> event loop -> HTTP -> client).
+[a, e] is split over the steps that ran in it (by kind: a step that captured a graph, a prefill, an eager or
+a replayed decode) and the engine thread's time between steps. The client's own lateness (spans in which the
+event loop of the client process that streams the request woke over 1 ms late) is taken out first: a gap
+that was at least half client lateness is the client's; else the cause is its largest part.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from graphpool.bench.common import md_table, percentile
+from graphpool.engine.timeline import StepRecord
+
+CAUSES = (
+    "graph capture",
+    "prefill step",
+    "eager decode step",
+    "graph decode step",
+    "engine thread between steps",
+    "delivery (HTTP, event loop, client)",
+    "client event loop late",
+)
+THRESHOLD_MS = 10.0
+
+
+def _kind(step: StepRecord) -> str:
+    if step.captures:
+        return CAUSES[0]
+    if step.kind == "prefill":
+        return CAUSES[1]
+    return CAUSES[3] if step.graph else CAUSES[2]
+
+
+def gap_parts(a: float, b: float, steps: Sequence[StepRecord], ends: Sequence[float]) -> dict[str, float]:
+    """Seconds of the gap [a, b] by cause. ``ends``: the steps' end times (sorted: one engine thread)."""
+    parts = dict.fromkeys(CAUSES, 0.0)
+    last = bisect.bisect_right(ends, b) - 1  # the last step that ended by b: it made the token at b
+    e = max(a, ends[last]) if last >= 0 else a
+    parts[CAUSES[5]] = b - e
+    covered = 0.0
+    for i in range(bisect.bisect_right(ends, a), last + 1):
+        step = steps[i]
+        overlap = min(ends[i], e) - max(step.start, a)
+        if overlap > 0:
+            parts[_kind(step)] += overlap
+            covered += overlap
+    parts[CAUSES[4]] = max(0.0, (e - a) - covered)
+    return parts
+
+
+def _overlap(spans: Sequence[tuple[float, float]], starts: Sequence[float], a: float, b: float) -> float:
+    total = 0.0
+    for i in range(max(0, bisect.bisect_right(starts, a) - 1), bisect.bisect_right(starts, b)):
+        lo, hi = spans[i]
+        total += max(0.0, min(hi, b) - max(lo, a))
+    return total
+
+
+def attribute(token_times: Sequence[Sequence[float]], steps: Sequence[StepRecord],
+              threshold_ms: float = THRESHOLD_MS,
+              late_spans: Sequence[Sequence[tuple[float, float]]] | None = None) -> dict[str, Any]:
+    """``token_times``: per stream, chunk arrival times on the steps' clock; ``late_spans``: per stream, the
+    spans in which its client process was late (sorted, not overlapping). Counts of gaps over the threshold by
+    cause, and the seconds of those gaps by part."""
+    steps = sorted(steps, key=lambda s: s.start)
+    ends = [s.start + s.seconds for s in steps]
+    counts = dict.fromkeys(CAUSES, 0)
+    seconds = dict.fromkeys(CAUSES, 0.0)
+    limit = threshold_ms / 1e3
+    late_starts = {id(sp): [lo for lo, _ in sp] for sp in late_spans or ()}
+    for n, times in enumerate(token_times):
+        spans = late_spans[n] if late_spans else ()
+        for a, b in itertools.pairwise(times):
+            if b - a <= limit:
+                continue
+            parts = gap_parts(a, b, steps, ends)
+            late = _overlap(spans, late_starts[id(spans)], a, b) if spans else 0.0
+            if late > 0:
+                keep = max(0.0, 1.0 - late / (b - a))
+                parts = {k: v * keep for k, v in parts.items()} | {CAUSES[6]: late}
+            cause = CAUSES[6] if late >= 0.5 * (b - a) else max(CAUSES[:6], key=parts.__getitem__)
+            counts[cause] += 1
+            for k, v in parts.items():
+                seconds[k] += v
+    return {"threshold_ms": threshold_ms, "gaps": sum(counts.values()), "counts": counts, "seconds": seconds,
+            "steps": step_summary(steps)}
+
+
+def step_summary(steps: Sequence[StepRecord]) -> dict[str, dict[str, float]]:
+    """Per step kind: count, host ms p50/p99/max, device ms p50 (where measured)."""
+    out: dict[str, dict[str, float]] = {}
+    for kind in CAUSES[:4]:
+        chosen = [s for s in steps if _kind(s) == kind]
+        if not chosen:
+            continue
+        host = [s.seconds * 1e3 for s in chosen]
+        dev = [s.device_seconds * 1e3 for s in chosen if s.device_seconds is not None]
+        out[kind] = {"steps": len(chosen), "host_ms_p50": percentile(host, 50), "host_ms_p99": percentile(host, 99),
+                     "host_ms_max": max(host), "host_s_total": sum(host) / 1e3,
+                     "device_ms_p50": percentile(dev, 50) if dev else float("nan"),
+                     "tokens_p50": percentile([float(s.num_tokens) for s in chosen], 50)}
+    return out
+
+
+def merge(attributions: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Counts and seconds summed over runs (seeds) of one configuration."""
+    counts = {c: sum(a["counts"].get(c, 0) for a in attributions) for c in CAUSES}
+    seconds = {c: sum(a["seconds"].get(c, 0.0) for a in attributions) for c in CAUSES}
+    return {"gaps": sum(counts.values()), "counts": counts, "seconds": seconds}
+
+
+def cause_table(by_config: Mapping[str, Mapping[str, Any]]) -> str:
+    """Markdown: per configuration, gaps over the threshold and each cause's share of them (and of their time)."""
+    rows = []
+    for label, att in by_config.items():
+        n = att["gaps"]
+        total = sum(att["seconds"].values())
+        cells = [f"{100 * att['counts'][c] / n:.0f}% ({100 * att['seconds'][c] / total:.0f}%)" if n else "-"
+                 for c in CAUSES]
+        rows.append([label, str(n), *cells])
+    return md_table(["configuration", f"gaps > {THRESHOLD_MS:g} ms", *CAUSES], rows)
+
+
+def step_table(by_config: Mapping[str, Mapping[str, Any]]) -> str:
+    """Markdown: the server's steps by kind, per configuration (one run's timeline each)."""
+    rows = []
+    for label, summary in by_config.items():
+        for kind, s in summary.items():
+            rows.append([label, kind, int(s["steps"]), float(s["tokens_p50"]), float(s["host_ms_p50"]),
+                         float(s["host_ms_p99"]), float(s["host_ms_max"]), float(s["host_s_total"]),
+                         float(s["device_ms_p50"])])
+    return md_table(["configuration", "step kind", "steps", "tokens p50", "host ms p50", "host ms p99",
+                     "host ms max", "host s total", "device ms p50"], rows)

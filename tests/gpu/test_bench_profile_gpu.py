@@ -1,0 +1,42 @@
+"""`bench profile` on the GPU: kernels counted per layer from the CUDA activity (bf16, random Llama-3.2-1B
+shapes), and the prefill step's device time. No timing assertions: only that the tables are consistent."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from graphpool.bench.profile_step import PARTS, ProfileConfig, run_profile_bench
+
+
+def test_profile_bench_counts_the_kernels_of_a_bf16_decode_step(tmp_path: Path) -> None:
+    cfg = ProfileConfig(model="random:llama3.2-1b", batch_sizes=(1,), context_len=512, prefill_tokens=40,
+                        warmup=2, reps=3)
+    res = run_profile_bench(cfg, tmp_path, ["test"])
+    assert res["cuda"] and res["dtype"] == "torch.bfloat16"
+    (d,) = res["decode"]
+    n = d.num_layers
+    assert n == 16 and d.kernels_per_step > n and d.kinds.get("kernel", 0) > n
+    # every kernel was linked to the range that launched it, so every layer has its own count
+    assert set(d.layer_counts) == set(range(n)) and d.per_layer >= 3
+    assert not any(k.startswith("unattributed") for k in d.outside_layers), (d.outside_layers, d.unlinked)
+    assert not d.unlinked
+    # the device-side copies of the gp.* ranges are no kernels; the Triton kernels (no aten op above their
+    # cuLaunchKernelEx) are in their layer
+    assert not any(r.name.startswith("gp.") for r in d.rows), [r.name for r in d.rows]
+    assert d.per_layer_min == d.per_layer_max
+    assert any(r.name == "_rms_norm_kernel" and r.in_layers_per_layer >= 1 for r in d.rows)
+    assert d.layers_share_pct > 50  # 16 layers' weights against one LM head
+    assert d.outside_layers[PARTS["gp.step"]] >= 1  # the LM head's GEMM
+    assert d.per_layer * n + sum(d.outside_layers.values()) == pytest.approx(d.kernels_per_step)
+    assert sum(r.share_pct for r in d.rows) == pytest.approx(100.0, abs=0.01)
+    assert sum(r.per_step for r in d.rows) == pytest.approx(d.kernels_per_step)
+    assert d.device_us_per_step > 0 and d.graph_note  # what the profiler shows of a graph replay
+    p = res["prefill"]
+    assert p.kernels > n and p.kernel_ms > 0 and p.busy_ms <= p.profiled_step_ms + 1e-3 and 0 <= p.idle_share < 1
+    assert not any(r.name.startswith("gp.") for r in p.top_kernels)
+    assert p.kernel_ms <= p.profiled_step_ms and p.launches > n and p.launch_host_us > 0
+    assert any(f.endswith(": prefill") for f, _, _ in p.top_python), (p.python_source, p.top_python)
+    print(p.python_source)
+    assert "activities CPU + CUDA" in (tmp_path / "profile.md").read_text()
