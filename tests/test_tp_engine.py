@@ -41,6 +41,16 @@ def one_rank_tokens() -> list[list[int]]:
     return _tokens(engine)
 
 
+def test_two_ranks_give_the_tokens_of_one_eagerly(one_rank_tokens: list[list[int]]) -> None:
+    """Without a capturer every decode step is eager (its attention bound follows the batch, on both ranks)."""
+    engine = LLMEngine(EngineConfig(model=MODEL, tensor_parallel_size=2, **SETTINGS))  # type: ignore[arg-type]
+    try:
+        assert _tokens(engine) == one_rank_tokens
+        assert engine.graph_stats_by_rank() == [None, None]
+    finally:
+        engine.close()
+
+
 def test_two_ranks_give_the_tokens_of_one_and_their_pools_stay_in_lockstep(one_rank_tokens: list[list[int]]) -> None:
     engine = LLMEngine(EngineConfig(model=MODEL, tensor_parallel_size=2, **SETTINGS),  # type: ignore[arg-type]
                        capturer=EagerCapturer())
