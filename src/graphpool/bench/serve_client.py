@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -98,11 +98,12 @@ async def _one(client: object, model: str, req: TraceRequest, prompt: str | list
 async def run_trace(url: str, model: str, trace: Sequence[TraceRequest], seed: int, token_ids: bool,
                     concurrency: int | None, label: str, request_timeout_s: float = 600.0,
                     progress_every_s: float = 5.0, start_monotonic: float | None = None,
-                    done: Any = None) -> ClientRun:
+                    done: Any = None, ready: Callable[[], float] | None = None) -> ClientRun:
     """Sends each request at its scheduled time (waiting for a slot under ``concurrency``), streams it, and
     returns once every request has finished or failed. ``start_monotonic``: the trace's time 0 (default: now);
-    ``done``: a shared counter of finished requests (a worker of `run_trace_processes`); no progress lines
-    when ``progress_every_s`` is 0."""
+    ``done``: a shared counter of finished requests (a worker of `run_trace_processes`); ``ready``: called
+    once the client is set up, returns the start time (the processes' rendezvous); no progress lines when
+    ``progress_every_s`` is 0."""
     import httpx
     import openai
 
@@ -157,6 +158,8 @@ async def run_trace(url: str, model: str, trace: Sequence[TraceRequest], seed: i
             if lags[-1] > 1.0:
                 late.append((t + _LAG_PROBE_S, woke))
 
+    if ready is not None:
+        start_monotonic = ready()  # NOTE: blocks the loop on purpose: nothing runs on it yet
     if start_monotonic is not None:
         await asyncio.sleep(max(0.0, start_monotonic - time.monotonic()))
     # NOTE: time 0 is the start asked for, however late this process woke: the schedule stays the common one

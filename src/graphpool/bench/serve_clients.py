@@ -18,7 +18,7 @@ from graphpool.bench.common import progress
 from graphpool.bench.serve_client import ClientRun, run_trace
 from graphpool.bench.workload import TraceRequest
 
-_START_S = 1.0  # from the moment every process is ready to the trace's time 0
+_START_S = 0.3  # from the moment every process is ready to the trace's time 0
 
 
 def default_processes() -> int:
@@ -28,12 +28,15 @@ def default_processes() -> int:
 
 def _worker(index: int, args: tuple[Any, ...], ready: Any, start: Any, done: Any, out: Any) -> None:
     url, model, shard, seed, token_ids, concurrency, label, timeout_s = args
-    import openai  # noqa: F401  (imported before the barrier: no process starts late)
 
-    ready.wait()
-    ready.wait()  # the parent has set the start time in between
+    def rendezvous() -> float:
+        ready.wait()
+        ready.wait()  # the parent has set the start time in between
+        return float(start.value)
+
+    # NOTE: the client and the prompts are set up before the rendezvous: no process starts late
     run = asyncio.run(run_trace(url, model, shard, seed, token_ids, concurrency, label, timeout_s,
-                                progress_every_s=0, start_monotonic=start.value, done=done))
+                                progress_every_s=0, done=done, ready=rendezvous))
     for r in run.results:
         r.worker = index
     out.put((index, run))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-from itertools import accumulate
 from typing import Protocol
 
 import numpy as np
@@ -101,37 +100,44 @@ class ModelRunner:
         """
         if self.announce is not None:
             self.announce.prefill(chunks)
-        hidden: dict[int, torch.Tensor] = {}
         fresh = [i for i, c in enumerate(chunks) if c.start == 0]
         resumed = [i for i, c in enumerate(chunks) if c.start > 0]
+        if not resumed:
+            # NOTE: the common step: the last rows come out in chunk order, gathered by one index_select
+            rows = self._fresh_prefill(chunks)
+            return self.model.compute_logits(rows) if rows.shape[0] else torch.empty((0, 0), device=self.device)
+        hidden: dict[int, torch.Tensor] = {}
         if fresh:
-            hidden.update(self._fresh_prefill([chunks[i] for i in fresh], fresh))
-        if resumed:
-            hidden.update(self._paged_prefill([chunks[i] for i in resumed], resumed))
+            fresh_last = [i for i in fresh if chunks[i].is_last]
+            hidden.update(zip(fresh_last, self._fresh_prefill([chunks[i] for i in fresh]).unbind(0), strict=True))
+        hidden.update(self._paged_prefill([chunks[i] for i in resumed], resumed))
         last = [hidden[i] for i, c in enumerate(chunks) if c.is_last]
         if not last:
             return torch.empty((0, 0), device=self.device)
         return self.model.compute_logits(torch.stack(last))
 
-    def _fresh_prefill(self, chunks: list[PrefillChunk], index: list[int]) -> dict[int, torch.Tensor]:
+    def _fresh_prefill(self, chunks: list[PrefillChunk]) -> torch.Tensor:
+        """Chunks from position 0 -> the hidden rows of their last tokens [chunks that are last, hidden]."""
         ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
         seq_lens: list[int] = []
+        last_rows: list[int] = []
+        total = 0
         for c in chunks:
             ids.extend(c.seq.token_ids[:c.end])
             positions.extend(range(c.end))
             slots.extend(self.block_manager.slots(c.seq.request_id, 0, c.end))
             seq_lens.append(c.end)
-        meta = AttentionMetadata(
-            is_prefill=True,
-            positions=self._to_device(positions, torch.int64),
-            slot_mapping=self._to_device(slots, torch.int64),
-            seq_lens=seq_lens,
-        )
-        out = self.model(self._to_device(ids, torch.int64), meta, self.kv_caches)
-        ends = list(accumulate(seq_lens))
-        return {i: out[e - 1] for i, c, e in zip(index, chunks, ends, strict=True) if c.is_last}
+            total += c.end
+            if c.is_last:
+                last_rows.append(total - 1)
+        # NOTE: one host-to-device copy for all of the step's int inputs, not one each
+        ids_t, pos_t, slots_t, last_t = self._to_device(ids + positions + slots + last_rows, torch.int64).split(
+            [total, total, total, len(last_rows)])
+        meta = AttentionMetadata(is_prefill=True, positions=pos_t, slot_mapping=slots_t, seq_lens=seq_lens)
+        out = self.model(ids_t, meta, self.kv_caches)
+        return out.index_select(0, last_t)
 
     def _paged_prefill(self, chunks: list[PrefillChunk], index: list[int]) -> dict[int, torch.Tensor]:
         """Token p of a chunk is a decode row with context p + 1 over its request's block table: the model

@@ -10,7 +10,7 @@ from torch import nn
 from graphpool.kernels.norm_rope import rotate_ref as _rotate
 from graphpool.model.config import ModelConfig, RopeScaling
 from graphpool.model.linear import ColumnLinear, RowLinear
-from graphpool.model.ops import rms_norm_torch
+from graphpool.model.ops import TORCH_OPS, ModelOps, rms_norm_torch
 
 __all__ = ["RMSNorm", "RotaryEmbedding", "SwiGLU", "_rotate", "rope_inv_freq"]
 
@@ -69,12 +69,17 @@ class RotaryEmbedding(nn.Module):
 
 
 class SwiGLU(nn.Module):
-    def __init__(self, config: ModelConfig, device: torch.device, dtype: torch.dtype) -> None:
+    """down(silu(gate) * up): the fused gate/up projection's output is ``[T, 2I]``, gate first; the
+    activation is `ModelOps.silu_mul` (one Triton kernel with the triton ops on CUDA)."""
+
+    def __init__(
+        self, config: ModelConfig, device: torch.device, dtype: torch.dtype, ops: ModelOps = TORCH_OPS
+    ) -> None:
         super().__init__()
         size = config.intermediate_size
         self.gate_up_proj = ColumnLinear(config.hidden_size, (size, size), False, device, dtype)
         self.down_proj = RowLinear(size, config.hidden_size, False, device, dtype)
+        self.ops = ops
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(nn.functional.silu(gate) * up)
+        return self.down_proj(self.ops.silu_mul(self.gate_up_proj(x)))

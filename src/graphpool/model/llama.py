@@ -82,7 +82,7 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, device, dtype)
         self.self_attn = LlamaAttention(config, rotary, ops, device, dtype)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, device, dtype)
-        self.mlp = SwiGLU(config, device, dtype)
+        self.mlp = SwiGLU(config, device, dtype, ops)
         self.ops = ops
 
     def forward(

@@ -1,8 +1,9 @@
 """The model's swappable operations: plain torch, or the fused Triton kernels of `graphpool.kernels`.
 
 Backend "torch" is the reference (CPU and GPU, graph-capturable). Backend "triton" uses, on CUDA, the Triton
-paged decode attention plus fused residual-add+RMSNorm and rotary+KV-write kernels (fewer kernels per step).
-Both follow the same numerics contract (norm statistics in float32, rotary in float32 over the same cache).
+paged decode attention plus fused residual-add+RMSNorm, rotary+KV-write and SwiGLU silu*mul kernels (fewer
+kernels per step). Both follow the same numerics contract (norm statistics in float32, rotary in float32 over
+the same cache, silu rounded to the activation dtype before the product).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 # NOTE: the kernels' reference numerics (one copy), in their check-free forms: no host checks per layer.
 from graphpool.kernels.norm_rope import rms_norm_unchecked as rms_norm_torch
 from graphpool.kernels.norm_rope import rotary_and_write_kv_unchecked as rotary_and_write_kv_torch
+from graphpool.kernels.silu_mul import silu_mul_unchecked as silu_mul_torch
 from graphpool.model.attn_ops import paged_decode_attention_torch
 
 AttnBackend = Literal["torch", "triton"]
@@ -35,10 +37,16 @@ class ModelOps:
     rms_norm: Callable[[Tensor, Tensor, float], Tensor]
     add_rms_norm: Callable[[Tensor, Tensor, Tensor, float], tuple[Tensor, Tensor]]
     rotary_and_write_kv: Callable[..., tuple[Tensor, Tensor]]
+    silu_mul: Callable[[Tensor], Tensor]  # the gate/up projection's [T, 2I] -> silu(gate) * up [T, I]
 
 
 TORCH_OPS = ModelOps(
-    "torch", paged_decode_attention_torch, rms_norm_torch, add_rms_norm_torch, rotary_and_write_kv_torch
+    "torch",
+    paged_decode_attention_torch,
+    rms_norm_torch,
+    add_rms_norm_torch,
+    rotary_and_write_kv_torch,
+    silu_mul_torch,
 )
 
 
@@ -46,8 +54,11 @@ def kernel_ops() -> ModelOps:
     """The `graphpool.kernels` entry points (Triton on CUDA tensors, their torch references elsewhere)."""
     from graphpool.kernels.decode_attention import paged_decode_attention
     from graphpool.kernels.norm_rope import add_rms_norm, apply_rotary_and_write_kv, rms_norm
+    from graphpool.kernels.silu_mul import silu_mul
 
-    return ModelOps("triton", paged_decode_attention, rms_norm, add_rms_norm, apply_rotary_and_write_kv)
+    return ModelOps(
+        "triton", paged_decode_attention, rms_norm, add_rms_norm, apply_rotary_and_write_kv, silu_mul
+    )
 
 
 def default_attn_backend(backend: str, device: torch.device) -> AttnBackend:
