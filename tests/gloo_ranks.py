@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 import queue
 import socket
 import traceback
@@ -22,7 +23,9 @@ def _rank_main(fn: Callable[..., Any], rank: int, world: int, port: int, args: t
     try:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
         try:
-            out.put((rank, True, fn(rank, world, *args)))
+            # NOTE: plain pickle bytes: torch's queue would share tensors through file descriptors, which
+            # vanish when this process exits before the parent reads them
+            out.put((rank, True, pickle.dumps(fn(rank, world, *args))))
         finally:
             dist.destroy_process_group()
     except BaseException:
@@ -47,7 +50,7 @@ def run_ranks(fn: Callable[..., Any], world: int, *args: Any, timeout: float = 1
                 raise AssertionError(f"ranks {sorted(set(range(world)) - set(results))} gave no result in {timeout} s") from None
             if not ok:
                 raise AssertionError(f"rank {rank} failed:\n{value}")
-            results[rank] = value
+            results[rank] = pickle.loads(value)
     finally:
         for p in procs:
             p.join(10)
