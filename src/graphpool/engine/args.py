@@ -45,6 +45,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--record-step-timeline", dest="record_step_timeline", action="store_true", default=None,
                        help="keep a timeline of engine steps (kind, batch, start, host and device time), served "
                             "at GET /debug/steps (what `bench serve` attributes latency gaps with)")
+    add("--tensor-parallel-size", "tensor_parallel_size", type=int,
+        help="ranks to shard the model over: one process per GPU (NCCL), or CPU processes (gloo) (default 1)")
     group = parser.add_argument_group("CUDA graph pool")
     add("--max-graph-pool-size", "max_graph_pool_size", type=int, help="most graphs resident at once (default 16; the whole ladder with --graph-warmup all)")
     add("--graph-max-batch-size", "graph_max_batch_size", type=int, help="largest graph batch size (256)")

@@ -78,6 +78,8 @@ class EngineConfig:
     seed: int = 0
     profile_steps: bool = False  # synchronize around each step's forward to time it (benchmarks only)
     record_step_timeline: bool = False  # keep a timeline of steps (engine.timeline; the server's /debug/steps)
+    # ranks (processes, one GPU each: cuda:i .. cuda:i+N-1 from the device's index i; gloo on the CPU)
+    tensor_parallel_size: int = 1
     # graph pool settings (the seed's names)
     # NOTE: None -> 16 (the seed's default), or the whole ladder when graph_warmup="all" asks for every size.
     max_graph_pool_size: int | None = None
@@ -135,9 +137,33 @@ class EngineConfig:
         for name in ("disable_cudagraph", "profile_steps", "enable_prefix_caching", "record_step_timeline"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        self._check_tensor_parallel()
         self._resolve_pool_size()
         # NOTE: the pool's own settings are validated by PoolConfig; build it now so errors surface here.
         self.pool_config()
+
+    def _check_tensor_parallel(self) -> None:
+        n = self.tensor_parallel_size
+        _check_positive_int("tensor_parallel_size", n)
+        if n == 1:
+            return
+        import torch.distributed as dist
+
+        from graphpool.model.loader import model_config
+        from graphpool.model.parallel import check_shardable
+
+        if not dist.is_available():
+            raise ValueError("tensor_parallel_size > 1 needs torch.distributed, which this torch build lacks")
+        check_shardable(model_config(self.model), n)
+        dev = self.torch_device
+        if dev.type == "cuda" and (dev.index or 0) + n > torch.cuda.device_count():
+            raise ValueError(f"tensor_parallel_size {n} from {dev} needs GPUs {dev.index}..{(dev.index or 0) + n - 1}, "
+                             f"but this machine has {torch.cuda.device_count()}")
+
+    def rank_device(self, rank: int) -> str:
+        """The device of tensor-parallel rank `rank`: the next GPUs after this config's, or the CPU."""
+        dev = self.torch_device
+        return "cpu" if dev.type == "cpu" else f"cuda:{(dev.index or 0) + rank}"
 
     def _resolve_pool_size(self) -> None:
         """Sizes the pool for what warm-up asks, or refuses a warm-up the pool would evict while serving."""

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from graphpool.engine.config import EngineConfig
-from graphpool.engine.kv_cache import BlockManager, choose_num_blocks
+from graphpool.engine.kv_cache import BlockManager
 from graphpool.engine.outputs import (
     EngineStats,
     RequestOutput,
@@ -25,9 +25,14 @@ from graphpool.engine.sampling_params import InvalidParam, SamplingParams, check
 from graphpool.engine.scheduler import Scheduler
 from graphpool.engine.sequence import Sequence
 from graphpool.engine.timeline import StepRecord, StepTimeline
+from graphpool.engine.tp_rank import capture_sync, load_shard, num_kv_blocks
 from graphpool.model.config import ModelConfig
+from graphpool.model.tp_group import SINGLE
 from graphpool.pool import PoolStats
 from graphpool.pool.capture import Capturer
+
+if TYPE_CHECKING:
+    from graphpool.engine.tp_leader import TPLeader
 
 LoadedModel = tuple[Any, ModelConfig, Any]  # (model, config, tokenizer or None), as load_model returns
 __all__ = ["EngineStats", "LLMEngine", "RequestOutput", "StepInfo"]
@@ -47,11 +52,27 @@ class LLMEngine:
         """`loaded`: a `load_model(...)` result to reuse (same device and dtype as the config; tests and
         benchmarks build several engines over one model). `capturer`: the pool's graph capturer (default:
         CUDA graphs on a GPU, none on the CPU); tests pass `graphpool.pool.testing.EagerCapturer()` to run the
-        graph path (padding, static buffers, replay) on the CPU."""
+        graph path (padding, static buffers, replay) on the CPU.
+
+        With `tensor_parallel_size` N > 1 this process is rank 0 (scheduler, sampler and the first shard) and
+        N - 1 more processes hold the other shards (engine/tp_leader.py); `close()` stops them."""
         self.config = config
         self.device = config.torch_device
         self.dtype = config.torch_dtype
         backend = config.resolved_attn_backend
+        self._tp: TPLeader | None = None
+        if config.tensor_parallel_size > 1:
+            from graphpool.engine.tp_leader import TPLeader
+
+            if loaded is not None:
+                raise ValueError("tensor_parallel_size > 1 loads the model on every rank: `loaded` cannot be used")
+            self._tp = TPLeader(config, capturer)
+            try:
+                loaded = load_shard(config, self._tp.tp)
+                self._tp.wait_for("loaded")
+            except BaseException:
+                self._tp.close()
+                raise
         if loaded is None:
             from graphpool.model.loader import load_model
 
@@ -64,18 +85,19 @@ class LLMEngine:
         self.model_name = config.model
         self.max_model_len = config.max_model_len
         bs = config.block_size
-        num_blocks = choose_num_blocks(
-            self.model_config, block_size=bs, dtype=self.dtype, device=self.device,
-            kv_cache_fraction=config.kv_cache_fraction, max_num_seqs=config.max_num_seqs,
-            max_model_len=config.max_model_len, num_kv_blocks=config.num_kv_blocks,
-        )
+        tp = self._tp.tp if self._tp is not None else SINGLE
+        # NOTE: from here to the warm-up, the other ranks run the same collectives (engine/tp_worker.py)
+        num_blocks = num_kv_blocks(config, self.model_config, tp, self.device)
         self.kv_caches = self.model.allocate_kv_caches(num_blocks, bs)
         max_blocks = max(-(-config.max_model_len // bs), -(-config.len_bound // bs))
         self.block_manager = BlockManager(num_blocks, bs, max_blocks, config.enable_prefix_caching)
         self.scheduler = Scheduler(
             self.block_manager, max_num_seqs=config.max_num_seqs, token_budget=config.token_budget
         )
-        self.runner = ModelRunner(self.model, self.kv_caches, config, self.block_manager, capturer)
+        self.runner = ModelRunner(self.model, self.kv_caches, config, self.block_manager, capturer,
+                                  capture_sync(tp, self.device) if self._tp is not None else None)
+        if self._tp is not None:
+            self.runner.announce = self._tp.announcer(self.block_manager)
         self.sampler = Sampler(self.device, config.seed)
         eos = self.tokenizer.eos_token_ids if self.tokenizer is not None else self.model_config.eos_token_ids
         self.eos_token_ids = frozenset(eos)
@@ -85,6 +107,8 @@ class LLMEngine:
         self.last_step: StepInfo | None = None
         self.timeline = StepTimeline(self.device) if config.record_step_timeline else None
         self.runner.warmup(config.graph_warmup)
+        if self._tp is not None:
+            self._tp.wait_for("ready")
         log.info("engine ready: %s on %s (%s), %d KV blocks of %d tokens, graphs %s", self.model_name,
                  self.device, self.dtype, num_blocks - 1, bs, "on" if self.runner.graphs_enabled else "off")
 
@@ -232,6 +256,16 @@ class LLMEngine:
 
     def graph_stats(self) -> PoolStats | None:
         return self.runner.pool.stats() if self.runner.graphs_enabled else None
+
+    def graph_stats_by_rank(self) -> list[PoolStats | None]:
+        """Every tensor-parallel rank's pool stats, rank 0 first (in lockstep they differ only in capture
+        seconds)."""
+        return [self.graph_stats(), *(self._tp.pool_stats() if self._tp is not None else [])]
+
+    def close(self) -> None:
+        """Stops the other tensor-parallel ranks (a no-op with one rank); the engine cannot step afterwards."""
+        if self._tp is not None:
+            self._tp.close()
 
     def stats(self) -> EngineStats:
         prefix = self.prefix_cache_stats()

@@ -28,7 +28,8 @@ class LLM:
     """Load a model once, then generate for batches of prompts (continuous batching inside).
 
     Keyword arguments are EngineConfig fields (max_graph_pool_size, graph_max_batch_size, graph_memory_budget,
-    disable_cudagraph, max_model_len, num_kv_blocks, ...).
+    disable_cudagraph, max_model_len, num_kv_blocks, tensor_parallel_size, ...). With tensor_parallel_size > 1
+    use it as a context manager (or call `close()`) so that the other ranks' processes stop.
     """
 
     def __init__(self, model: str = DEFAULT_MODEL, **kwargs: Any) -> None:
@@ -87,6 +88,16 @@ class LLM:
 
     def graph_stats(self) -> PoolStats | None:
         return self.engine.graph_stats()
+
+    def close(self) -> None:
+        """Stops the other tensor-parallel ranks (`tensor_parallel_size` > 1; a no-op otherwise)."""
+        self.engine.close()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def _run(self, prompts: list[Any], token_ids: list[list[int]], params: SamplingParams | None,
              use_tqdm: bool) -> list[CompletionOutput]:

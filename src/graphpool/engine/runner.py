@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -15,6 +16,7 @@ from graphpool.engine.sequence import Sequence
 from graphpool.model.attn_metadata import AttentionMetadata
 from graphpool.pool import GraphPool
 from graphpool.pool.capture import Capturer
+from graphpool.pool.lockstep import CaptureSync, Decision
 
 
 def _pow2_bound(n: int) -> int:
@@ -32,6 +34,16 @@ def _block_bound(n: int, block_size: int) -> int:
 _PAGED_POSITIONS = 1 << 18  # context positions the torch attention of one paged-prefill piece may gather
 
 
+class StepAnnouncer(Protocol):
+    """Tensor parallel, rank 0: hands each step's batch to the other ranks before this rank's forward (whose
+    collectives need them running the same forward). engine/tp_leader.py."""
+
+    def prefill(self, chunks: list[PrefillChunk]) -> None: ...
+
+    def decode(self, last_tokens: list[int], lens: list[int], slots: list[int], rows: np.ndarray,
+               decision: Decision | None) -> None: ...
+
+
 class ModelRunner:
     """Builds each step's inputs from the sequences and runs the model.
 
@@ -40,7 +52,8 @@ class ModelRunner:
     """
 
     def __init__(self, model: torch.nn.Module, kv_caches: list[KVCache], config: EngineConfig,
-                 block_manager: BlockManager, capturer: Capturer | None = None) -> None:
+                 block_manager: BlockManager, capturer: Capturer | None = None,
+                 capture_sync: CaptureSync | None = None) -> None:
         self.model = model
         self.kv_caches = kv_caches
         self.block_manager = block_manager
@@ -62,7 +75,9 @@ class ModelRunner:
         self.pool = GraphPool(
             functools.partial(decode_forward, model, kv_caches, max_len_bound=self.len_bound),
             decode_input_specs(self.max_blocks), config.pool_config(), device=self.device, capturer=capturer,
+            capture_sync=capture_sync,
         )
+        self.announce: StepAnnouncer | None = None  # set on rank 0 under tensor parallel
 
     def _to_device(self, values: list[int], dtype: torch.dtype) -> torch.Tensor:
         return torch.tensor(values, dtype=dtype, pin_memory=self._pin).to(self.device, non_blocking=True)
@@ -83,6 +98,8 @@ class ModelRunner:
         model's prefill attention does not read: it runs as decode-attention rows instead, one row per token
         over the paged cache (`_paged_prefill`).
         """
+        if self.announce is not None:
+            self.announce.prefill(chunks)
         fresh = [i for i, c in enumerate(chunks) if c.start == 0]
         resumed = [i for i, c in enumerate(chunks) if c.start > 0]
         if not resumed:
@@ -173,7 +190,15 @@ class ModelRunner:
         matmul's own output), a view into the graph's output buffer: valid until the next decode. The
         sampler upcasts only when it needs probabilities.
         """
-        lens = [seq.num_tokens for seq in seqs]
+        rows = np.stack([self.block_manager.row(seq.request_id) for seq in seqs])
+        return self.decode_rows([seq.last_token for seq in seqs], [seq.num_tokens for seq in seqs], slots, rows)
+
+    @torch.inference_mode()
+    def decode_rows(self, last_tokens: list[int], lens: list[int], slots: list[int], rows: np.ndarray,
+                    decision: Decision | None = None) -> tuple[torch.Tensor, bool]:
+        """The decode step from its host data: each row's input token, context length (its position + 1),
+        KV slot and block-table row; what rank 0 sends the other ranks under tensor parallel, with the pool's
+        `decision` (None: decide here)."""
         max_len = max(lens)
         # NOTE: contexts beyond the graph bound could never replay a graph: they skip the pool, with a wider
         # block table and a bound rounded up to a power of two (few kernel variants). Without graphs and
@@ -185,18 +210,23 @@ class ModelRunner:
             eager_bound = _pow2_bound(max_len)
         width = eager_bound // self.block_size if self.bound_follows_batch else max(
             self.max_blocks, -(-max_len // self.block_size))
-        rows = np.stack([self.block_manager.row(seq.request_id) for seq in seqs])[:, :width]
-        inputs = {
-            "input_ids": self._to_device([seq.last_token for seq in seqs], torch.int64),
-            "positions": self._to_device([n - 1 for n in lens], torch.int64),
-            "slot_mapping": self._to_device(slots, torch.int64),
-            "block_tables": self._tables_to_device(rows),
-            "context_lens": self._to_device(lens, torch.int32),
-        }
-        if eager_bound:
-            return decode_forward(self.model, self.kv_caches, inputs, max_len_bound=eager_bound), False
-        logits = self.pool.run(inputs, max_len_in_batch=max_len)
-        return logits, self.pool.last_replayed
+        rows = rows[:, :width]
+        with self.pool.lock:
+            if not eager_bound and decision is None:
+                decision = self.pool.decide(len(lens), max_len)
+            if self.announce is not None:
+                self.announce.decode(last_tokens, lens, slots, rows, decision)
+            inputs = {
+                "input_ids": self._to_device(last_tokens, torch.int64),
+                "positions": self._to_device([n - 1 for n in lens], torch.int64),
+                "slot_mapping": self._to_device(slots, torch.int64),
+                "block_tables": self._tables_to_device(rows),
+                "context_lens": self._to_device(lens, torch.int32),
+            }
+            if eager_bound:
+                return decode_forward(self.model, self.kv_caches, inputs, max_len_bound=eager_bound), False
+            logits = self.pool.run(inputs, max_len_in_batch=max_len, decision=decision)
+            return logits, self.pool.last_replayed
 
     def warmup(self, sizes: str | tuple[int, ...]) -> None:
         if not self.graphs_enabled or sizes == "none":

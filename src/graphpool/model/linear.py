@@ -1,10 +1,10 @@
-"""Every linear layer of the model, and the step's communication points.
+"""Every linear layer of the model, and the step's communication points inside the layers.
 
-NOTE: this is the one place tensor parallelism will touch. A `ColumnLinear` splits its output features
-across ranks (q/k/v, gate/up: no communication); a `RowLinear` splits its input features and sums the
-partial results with an all-reduce (o_proj, down_proj): the only communication points inside the layers. (A
-vocabulary-parallel embedding and lm head, in `LlamaModel`, would add one all-reduce after the embedding and
-one gather of the logits.) Today everything runs on one rank and `all_reduce` is the identity.
+Under tensor parallelism (`model.parallel.shard_model`) a `ColumnLinear` holds its rank's share of the output
+features (q/k/v heads, gate/up: no communication); a `RowLinear` holds its share of the input features and
+sums the partial results over the ranks (o_proj, down_proj): the only all-reduces inside the layers. The
+vocabulary-parallel embedding and lm head add one all-reduce after the embedding and one gather of the logits.
+With one rank (`tp` is `SINGLE`) every collective is the identity.
 """
 
 from __future__ import annotations
@@ -12,10 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-
-def all_reduce(x: torch.Tensor) -> torch.Tensor:
-    """Sum of `x` across tensor-parallel ranks (identity with one rank)."""
-    return x
+from graphpool.model.tp_group import SINGLE, TPGroup
 
 
 class _Linear(nn.Module):
@@ -58,5 +55,10 @@ class ColumnLinear(_Linear):
 
 
 class RowLinear(_Linear):
+    """Input features split over the ranks; the output is summed over them. NOTE: a sharded layer's bias is
+    kept on rank 0 only (zeros elsewhere), so the sum adds it once."""
+
+    tp: TPGroup = SINGLE
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return all_reduce(super().forward(x))
+        return self.tp.all_reduce(super().forward(x))

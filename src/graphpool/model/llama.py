@@ -13,6 +13,7 @@ from graphpool.model.config import ModelConfig
 from graphpool.model.layers import RMSNorm, RotaryEmbedding, SwiGLU
 from graphpool.model.linear import ColumnLinear, RowLinear
 from graphpool.model.ops import AttnBackend, ModelOps, resolve_ops
+from graphpool.model.tp_group import SINGLE, TPGroup
 
 __all__ = ["AttnBackend", "KVCache", "LlamaModel"]
 
@@ -138,6 +139,9 @@ class LlamaModel(nn.Module):
             LlamaDecoderLayer(config, self.rotary, self.ops, device, dtype) for _ in range(config.num_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, device, dtype)
+        # NOTE: a tensor-parallel shard (model.parallel.shard_model) holds its rank's KV heads and vocab rows
+        self.tp: TPGroup = SINGLE
+        self.num_kv_heads = config.num_kv_heads
         self.lm_head: nn.Parameter | None = None
         if not config.tie_word_embeddings:
             self.lm_head = nn.Parameter(
@@ -168,11 +172,14 @@ class LlamaModel(nn.Module):
         """hidden [T, hidden] -> logits [T, vocab]: float32, or the model's dtype with ``upcast=False`` (a
         captured decode graph then holds a third of the logits bytes: 2 bytes a row entry instead of 2 + 4)."""
         logits = nn.functional.linear(hidden, self.lm_head_weight)
+        if self.tp.world_size > 1:  # this rank's vocab rows -> all of them (the last shard is zero-padded)
+            logits = self.tp.gather_last_dim(logits)[:, : self.config.vocab_size]
         return logits.float() if upcast else logits
 
     def allocate_kv_caches(self, num_blocks: int, block_size: int) -> list[KVCache]:
-        """Zeroed per-layer caches `[num_blocks, block_size, num_kv_heads, head_dim]` in the model's dtype."""
-        shape = (num_blocks, block_size, self.config.num_kv_heads, self.config.head_dim)
+        """Zeroed per-layer caches `[num_blocks, block_size, num_kv_heads, head_dim]` in the model's dtype
+        (this rank's KV heads under tensor parallelism)."""
+        shape = (num_blocks, block_size, self.num_kv_heads, self.config.head_dim)
         return [
             (
                 torch.zeros(shape, device=self.device, dtype=self.dtype),

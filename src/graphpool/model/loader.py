@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -29,7 +30,8 @@ def accepted_models() -> str:
     presets = ", ".join(f"{RANDOM_PREFIX}{p}" for p in sorted(PRESETS))
     return (
         f"'{DEFAULT_MODEL}' (the embedded default, also None), a path to a .gguf file, "
-        f"a Hugging Face model folder (config.json + *.safetensors), or a random-weight preset: {presets}"
+        f"a Hugging Face model folder (config.json + *.safetensors), or a random-weight preset: {presets} "
+        f"(with '?layers=N': its first N layers only, e.g. {RANDOM_PREFIX}qwen2.5-0.5b?layers=2)"
     )
 
 
@@ -39,10 +41,16 @@ def model_source(name_or_path: str | Path | None) -> ModelConfig | tuple[str, Pa
     The one place that reads model names: `load_model` and `model_config` both go through it."""
     name = DEFAULT_MODEL if name_or_path is None else str(name_or_path)
     if name.startswith(RANDOM_PREFIX):
-        preset = name[len(RANDOM_PREFIX) :]
+        preset, _, option = name[len(RANDOM_PREFIX) :].partition("?")
         if preset not in PRESETS:
             raise ValueError(f"unknown model {name!r} (no random preset {preset!r}); accepted models: {accepted_models()}")
-        return PRESETS[preset]
+        if not option:
+            return PRESETS[preset]
+        # NOTE: fewer layers, the same shapes otherwise: quick tests of a real model's layout (CPU CI)
+        key, _, value = option.partition("=")
+        if key != "layers" or not value.isdigit() or int(value) < 1:
+            raise ValueError(f"unknown model {name!r}: a random preset takes only '?layers=N' (N >= 1)")
+        return dataclasses.replace(PRESETS[preset], num_layers=int(value))
     if name == DEFAULT_MODEL:
         return ("gguf", default_gguf_path())
     path = Path(name).expanduser()

@@ -8,6 +8,7 @@ from graphpool.pool.capture import CAPTURE_ERRORS, CapturedGraph, Capturer, Cuda
 from graphpool.pool.config import DEFAULT_MISS_POLICY, PoolConfig
 from graphpool.pool.failures import CaptureError, CaptureFailureKind
 from graphpool.pool.inputs import InputSpec
+from graphpool.pool.lockstep import CaptureSync, Decision
 from graphpool.pool.policy import CAPTURE, AdmitFrequent, CaptureOnMiss, Choice, ResidencyBook, make_policy
 from graphpool.pool.pool import GraphPool
 from graphpool.pool.stats import FallbackReason, PoolStats
@@ -21,10 +22,12 @@ __all__ = [
     "CaptureError",
     "CaptureFailureKind",
     "CaptureOnMiss",
+    "CaptureSync",
     "CapturedGraph",
     "Capturer",
     "Choice",
     "CudaGraphCapturer",
+    "Decision",
     "FallbackReason",
     "GraphPool",
     "InputSpec",

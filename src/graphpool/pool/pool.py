@@ -13,12 +13,13 @@ from graphpool.pool.capture import CapturedGraph, Capturer, CudaGraphCapturer
 from graphpool.pool.config import PoolConfig
 from graphpool.pool.failures import CaptureError, CaptureFailureLog
 from graphpool.pool.inputs import Batch, InputSpec, StaticInputs
+from graphpool.pool.lockstep import CaptureSync, Decision, agree_on_capture
 from graphpool.pool.policy import CAPTURE, CaptureOnMiss, ResidencyBook, make_policy
 from graphpool.pool.stats import FallbackReason, PoolStats, StatsCounters
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["GraphPool", "InputSpec"]
+__all__ = ["Decision", "GraphPool", "InputSpec"]
 
 Progress = Callable[[int, int, int], None]  # (done, total, size)
 
@@ -49,7 +50,12 @@ class GraphPool:
     ``step(*microbatches)`` takes one mapping of static tensors per microbatch and returns, per microbatch,
     a batch-first tensor or tuple of tensors (with two microbatches: a pair of those). Thread-safe: one
     RLock (``pool.lock``) guards pool state and the copy+replay; hold it yourself across ``run`` and the use
-    of its outputs if other threads may run the pool meanwhile (or pass ``clone=True``).
+    of its outputs if other threads may run the pool meanwhile (or pass ``clone=True``), and across
+    ``decide`` and the ``run`` that applies its decision.
+
+    Tensor parallel (``pool.lockstep``): the leading rank calls ``decide`` and sends the decision with the
+    step's batch; every rank calls ``run(..., decision=...)``. ``capture_sync`` (a collective: element-wise
+    max over ranks) is called after every capture, so that all ranks keep or drop each graph together.
     """
 
     def __init__(
@@ -61,6 +67,7 @@ class GraphPool:
         capturer: Capturer | None = None,
         *,
         miss_policy: CaptureOnMiss | None = None,
+        capture_sync: CaptureSync | None = None,
     ) -> None:
         self.config = config = config if config is not None else PoolConfig()
         self.step = step
@@ -69,6 +76,7 @@ class GraphPool:
         self.ladder = config.ladder()
         self.policy = miss_policy if miss_policy is not None else make_policy(config)
         self.lock = threading.RLock()
+        self._sync = capture_sync
         self._book = ResidencyBook(config.max_graph_pool_size, config.graph_memory_budget, config.pinned)
         self._graphs: dict[int, CapturedGraph] = {}
         self._blocked: dict[int, FallbackReason] = {}  # sizes never replayed again
@@ -113,11 +121,21 @@ class GraphPool:
             return self._counters.snapshot(self._book.sizes(), self._book.total_bytes)
 
     # ---- the step ------------------------------------------------------------------------------------
-    def run(self, inputs: Batch | Sequence[Batch], max_len_in_batch: int = 0, *, clone: bool = False) -> Any:
+    def decide(self, batch_size: int, max_len_in_batch: int = 0) -> Decision:
+        """The decision for a step of this (per-microbatch) batch size, to pass to ``run`` here and on the
+        other ranks. It counts as the step's policy observation: call it once per step."""
+        if batch_size < 1:
+            raise ValueError(f"decide() needs a batch size >= 1, got {batch_size}")
+        with self.lock:
+            return self._graph_for(batch_size, max_len_in_batch)
+
+    def run(self, inputs: Batch | Sequence[Batch], max_len_in_batch: int = 0, *, clone: bool = False,
+            decision: Decision | None = None) -> Any:
         """Run one step: replay a graph if one serves this batch, else ``step`` eagerly on the live inputs.
 
         Graph outputs are views of the graph's static outputs, sliced to the live rows of each microbatch,
-        valid until the next ``run`` (``clone=True`` returns copies instead).
+        valid until the next ``run`` (``clone=True`` returns copies instead). ``decision``: apply this one
+        (from ``decide``, here or on the leading rank) instead of deciding now.
         """
         mbs, rows = self._inputs.check(inputs)
         if max(rows) < 1:
@@ -127,8 +145,12 @@ class GraphPool:
         with self.lock:
             if self._capturer is not None:
                 self._capturer.drain()
+            if decision is None:
+                decision = self._graph_for(max(rows), max_len_in_batch)
+            elif decision.bucket != (None if self._off is not None else self.ladder.find_closest(max(rows))):
+                raise ValueError(f"a decision for bucket {decision.bucket} applied to a batch of {max(rows)} rows")
             self._counters.steps += 1
-            got = self._graph_for(mbs, rows, max_len_in_batch)
+            got = self._apply(decision, mbs, rows)
             if isinstance(got, CapturedGraph):
                 self._inputs.write(mbs, rows, got.size)
                 self._capturer.replay(got)  # type: ignore[union-attr]
@@ -140,42 +162,54 @@ class GraphPool:
             self.last_replayed = False
         return self.step(*mbs)
 
-    def _graph_for(
-        self, mbs: Sequence[Batch], rows: Sequence[int], max_len_in_batch: int
-    ) -> CapturedGraph | FallbackReason:
-        """The whole graph decision of one step: the graph to replay (found, padded into, or captured now),
-        or why the step runs eagerly."""
+    def _graph_for(self, batch_size: int, max_len_in_batch: int) -> Decision:
+        """The whole graph decision of one step: the graph to replay (the bucket's, or a larger one to pad
+        into), a capture now, or why the step runs eagerly. Reads the pool; changes only the policy's view."""
         if self._off is not None:
-            return self._off
-        bucket = self.ladder.find_closest(max(rows))
+            return Decision.eager(self._off)
+        bucket = self.ladder.find_closest(batch_size)
         if bucket is None:
-            return FallbackReason.BATCH_TOO_LARGE
+            return Decision.eager(FallbackReason.BATCH_TOO_LARGE)
         if max_len_in_batch > self.config.max_len_in_batch:
-            return FallbackReason.LEN_TOO_LARGE
+            return Decision.eager(FallbackReason.LEN_TOO_LARGE, bucket)
         self.policy.observe(bucket)
-        graph = self._graphs.get(bucket)
-        if graph is not None:
-            self._book.touch(bucket)
-            self._counters.hits += 1
-            return graph
-        self._counters.misses += 1
+        if bucket in self._graphs:
+            return Decision("hit", bucket, bucket)
         if bucket in self._blocked:
-            return self._blocked[bucket]
+            return Decision.eager(self._blocked[bucket], bucket, missed=True)
         if bucket not in self._book.pinned:  # NOTE: a pinned size is meant to be resident: no policy asked
             victims = self._book.victims(self._book.estimate(bucket))
             room, victim = victims == [], victims[0] if victims else None
             choice = self.policy.on_miss(bucket, self._book.sizes(), room, victim)
             if isinstance(choice, FallbackReason):
-                return choice
+                return Decision.eager(choice, bucket, missed=True)
             if choice != CAPTURE:
                 if not isinstance(choice, int) or choice < bucket or choice not in self._graphs:
                     raise ValueError(f"miss policy answered bs={bucket} with {choice!r}: neither CAPTURE, "
                                      "a FallbackReason nor a resident size above the bucket")
-                self._book.touch(choice)
-                self._counters.padded_hits += 1
-                return self._graphs[choice]
-        self._inputs.write(mbs, rows, bucket)
-        return self._capture(bucket, may_evict=True)
+                return Decision("pad", bucket, choice, missed=True)
+        return Decision("capture", bucket, bucket, missed=True)
+
+    def _apply(self, d: Decision, mbs: Sequence[Batch], rows: Sequence[int]) -> CapturedGraph | FallbackReason:
+        """Carry a decision out (the same on every rank): count it, touch or capture the graph."""
+        if d.missed:
+            self._counters.misses += 1
+        if d.action == "eager":
+            assert d.reason is not None
+            return d.reason
+        assert d.size is not None
+        if d.action == "capture":
+            self._inputs.write(mbs, rows, d.size)
+            return self._capture(d.size, may_evict=True)
+        graph = self._graphs.get(d.size)
+        if graph is None:
+            raise RuntimeError(f"decision {d} names bs={d.size}, which is not resident here (pools out of step)")
+        self._book.touch(d.size)
+        if d.action == "hit":
+            self._counters.hits += 1
+        else:
+            self._counters.padded_hits += 1
+        return graph
 
     def _capture(self, size: int, may_evict: bool) -> CapturedGraph | FallbackReason:
         """Capture ``size`` from the static inputs as they are now, keeping the pool within its bounds."""
@@ -188,13 +222,20 @@ class GraphPool:
         for v in victims:
             self._evict(v, "lru" if len(book) >= book.capacity else "budget")
         views = self._inputs.views(size)
+        capturer = self._capturer
+        assert capturer is not None
         try:
-            graph = self._capturer.capture(size, lambda: self.step(*views))  # type: ignore[union-attr]
+            got: CapturedGraph | CaptureError = capturer.capture(size, lambda: self.step(*views))
         except CaptureError as e:
-            self._counters.capture_failures_by_kind[e.kind.value] += 1
+            got = e
+        if self._sync is not None:  # NOTE: tensor parallel: every rank keeps the graph, or none does
+            got = agree_on_capture(self._sync, size, got, capturer.release)
+        if isinstance(got, CaptureError):
+            self._counters.capture_failures_by_kind[got.kind.value] += 1
             self._blocked[size] = FallbackReason.CAPTURE_FAILED
-            self._failures.note(size, e)
+            self._failures.note(size, got)
             return FallbackReason.CAPTURE_FAILED
+        graph = got
         self._counters.captured(graph.seconds)
         self._graphs[size] = graph
         book.add(size, graph.footprint)

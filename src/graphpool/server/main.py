@@ -78,7 +78,9 @@ def describe_startup(engine: Any, config: Any, load_seconds: float) -> list[str]
     stats = engine.stats()
     lines = [
         f"model {engine.model_name} on {config.torch_device} ({str(config.torch_dtype).removeprefix('torch.')}), "
-        f"loaded in {load_seconds:.1f} s; max_model_len {engine.max_model_len}",
+        f"loaded in {load_seconds:.1f} s; max_model_len {engine.max_model_len}"
+        + (f"; tensor parallel over {config.tensor_parallel_size} ranks (this process is rank 0)"
+           if getattr(config, "tensor_parallel_size", 1) > 1 else ""),
         f"KV cache: {stats.num_kv_blocks} blocks of {config.block_size} tokens "
         f"({stats.num_kv_blocks * config.block_size} token slots), {stats.num_free_kv_blocks} free",
     ]
@@ -197,7 +199,10 @@ def serve(args: argparse.Namespace, config: Any = None) -> int:
     server = make_server(
         engine, args.host, args.port, args.served_model_name, args.log_level, args.shutdown_timeout, ready
     )
-    server.run(sockets=[sock])
+    try:
+        server.run(sockets=[sock])
+    finally:
+        engine.close()  # NOTE: stops the other tensor-parallel ranks (a no-op with one)
     return 0
 
 

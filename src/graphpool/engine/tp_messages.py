@@ -1,0 +1,63 @@
+"""What rank 0 sends the other tensor-parallel ranks each step, and the views their runners read it through.
+
+A step is a tuple whose first item names it:
+- `("prefill", chunks, rows)`: the step's prefill chunks as `ChunkView`s and each request's block-table row;
+  the other ranks run `ModelRunner.prefill` on them through a `BlockTableView`, so that every rank builds the
+  very same model inputs with the very same code;
+- `("decode", last_tokens, lens, slots, rows, decision)`: `ModelRunner.decode_rows`' arguments, the graph
+  pool's `Decision` included (None: the step is past the graph bound and runs eagerly);
+- `("stats",)`: reply with the rank's `PoolStats` (between steps); `("stop",)`: leave the group and exit.
+A rank replies `("loaded", None)` once its shard is loaded, `("ready", None)` after the graph warm-up, and
+`("error", traceback text)` when it fails.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from graphpool.engine.kv_cache import BlockManager
+from graphpool.engine.scheduler import PrefillChunk
+
+
+@dataclass(frozen=True)
+class SeqView:
+    """What the runner reads of a sequence in a prefill: its id and its tokens up to the chunk's end."""
+
+    request_id: str
+    token_ids: list[int]
+
+
+@dataclass(frozen=True)
+class ChunkView:
+    seq: SeqView
+    start: int
+    end: int
+    is_last: bool
+
+
+class BlockTableView:
+    """The block manager as a prefill reads it (`row`, `slots`), over the rows rank 0 sent for the step."""
+
+    def __init__(self, block_size: int) -> None:
+        self.block_size = block_size
+        self._rows: Mapping[str, np.ndarray] = {}
+
+    def update(self, rows: Mapping[str, np.ndarray]) -> None:
+        self._rows = rows
+
+    def row(self, request_id: str) -> np.ndarray:
+        return self._rows[request_id]
+
+    def slots(self, request_id: str, start: int, end: int) -> list[int]:
+        """The flat KV slots of positions [start, end), as `BlockManager.slots` gives them."""
+        row, bs = self._rows[request_id], self.block_size
+        return [int(row[p // bs]) * bs + p % bs for p in range(start, end)]
+
+
+def prefill_message(chunks: list[PrefillChunk], block_manager: BlockManager) -> tuple[object, ...]:
+    views = [ChunkView(SeqView(c.seq.request_id, c.seq.token_ids[:c.end]), c.start, c.end, c.is_last)
+             for c in chunks]
+    return ("prefill", views, {c.seq.request_id: block_manager.row(c.seq.request_id) for c in chunks})
