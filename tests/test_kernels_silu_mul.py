@@ -77,7 +77,7 @@ def _tiny_config() -> ModelConfig:
 
 def test_swiglu_runs_the_ops_silu_mul_on_the_gate_up_output() -> None:
     from graphpool.model.layers import SwiGLU
-    from graphpool.model.ops import TORCH_OPS, kernel_ops
+    from graphpool.model.ops import TORCH_OPS
 
     cfg = _tiny_config()
     seen: list[torch.Size] = []
@@ -96,7 +96,17 @@ def test_swiglu_runs_the_ops_silu_mul_on_the_gate_up_output() -> None:
     mlp.ops = TORCH_OPS
     gate, up = mlp.gate_up_proj(x).chunk(2, dim=-1)
     assert torch.equal(mlp(x), mlp.down_proj(torch.nn.functional.silu(gate) * up))
-    assert kernel_ops().silu_mul is silu_mul and TORCH_OPS.silu_mul is silu_mul_unchecked
+    assert TORCH_OPS.silu_mul is silu_mul_unchecked
+
+
+def test_the_fused_kernel_is_staged_until_the_gpu_suite_passes_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from graphpool.kernels.staging import STAGED_ENV
+    from graphpool.model.ops import kernel_ops
+
+    monkeypatch.delenv(STAGED_ENV, raising=False)
+    assert kernel_ops().silu_mul is silu_mul_unchecked
+    monkeypatch.setenv(STAGED_ENV, "1")
+    assert kernel_ops().silu_mul is silu_mul
 
 
 def test_llama_layers_get_the_models_ops() -> None:
