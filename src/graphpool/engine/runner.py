@@ -212,9 +212,9 @@ class ModelRunner:
             self.max_blocks, -(-max_len // self.block_size))
         rows = rows[:, :width]
         with self.pool.lock:
-            if not eager_bound and decision is None:
-                decision = self.pool.decide(len(lens), max_len)
-            if self.announce is not None:
+            if self.announce is not None:  # NOTE: tensor parallel: rank 0 decides and sends the decision along
+                if not eager_bound and decision is None:
+                    decision = self.pool.decide(len(lens), max_len)
                 self.announce.decode(last_tokens, lens, slots, rows, decision)
             inputs = {
                 "input_ids": self._to_device(last_tokens, torch.int64),

@@ -152,7 +152,8 @@ class GraphPool:
             self._counters.steps += 1
             got = self._apply(decision, mbs, rows)
             if isinstance(got, CapturedGraph):
-                self._inputs.write(mbs, rows, got.size)
+                if decision.action != "capture":  # a capture step's inputs were written before it
+                    self._inputs.write(mbs, rows, got.size)
                 self._capturer.replay(got)  # type: ignore[union-attr]
                 self.last_replayed = True
                 outs = [got.outputs] if len(mbs) == 1 else list(got.outputs)
