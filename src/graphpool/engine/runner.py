@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from itertools import chain
 from typing import Protocol
 
 import numpy as np
@@ -82,6 +83,10 @@ class ModelRunner:
     def _to_device(self, values: list[int], dtype: torch.dtype) -> torch.Tensor:
         return torch.tensor(values, dtype=dtype, pin_memory=self._pin).to(self.device, non_blocking=True)
 
+    def _ints_to_device(self, *lists: list[int]) -> tuple[torch.Tensor, ...]:
+        """int64 lists -> device tensors in one host-to-device copy (views of one tensor, in order)."""
+        return self._to_device(list(chain.from_iterable(lists)), torch.int64).split([len(x) for x in lists])
+
     def _tables_to_device(self, rows: np.ndarray) -> torch.Tensor:
         """Block-table rows [n, width] (int32, host) -> the device, through pinned memory on CUDA."""
         tables = torch.from_numpy(np.ascontiguousarray(rows))
@@ -132,9 +137,7 @@ class ModelRunner:
             total += c.end
             if c.is_last:
                 last_rows.append(total - 1)
-        # NOTE: one host-to-device copy for all of the step's int inputs, not one each
-        ids_t, pos_t, slots_t, last_t = self._to_device(ids + positions + slots + last_rows, torch.int64).split(
-            [total, total, total, len(last_rows)])
+        ids_t, pos_t, slots_t, last_t = self._ints_to_device(ids, positions, slots, last_rows)
         meta = AttentionMetadata(is_prefill=True, positions=pos_t, slot_mapping=slots_t, seq_lens=seq_lens)
         out = self.model(ids_t, meta, self.kv_caches)
         return out.index_select(0, last_t)
@@ -170,15 +173,16 @@ class ModelRunner:
         out: dict[int, torch.Tensor] = {}
         for lo in range(0, len(ids), piece):
             hi = min(lo + piece, len(ids))
+            ids_t, pos_t, slots_t = self._ints_to_device(ids[lo:hi], positions[lo:hi], slots[lo:hi])
             meta = AttentionMetadata(
                 is_prefill=False,
-                positions=self._to_device(positions[lo:hi], torch.int64),
-                slot_mapping=self._to_device(slots[lo:hi], torch.int64),
+                positions=pos_t,
+                slot_mapping=slots_t,
                 block_tables=self._tables_to_device(table_rows[owner[lo:hi]]),
                 context_lens=self._to_device([p + 1 for p in positions[lo:hi]], torch.int32),
                 max_len_bound=bound,
             )
-            hidden = self.model(self._to_device(ids[lo:hi], torch.int64), meta, self.kv_caches)
+            hidden = self.model(ids_t, meta, self.kv_caches)
             out.update({wanted[r]: hidden[r - lo] for r in range(lo, hi) if r in wanted})
         return out
 
@@ -216,10 +220,11 @@ class ModelRunner:
                 if not eager_bound and decision is None:
                     decision = self.pool.decide(len(lens), max_len)
                 self.announce.decode(last_tokens, lens, slots, rows, decision)
+            ids_t, pos_t, slots_t = self._ints_to_device(last_tokens, [n - 1 for n in lens], slots)
             inputs = {
-                "input_ids": self._to_device(last_tokens, torch.int64),
-                "positions": self._to_device([n - 1 for n in lens], torch.int64),
-                "slot_mapping": self._to_device(slots, torch.int64),
+                "input_ids": ids_t,
+                "positions": pos_t,
+                "slot_mapping": slots_t,
                 "block_tables": self._tables_to_device(rows),
                 "context_lens": self._to_device(lens, torch.int32),
             }
