@@ -15,7 +15,8 @@ from graphpool.pool.testing import EagerCapturer
 
 
 def _step(start: float, seconds: float, kind: str = "decode", graph: bool = True, captures: int = 0) -> StepRecord:
-    return StepRecord(start, seconds, kind, 4, 4 if kind == "decode" else 40, graph, captures)
+    return StepRecord(kind=kind, batch_size=4, num_tokens=4 if kind == "decode" else 40, seconds=seconds,
+                      graph=graph, start=start, captures=captures)
 
 
 def test_engine_records_every_step_in_order() -> None:

@@ -24,7 +24,7 @@ from graphpool.engine.sampler import Sampler
 from graphpool.engine.sampling_params import InvalidParam, SamplingParams, check_text
 from graphpool.engine.scheduler import Scheduler
 from graphpool.engine.sequence import Sequence
-from graphpool.engine.timeline import StepRecord, StepTimeline
+from graphpool.engine.timeline import StepTimeline
 from graphpool.engine.tp_rank import capture_sync, load_shard, num_kv_blocks
 from graphpool.model.config import ModelConfig
 from graphpool.model.tp_group import SINGLE
@@ -220,9 +220,7 @@ class LLMEngine:
             start=start_mono, captures=self.runner.pool.num_captures - captures,
         )
         if self.timeline is not None:
-            info = self.last_step
-            self.timeline.add(StepRecord(info.start, info.seconds, info.kind, info.batch_size, info.num_tokens,
-                                         info.graph, info.captures), marks)
+            self.timeline.add(self.last_step, marks)
         return outputs
 
     def _append(self, seq: Sequence, token: int) -> RequestOutput:

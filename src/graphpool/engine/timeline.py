@@ -8,23 +8,20 @@ time is read from a pair of events per step, resolved when they have completed: 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import torch
+
+from graphpool.engine.outputs import StepInfo
 
 DEFAULT_CAPACITY = 200_000  # steps kept (the oldest are dropped): about 10 minutes of serving at 300 steps/s
 
 
 @dataclass(frozen=True)
-class StepRecord:
-    start: float  # time.monotonic() when the step began
-    seconds: float  # host wall time of the whole step (schedule, forward, sample, outputs)
-    kind: str  # "prefill" | "decode"
-    batch_size: int
-    num_tokens: int
-    graph: bool  # decode replayed a graph
-    captures: int  # graphs captured during this step (a capture stalls it)
+class StepRecord(StepInfo):
+    """A step as the engine reports it (`StepInfo`), with the forward's GPU time once its events completed."""
+
     device_seconds: float | None = None  # the forward's GPU time (CUDA only)
 
 
@@ -45,8 +42,8 @@ class StepTimeline:
             return None
         return torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 
-    def add(self, record: StepRecord, events: tuple[torch.cuda.Event, torch.cuda.Event] | None) -> None:
-        self._records.append(record)
+    def add(self, info: StepInfo, events: tuple[torch.cuda.Event, torch.cuda.Event] | None) -> None:
+        self._records.append(StepRecord(**vars(info)))
         self._added += 1
         if events is not None:
             self._pending.append((self._added - 1, *events))
@@ -65,7 +62,7 @@ class StepTimeline:
                 end.synchronize()
             pos = index - first
             rec = self._records[pos]
-            self._records[pos] = StepRecord(**{**asdict(rec), "device_seconds": start.elapsed_time(end) / 1e3})
+            self._records[pos] = replace(rec, device_seconds=start.elapsed_time(end) / 1e3)
 
     def __len__(self) -> int:
         return len(self._records)
@@ -73,12 +70,12 @@ class StepTimeline:
     def export(self) -> dict[str, Any]:
         """Every kept record (device times resolved: waits for the last steps' events), as plain JSON."""
         self._resolve(wait=True)
-        fields = list(StepRecord.__dataclass_fields__)
+        names = [f.name for f in fields(StepRecord)]
         return {
             "clock": "time.monotonic",
-            "fields": fields,
+            "fields": names,
             "dropped": self._added - len(self._records),
-            "steps": [[getattr(r, f) for f in fields] for r in self._records],
+            "steps": [[getattr(r, f) for f in names] for r in self._records],
         }
 
 
