@@ -56,9 +56,10 @@ def gap_parts(a: float, b: float, steps: Sequence[StepRecord], ends: Sequence[fl
     return parts
 
 
-def _overlap(spans: Sequence[tuple[float, float]], starts: Sequence[float], a: float, b: float) -> float:
+def _overlap(spans: Sequence[tuple[float, float]], a: float, b: float) -> float:
     total = 0.0
-    for i in range(max(0, bisect.bisect_right(starts, a) - 1), bisect.bisect_right(starts, b)):
+    first = max(0, bisect.bisect_right(spans, a, key=lambda s: s[0]) - 1)
+    for i in range(first, bisect.bisect_right(spans, b, key=lambda s: s[0])):
         lo, hi = spans[i]
         total += max(0.0, min(hi, b) - max(lo, a))
     return total
@@ -75,14 +76,13 @@ def attribute(token_times: Sequence[Sequence[float]], steps: Sequence[StepRecord
     counts = dict.fromkeys(CAUSES, 0)
     seconds = dict.fromkeys(CAUSES, 0.0)
     limit = threshold_ms / 1e3
-    late_starts = {id(sp): [lo for lo, _ in sp] for sp in late_spans or ()}
     for n, times in enumerate(token_times):
         spans = late_spans[n] if late_spans else ()
         for a, b in itertools.pairwise(times):
             if b - a <= limit:
                 continue
             parts = gap_parts(a, b, steps, ends)
-            late = _overlap(spans, late_starts[id(spans)], a, b) if spans else 0.0
+            late = _overlap(spans, a, b)
             if late > 0:
                 keep = max(0.0, 1.0 - late / (b - a))
                 parts = {k: v * keep for k, v in parts.items()} | {CAUSES[6]: late}
