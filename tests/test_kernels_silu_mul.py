@@ -99,13 +99,9 @@ def test_swiglu_runs_the_ops_silu_mul_on_the_gate_up_output() -> None:
     assert TORCH_OPS.silu_mul is silu_mul_unchecked
 
 
-def test_the_fused_kernel_is_staged_until_the_gpu_suite_passes_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    from graphpool.kernels.staging import STAGED_ENV
+def test_the_triton_op_set_uses_the_fused_kernel() -> None:
     from graphpool.model.ops import kernel_ops
 
-    monkeypatch.delenv(STAGED_ENV, raising=False)
-    assert kernel_ops().silu_mul is silu_mul_unchecked
-    monkeypatch.setenv(STAGED_ENV, "1")
     assert kernel_ops().silu_mul is silu_mul
 
 

@@ -8,29 +8,18 @@ the default decision rests on the tolerance tests and the engine comparisons.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
 
 import pytest
 import torch
 from test_engine_gpu import MAX_MODEL_LEN, PRESET, Record, compare, make, run, workload
 
 from graphpool.kernels.silu_mul import silu_mul, silu_mul_ref, silu_mul_unchecked
-from graphpool.kernels.staging import STAGED_ENV
 from graphpool.model.attn_metadata import AttentionMetadata
 from graphpool.model.llama import LlamaModel
 from graphpool.model.loader import model_source
 from graphpool.model.ops import ModelOps, kernel_ops
 from graphpool.model.weights import init_random_weights
 from test_kernels_silu_mul import ulp_distance
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _staged_kernels_on() -> Iterator[None]:
-    """These kernels are staged (graphpool.kernels.staging): their GPU tests turn them on."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(STAGED_ENV, "1")
-        yield
-
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 # tolerance: one ulp of the rounded silu can move the product by up to two output ulps; fp32 a few ulps

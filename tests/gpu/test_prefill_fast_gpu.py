@@ -10,27 +10,15 @@ logits are more than 0.5 apart.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 from gpu_helpers import report
 
-from graphpool.kernels.staging import STAGED_ENV
 from graphpool.model import attn_ops
 from graphpool.model.attn_metadata import AttentionMetadata
 from graphpool.model.attn_ops import prefill_attention, sdpa_prefill_attention
 from graphpool.model.loader import load_model
 from test_prefill_fast import MIXED, loop_prefill_attention
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _staged_kernels_on() -> Iterator[None]:
-    """These kernels are staged (graphpool.kernels.staging): their GPU tests turn them on."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(STAGED_ENV, "1")
-        yield
-
 
 # (query heads, KV heads, head dim): SmolLM2-135M, Qwen2.5-0.5B, Llama-3.2-1B, Llama-3-8B
 SHAPES = [(9, 3, 64), (14, 2, 64), (32, 8, 64), (32, 8, 128)]

@@ -1,7 +1,7 @@
 """Staged kernels: written and tested on the CPU (Triton interpreter, sm_90 compile) but not yet run by the
 project's GPU suite. They stay off until it has passed them; ``GRAPHPOOL_STAGED_KERNELS=1`` turns them on
-(their GPU tests do). Staged now: the fused SwiGLU silu*mul (`kernels/silu_mul.py`) and the varlen prefill
-attention (`model/attn_ops.varlen_prefill_attention`).
+(their GPU tests do). Staged now: none. Left staging after the H200 suite passed them (session 16): the fused
+SwiGLU silu*mul (`kernels/silu_mul.py`) and the varlen prefill attention (`model/attn_ops`).
 """
 
 from __future__ import annotations

@@ -20,7 +20,6 @@ except ImportError:  # torch < 2.10
     varlen_attn = None
 
 from graphpool.kernels.decode_attention import effective_len_bound
-from graphpool.kernels.staging import staged_kernels_on
 
 # NOTE: no cuDNN: it plans every new sequence length on the host (docs/benchmarks.md); math is the fallback.
 _PREFILL_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
@@ -34,7 +33,7 @@ def prefill_attention(
 ) -> torch.Tensor:
     """Causal attention within each contiguous sequence. q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq, D].
 
-    On CUDA in fp16/bf16, once out of staging (`graphpool.kernels.staging`): one varlen flash call for the whole batch (`torch.nn.attention.varlen`), GQA in
+    On CUDA in fp16/bf16: one varlen flash call for the whole batch (`torch.nn.attention.varlen`), GQA in
     the kernel. Elsewhere SDPA per sequence over views of one transposed copy of the batch (flash /
     memory-efficient kernels on the GPU, so memory is linear in the sequence length).
     """
@@ -97,8 +96,6 @@ def varlen_prefill_attention(
 
 
 def _varlen_usable(q: torch.Tensor, scale: float) -> bool:
-    if not staged_kernels_on():
-        return False
     if varlen_attn is None or not q.is_cuda or q.dtype not in (torch.float16, torch.bfloat16):
         return False
     dim = q.shape[-1]

@@ -1,8 +1,8 @@
 """The model's swappable operations: plain torch, or the fused Triton kernels of `graphpool.kernels`.
 
 Backend "torch" is the reference (CPU and GPU, graph-capturable). Backend "triton" uses, on CUDA, the Triton
-paged decode attention plus fused residual-add+RMSNorm and rotary+KV-write kernels, and the SwiGLU silu*mul
-kernel once it leaves staging (`graphpool.kernels.staging`): fewer kernels per step. Both follow the same numerics contract (norm statistics in float32, rotary in float32 over
+paged decode attention plus fused residual-add+RMSNorm, rotary+KV-write and SwiGLU silu*mul kernels: fewer
+kernels per step. Both follow the same numerics contract (norm statistics in float32, rotary in float32 over
 the same cache, silu rounded to the activation dtype before the product).
 """
 
@@ -55,11 +55,10 @@ def kernel_ops() -> ModelOps:
     from graphpool.kernels.decode_attention import paged_decode_attention
     from graphpool.kernels.norm_rope import add_rms_norm, apply_rotary_and_write_kv, rms_norm
     from graphpool.kernels.silu_mul import silu_mul
-    from graphpool.kernels.staging import staged_kernels_on
 
     return ModelOps(
         "triton", paged_decode_attention, rms_norm, add_rms_norm, apply_rotary_and_write_kv,
-        silu_mul if staged_kernels_on() else silu_mul_torch,
+        silu_mul,
     )
 
 
