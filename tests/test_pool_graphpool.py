@@ -307,3 +307,24 @@ def test_drifting_batch_sizes_admit_with_padding_stalls_far_less() -> None:
     assert thrash.captures > 60
     assert admit.captures < thrash.captures / 4
     assert admit.padded_hits > 0 and admit.eager_steps < len(seq) / 50
+
+
+def test_resident_decision_borrows_resident_graphs_without_capturing_or_observing() -> None:
+    pool, cap = make(miss_policy="capture")
+    assert pool.resident_decision(5) is None  # nothing resident: no capture offered
+    pool.warmup([8, 64])
+    before = pool.stats()
+    hit, pad = pool.resident_decision(8), pool.resident_decision(20)
+    assert hit is not None and (hit.action, hit.bucket, hit.size) == ("hit", 8, 8)
+    assert pad is not None and (pad.action, pad.bucket, pad.size) == ("pad", 20, 64)
+    assert pool.resident_decision(65) is None  # above every resident graph
+    assert pool.resident_decision(300) is None  # above the ladder
+    assert pool.resident_decision(8, max_len_in_batch=pool.config.max_len_in_batch + 1) is None
+    assert pool.stats() == before and cap.captured == [64, 8]  # a query: nothing counted or captured
+    b = batch(20, seed=3)
+    out = pool.run(b, decision=pad)
+    torch.testing.assert_close(out[0], step(b)[0], rtol=0, atol=1e-6)
+    st = pool.stats()
+    assert (st.padded_hits, st.misses, st.captures) == (1, 0, 2) and cap.captured == [64, 8]
+    off, _ = make(enabled=False)
+    assert off.resident_decision(1) is None

@@ -40,6 +40,7 @@ CONFIG_LABELS = {
     "d": "graphpool default",
     "e": "graphpool + byte budget",
     "f": "graphpool, no start-up warm-up",
+    "g": "graphpool + prefill steps <= 256 tokens through the decode graphs",
 }
 
 
@@ -70,6 +71,8 @@ def serve_configs(ladder_n: int, budget: str) -> dict[str, ServeConfig]:
         "d": (),
         "e": ("--graph-memory-budget", budget),
         "f": ("--graph-warmup", "none"),
+        # NOTE: the token budget keeps every prefill step within the largest graph (chunks of long prompts)
+        "g": ("--graph-prefill-max-tokens", "256", "--max-num-batched-tokens", "256"),
     }
     labels = CONFIG_LABELS | {"b": f"capture all {ladder_n} at start-up", "e": f"graphpool + budget {budget}"}
     return {k: ServeConfig(k, labels[k], v) for k, v in flags.items()}
@@ -271,7 +274,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--configs", default="abcde",
                    help="letters: (a) no graphs, (b) capture every ladder size at start-up, (c) the seed: LRU 16, "
                         "capture on miss, shared mempool, no warm-up, (d) graphpool default, (e) graphpool with "
-                        "--graph-memory-budget, (f) graphpool default without the start-up warm-up (lazy capture)")
+                        "--graph-memory-budget, (f) graphpool default without the start-up warm-up (lazy capture), (g) "
+                        "graphpool with prefill steps of <= 256 tokens replaying the decode graphs (a 256-token "
+                        "prefill budget)")
     p.add_argument("--budget", default="256MiB", help="--graph-memory-budget of configuration (e)")
     p.add_argument("--prompt-mean", type=float, default=300.0, help="lognormal prompt length mean (tokens)")
     p.add_argument("--prompt-cap", type=int, default=1024)

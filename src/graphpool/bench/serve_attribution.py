@@ -19,24 +19,19 @@ from typing import Any
 from graphpool.bench.common import md_table, percentile
 from graphpool.engine.timeline import StepRecord
 
-CAUSES = (
-    "graph capture",
-    "prefill step",
-    "eager decode step",
-    "graph decode step",
-    "engine thread between steps",
-    "delivery (HTTP, event loop, client)",
-    "client event loop late",
-)
+STEP_KINDS = ("graph capture", "prefill step", "graph prefill step", "eager decode step", "graph decode step")
+CAPTURE, PREFILL, GRAPH_PREFILL, EAGER_DECODE, GRAPH_DECODE = STEP_KINDS
+BETWEEN, DELIVERY, CLIENT_LATE = "engine thread between steps", "delivery (HTTP, event loop, client)", "client event loop late"
+CAUSES = (*STEP_KINDS, BETWEEN, DELIVERY, CLIENT_LATE)
 THRESHOLD_MS = 10.0
 
 
 def _kind(step: StepRecord) -> str:
     if step.captures:
-        return CAUSES[0]
+        return CAPTURE
     if step.kind == "prefill":
-        return CAUSES[1]
-    return CAUSES[3] if step.graph else CAUSES[2]
+        return GRAPH_PREFILL if step.graph else PREFILL  # a graph prefill replays a decode graph (runner)
+    return GRAPH_DECODE if step.graph else EAGER_DECODE
 
 
 def gap_parts(a: float, b: float, steps: Sequence[StepRecord], ends: Sequence[float]) -> dict[str, float]:
@@ -44,7 +39,7 @@ def gap_parts(a: float, b: float, steps: Sequence[StepRecord], ends: Sequence[fl
     parts = dict.fromkeys(CAUSES, 0.0)
     last = bisect.bisect_right(ends, b) - 1  # the last step that ended by b: it made the token at b
     e = max(a, ends[last]) if last >= 0 else a
-    parts[CAUSES[5]] = b - e
+    parts[DELIVERY] = b - e
     covered = 0.0
     for i in range(bisect.bisect_right(ends, a), last + 1):
         step = steps[i]
@@ -52,7 +47,7 @@ def gap_parts(a: float, b: float, steps: Sequence[StepRecord], ends: Sequence[fl
         if overlap > 0:
             parts[_kind(step)] += overlap
             covered += overlap
-    parts[CAUSES[4]] = max(0.0, (e - a) - covered)
+    parts[BETWEEN] = max(0.0, (e - a) - covered)
     return parts
 
 
@@ -85,8 +80,8 @@ def attribute(token_times: Sequence[Sequence[float]], steps: Sequence[StepRecord
             late = _overlap(spans, a, b)
             if late > 0:
                 keep = max(0.0, 1.0 - late / (b - a))
-                parts = {k: v * keep for k, v in parts.items()} | {CAUSES[6]: late}
-            cause = CAUSES[6] if late >= 0.5 * (b - a) else max(CAUSES[:6], key=parts.__getitem__)
+                parts = {k: v * keep for k, v in parts.items()} | {CLIENT_LATE: late}
+            cause = CLIENT_LATE if late >= 0.5 * (b - a) else max(CAUSES[:-1], key=parts.__getitem__)
             counts[cause] += 1
             for k, v in parts.items():
                 seconds[k] += v
@@ -97,7 +92,7 @@ def attribute(token_times: Sequence[Sequence[float]], steps: Sequence[StepRecord
 def step_summary(steps: Sequence[StepRecord]) -> dict[str, dict[str, float]]:
     """Per step kind: count, host ms p50/p99/max, device ms p50 (where measured)."""
     out: dict[str, dict[str, float]] = {}
-    for kind in CAUSES[:4]:
+    for kind in STEP_KINDS:
         chosen = [s for s in steps if _kind(s) == kind]
         if not chosen:
             continue

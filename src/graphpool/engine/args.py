@@ -62,6 +62,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     add("--graph-mempool", "graph_mempool", choices=["per_graph", "shared"],
         help="one memory pool per graph (eviction frees memory) or one shared pool")
     add("--graph-warmup", "graph_warmup", help="capture at start-up: cover (default: a padding cover of the ladder), none, all, or sizes like 1,2,4,8")
+    add("--graph-prefill-max-tokens", "graph_prefill_max_tokens", type=int,
+        help="prefill steps of at most this many tokens replay a resident decode graph, one row a token "
+             "(default 0: off; experimental)")
     _ENGINE_FLAGS["--disable-cudagraph"] = "disable_cudagraph"
     group.add_argument("--disable-cudagraph", dest="disable_cudagraph", action="store_true", default=None,
                        help="run every decode step eagerly")

@@ -94,6 +94,9 @@ class EngineConfig:
     # NOTE: "cover" by default: in the H200 serving traces it cut captures while serving to 5 (from 16-18
     # with no warm-up) for ~0.3 s of start-up capture (capture-all: 0.8-1.3 s); docs/benchmarks.md.
     graph_warmup: str | tuple[int, ...] = "cover"  # "none" | "cover" | "all" | batch sizes
+    # prefill steps of at most this many tokens replay a resident decode graph, one row a token (0: off;
+    # experimental until the H200 has timed it: docs/architecture.md "Prefill through the decode graphs")
+    graph_prefill_max_tokens: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
@@ -138,9 +141,20 @@ class EngineConfig:
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         self._check_tensor_parallel()
+        self._check_graph_prefill()
         self._resolve_pool_size()
         # NOTE: the pool's own settings are validated by PoolConfig; build it now so errors surface here.
         self.pool_config()
+
+    def _check_graph_prefill(self) -> None:
+        n = self.graph_prefill_max_tokens
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+            raise ValueError(f"graph_prefill_max_tokens must be an int >= 0 (0: off), got {n!r}")
+        if n > self.graph_max_batch_size:
+            raise ValueError(f"graph_prefill_max_tokens={n} is above graph_max_batch_size="
+                             f"{self.graph_max_batch_size}: a prefill step replays a decode graph, one row a token")
+        if n and self.tensor_parallel_size > 1:
+            raise ValueError("graph_prefill_max_tokens is not supported with tensor_parallel_size > 1 yet")
 
     def _check_tensor_parallel(self) -> None:
         n = self.tensor_parallel_size

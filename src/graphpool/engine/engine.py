@@ -191,7 +191,7 @@ class LLMEngine:
         forward_start = time.perf_counter()
         if batch.is_prefill:
             logits = self.runner.prefill(batch.chunks)
-            graph = False
+            graph = self.runner.last_prefill_replayed
         else:
             logits, graph = self.runner.decode(seqs, batch.slots)
         if profile:

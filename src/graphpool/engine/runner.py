@@ -79,6 +79,8 @@ class ModelRunner:
             capture_sync=capture_sync,
         )
         self.announce: StepAnnouncer | None = None  # set on rank 0 under tensor parallel
+        self.graph_prefill_max_tokens = config.graph_prefill_max_tokens if self.graphs_enabled else 0
+        self.last_prefill_replayed = False  # whether the latest prefill replayed a decode graph
 
     def _to_device(self, values: list[int], dtype: torch.dtype) -> torch.Tensor:
         return torch.tensor(values, dtype=dtype, pin_memory=self._pin).to(self.device, non_blocking=True)
@@ -105,6 +107,12 @@ class ModelRunner:
         """
         if self.announce is not None:
             self.announce.prefill(chunks)
+        self.last_prefill_replayed = False
+        if 0 < sum(c.end - c.start for c in chunks) <= self.graph_prefill_max_tokens:
+            replayed = self._graph_prefill(chunks)
+            if replayed is not None:
+                self.last_prefill_replayed = True
+                return replayed
         fresh = [i for i, c in enumerate(chunks) if c.start == 0]
         resumed = [i for i, c in enumerate(chunks) if c.start > 0]
         if not resumed:
@@ -149,15 +157,7 @@ class ModelRunner:
         context (rows x bound positions), so its rows run in pieces of at most _PAGED_POSITIONS positions; a
         later piece reads what an earlier one wrote."""
         bm = self.block_manager
-        ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        owner: list[int] = []
-        for k, c in enumerate(chunks):
-            ids.extend(c.seq.token_ids[c.start:c.end])
-            positions.extend(range(c.start, c.end))
-            slots.extend(bm.slots(c.seq.request_id, c.start, c.end))
-            owner.extend([k] * (c.end - c.start))
+        ids, positions, slots, owner = self._token_rows(chunks)
         max_ctx = max(c.end for c in chunks)
         bound = _block_bound(max_ctx, self.block_size) if self.bound_follows_batch else _pow2_bound(max_ctx)
         width = max(self.max_blocks, -(-bound // self.block_size))
@@ -185,6 +185,49 @@ class ModelRunner:
             hidden = self.model(ids_t, meta, self.kv_caches)
             out.update({wanted[r]: hidden[r - lo] for r in range(lo, hi) if r in wanted})
         return out
+
+    def _token_rows(self, chunks: list[PrefillChunk]) -> tuple[list[int], list[int], list[int], list[int]]:
+        """The chunks' tokens as decode rows: input id, position, KV slot and owning chunk of each."""
+        ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        owner: list[int] = []
+        for k, c in enumerate(chunks):
+            ids.extend(c.seq.token_ids[c.start:c.end])
+            positions.extend(range(c.start, c.end))
+            slots.extend(self.block_manager.slots(c.seq.request_id, c.start, c.end))
+            owner.extend([k] * (c.end - c.start))
+        return ids, positions, slots, owner
+
+    def _graph_prefill(self, chunks: list[PrefillChunk]) -> torch.Tensor | None:
+        """A small prefill step as one replay of a resident decode graph, one row a token (each row's
+        context = its position + 1 over its request's block table: `_paged_prefill`'s form, so fresh and
+        resumed chunks alike) -> the last chunks' logits, or None when no resident graph serves it (never a
+        capture: prefill steps borrow the decode step's graphs, they add none)."""
+        ids, positions, slots, owner = self._token_rows(chunks)
+        max_ctx = max(c.end for c in chunks)
+        with self.pool.lock:
+            decision = self.pool.resident_decision(len(ids), max_ctx)
+            if decision is None:
+                return None
+            rows = np.stack([self.block_manager.row(c.seq.request_id) for c in chunks])[owner][:, :self.max_blocks]
+            last_rows: list[int] = []
+            end = 0
+            for c in chunks:
+                end += c.end - c.start
+                if c.is_last:
+                    last_rows.append(end - 1)
+            ids_t, pos_t, slots_t, last_t = self._ints_to_device(ids, positions, slots, last_rows)
+            inputs = {
+                "input_ids": ids_t,
+                "positions": pos_t,
+                "slot_mapping": slots_t,
+                "block_tables": self._tables_to_device(rows),
+                "context_lens": self._to_device([p + 1 for p in positions], torch.int32),
+            }
+            logits = self.pool.run(inputs, max_len_in_batch=max_ctx, decision=decision)
+            # NOTE: a copy, in the model's dtype (the graph's output buffer is reused by the next replay)
+            return logits.index_select(0, last_t) if last_rows else torch.empty((0, 0), device=self.device)
 
     @torch.inference_mode()
     def decode(self, seqs: list[Sequence], slots: list[int]) -> tuple[torch.Tensor, bool]:

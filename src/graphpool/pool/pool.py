@@ -129,6 +129,21 @@ class GraphPool:
         with self.lock:
             return self._graph_for(batch_size, max_len_in_batch)
 
+    def resident_decision(self, batch_size: int, max_len_in_batch: int = 0) -> Decision | None:
+        """A replay of a resident graph that serves this batch (its bucket's, else the smallest larger one),
+        or None; never a capture, and the policy does not observe it. For callers that borrow the resident
+        graphs for other steps of the same shape (the engine's small prefills run as decode rows)."""
+        with self.lock:
+            if self._off is not None or max_len_in_batch > self.config.max_len_in_batch:
+                return None
+            bucket = self.ladder.find_closest(batch_size)
+            if bucket is None:
+                return None
+            if bucket in self._graphs:
+                return Decision("hit", bucket, bucket)
+            larger = [s for s in self._graphs if s > bucket]
+            return Decision("pad", bucket, min(larger)) if larger else None
+
     def run(self, inputs: Batch | Sequence[Batch], max_len_in_batch: int = 0, *, clone: bool = False,
             decision: Decision | None = None) -> Any:
         """Run one step: replay a graph if one serves this batch, else ``step`` eagerly on the live inputs.

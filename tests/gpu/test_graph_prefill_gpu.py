@@ -1,0 +1,68 @@
+"""Small prefill steps through the decode graphs on the GPU (default model, Triton kernels, real CUDA
+graphs): float32 greedy tokens equal those of the eager prefill (fresh chunks, resumed chunks, prefix hits);
+bfloat16 prefill step times with and without are reported (no bound asserted: `bench serve --configs dg`
+measures the serving side)."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import pytest
+import torch
+from gpu_helpers import report
+from test_prefix_chunked_gpu import MAX_MODEL_LEN, prompts  # noqa: F401 (a fixture)
+
+from graphpool.engine.config import EngineConfig
+from graphpool.engine.engine import LLMEngine
+from graphpool.engine.sampling_params import SamplingParams
+from graphpool.model.loader import load_model
+from model_reference import run_waves
+
+BASE = {"device": "cuda", "max_model_len": MAX_MODEL_LEN, "num_kv_blocks": 256, "max_num_batched_tokens": 256}
+
+
+@pytest.mark.parametrize("caching", [False, True])
+def test_float32_greedy_equal_through_the_decode_graphs(prompts, caching: bool) -> None:  # noqa: F811
+    loaded = load_model(None, "cuda", torch.float32, "triton", max_positions=MAX_MODEL_LEN)
+    base = BASE | {"dtype": "float32", "enable_prefix_caching": caching, "max_num_batched_tokens": 64}
+    waves = [[0], list(range(1, len(prompts)))]
+    ref = run_waves(LLMEngine(EngineConfig(**base), loaded=loaded), prompts, waves, max_tokens=24)
+    engine = LLMEngine(EngineConfig(**base, graph_prefill_max_tokens=64), loaded=loaded)
+    steps = []
+    step = engine.step
+
+    def recording_step():
+        out = step()
+        steps.append(engine.last_step)
+        return out
+
+    engine.step = recording_step  # type: ignore[method-assign]
+    got = run_waves(engine, prompts, waves, max_tokens=24)
+    prefills = [s for s in steps if s is not None and s.kind == "prefill"]
+    replayed = sum(s.graph for s in prefills)
+    report(f"graph_prefill_gpu fp32 caching={caching}: prefill steps replayed", f"{replayed}/{len(prefills)}")
+    assert got == ref
+    assert replayed > 0 and all(s.captures == 0 for s in prefills)
+
+
+def test_bfloat16_prefill_step_times_with_and_without(prompts) -> None:  # noqa: F811
+    loaded = load_model(None, "cuda", torch.bfloat16, "triton", max_positions=MAX_MODEL_LEN)
+    for n in (0, 256):
+        engine = LLMEngine(EngineConfig(**BASE, graph_prefill_max_tokens=n, enable_prefix_caching=False),
+                           loaded=loaded)
+        times: dict[int, list[float]] = {}
+        for length in (8, 40, 120, 250):
+            for rep in range(6):
+                engine.add_request(f"r{length}-{rep}", prompts[rep % len(prompts)][:length],
+                                   SamplingParams(temperature=0, max_tokens=1))
+                torch.cuda.synchronize()
+                t = time.perf_counter()
+                engine.step()
+                torch.cuda.synchronize()
+                assert engine.last_step.kind == "prefill" and engine.last_step.graph == (n > 0)
+                times.setdefault(length, []).append((time.perf_counter() - t) * 1e3)
+                while engine.has_unfinished_requests():
+                    engine.step()
+        medians = {length: round(statistics.median(v[1:]), 2) for length, v in times.items()}
+        report(f"graph_prefill_gpu bf16 graph_prefill_max_tokens={n}: prefill step ms by prompt length", medians)

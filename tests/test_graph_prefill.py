@@ -1,0 +1,95 @@
+"""Small prefill steps through the decode graphs (`graph_prefill_max_tokens`): a step of at most N tokens
+replays a resident decode graph with one row a token. On the CPU with the pool's stand-in capturer (the
+replay is an eager run of the same step on the static buffers): greedy outputs token for token those of the
+eager prefill, fresh and resumed chunks and prefix hits alike, and prefill steps never capture."""
+
+from __future__ import annotations
+
+import pytest
+
+from graphpool.engine.config import EngineConfig
+from graphpool.engine.engine import LLMEngine
+from graphpool.pool.testing import EagerCapturer
+from model_reference import run_waves
+from test_chunked_prefill import MAX_MODEL_LEN, TEXTS
+
+LADDER = {"graph_max_batch_size": 64, "graph_split_batch_size": 8, "graph_grow_step_size": 8}
+
+
+@pytest.fixture(scope="module")
+def loaded(default_model):
+    return default_model  # tests/conftest.py: the embedded model, loaded once per session
+
+
+@pytest.fixture(scope="module")
+def prompts(loaded) -> list[list[int]]:
+    return [loaded[2].encode(t) for t in TEXTS]
+
+
+def _engine(loaded, capturer: EagerCapturer | None = None, **kwargs) -> LLMEngine:
+    settings = {"device": "cpu", "max_model_len": MAX_MODEL_LEN, "num_kv_blocks": 96, **LADDER} | kwargs
+    return LLMEngine(EngineConfig(**settings), loaded=loaded, capturer=capturer)
+
+
+def _run(engine: LLMEngine, prompts: list[list[int]], waves: list[range]) -> tuple[dict[str, list[int]], list]:
+    steps = []
+    step = engine.step
+
+    def recording_step():  # run_waves drives engine.step; keep each step's StepInfo
+        out = step()
+        if engine.last_step is not None:
+            steps.append(engine.last_step)
+        return out
+
+    engine.step = recording_step  # type: ignore[method-assign]
+    return run_waves(engine, prompts, waves, max_tokens=8), steps
+
+
+@pytest.fixture(scope="module")
+def eager(loaded, prompts) -> dict[str, list[int]]:
+    return _run(_engine(loaded, max_num_batched_tokens=48), prompts, [range(len(prompts))])[0]
+
+
+@pytest.mark.parametrize("caching", [False, True])
+def test_graph_prefill_equals_the_eager_prefill(loaded, prompts, eager, caching: bool) -> None:
+    capturer = EagerCapturer()
+    engine = _engine(loaded, capturer, max_num_batched_tokens=48, graph_prefill_max_tokens=48,
+                     enable_prefix_caching=caching, graph_warmup="cover")
+    waves = [range(1), range(len(prompts))] if caching else [range(len(prompts))]
+    got, steps = _run(engine, prompts, waves)
+    assert {k: got[k] for k in eager} == eager
+    prefills = [s for s in steps if s.kind == "prefill"]
+    replayed = [s for s in prefills if s.graph]
+    assert replayed and all(s.num_tokens <= 48 for s in replayed)
+    assert all(s.captures == 0 for s in prefills)  # prefill borrows resident graphs, never captures one
+    # resumed chunks (a prompt longer than the 48-token budget) replay too
+    assert sum(s.num_tokens for s in replayed) > max(len(p) for p in prompts)
+    if caching:
+        assert engine.prefix_cache_stats().hits_tokens > 0
+
+
+def test_without_a_resident_graph_the_prefill_runs_eagerly(loaded, prompts) -> None:
+    engine = _engine(loaded, EagerCapturer(), graph_prefill_max_tokens=64, graph_warmup="none")
+    _, steps = _run(engine, [prompts[0][:40]], [range(1)])
+    assert [s.graph for s in steps if s.kind == "prefill"] == [False]
+    assert engine.graph_stats().captures >= 1  # the decode steps captured; the prefill did not
+
+
+def test_off_by_default_and_validated() -> None:
+    assert EngineConfig().graph_prefill_max_tokens == 0
+    with pytest.raises(ValueError, match="graph_max_batch_size"):
+        EngineConfig(graph_prefill_max_tokens=300)
+    with pytest.raises(ValueError, match=">= 0"):
+        EngineConfig(graph_prefill_max_tokens=-1)
+
+
+def test_bench_serve_config_g_is_a_valid_server_configuration() -> None:
+    import argparse
+
+    from graphpool.bench.serve import serve_configs
+    from graphpool.engine.args import add_engine_args, engine_config_from_args
+
+    parser = argparse.ArgumentParser()
+    add_engine_args(parser)
+    cfg = engine_config_from_args(parser.parse_args(list(serve_configs(46, "256MiB")["g"].flags)), device="cpu")
+    assert cfg.graph_prefill_max_tokens == 256 and cfg.token_budget == 256
