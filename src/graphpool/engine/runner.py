@@ -1,4 +1,5 @@
-"""Runs the model: prefill (chunks) eagerly, decode through the graph pool."""
+"""Runs the model: prefill (chunks) eagerly or, when small, through a resident decode graph; decode through
+the graph pool."""
 
 from __future__ import annotations
 
@@ -98,7 +99,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def prefill(self, chunks: list[PrefillChunk]) -> torch.Tensor:
-        """Prefill chunks, eagerly -> logits [number of last chunks, vocab], in chunk order.
+        """Prefill chunks -> logits [number of last chunks, vocab], in chunk order: eagerly, or, for a step of
+        at most `graph_prefill_max_tokens` tokens, by a replay of a resident decode graph (`_graph_prefill`).
 
         A chunk from position 0 runs the model's prefill attention (SDPA within the chunk). A chunk after a
         cached prefix (a prefix-cache hit or an earlier chunk) must also attend to the prefix's K/V, which the
