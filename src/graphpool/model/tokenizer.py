@@ -76,7 +76,7 @@ def hf_tokenizer_from_gguf_metadata(meta: Mapping[str, Any]) -> Any | None:
         )
         from transformers.tokenization_utils_tokenizers import TokenizersBackend
     except ImportError:
-        return None
+        return _hf_tokenizer_from_ggml_mapping(meta)
     groups = {
         group: {name: meta[f"tokenizer.{key}"] for key, name in renames.items() if f"tokenizer.{key}" in meta}
         for group, renames in GGUF_TOKENIZER_MAPPING.items()
@@ -95,11 +95,29 @@ def hf_tokenizer_from_gguf_metadata(meta: Mapping[str, Any]) -> Any | None:
     return TokenizersBackend(tokenizer_object=backend, **tokenizer_config, **extra)
 
 
+def _hf_tokenizer_from_ggml_mapping(meta: Mapping[str, Any]) -> Any | None:
+    """The same for transformers 5 releases whose converter sits in ``integrations.ggml`` (5.17, the H200's):
+    their ``TokenizersBackend(gguf_file=...)`` passes the renamed ``tokenizer_config`` group as it is, and so
+    does this (seen equal to that AutoTokenizer on the default model: encodings, chat template, special tokens).
+    None before transformers 5."""
+    try:
+        from transformers.integrations.ggml import GGUF_TOKENIZER_MAPPING, convert_gguf_tokenizer
+        from transformers.tokenization_utils_tokenizers import TokenizersBackend
+    except ImportError:
+        return None
+    groups = {
+        group: {name: meta[f"tokenizer.{key}"] for key, name in renames.items() if f"tokenizer.{key}" in meta}
+        for group, renames in GGUF_TOKENIZER_MAPPING.items()
+    }
+    backend, extra = convert_gguf_tokenizer(meta["general.architecture"], groups["tokenizer"])
+    return TokenizersBackend(tokenizer_object=backend, **groups["tokenizer_config"], **extra)
+
+
 def tokenizer_from_gguf_metadata(
     meta: Mapping[str, Any], path: Path, eos_token_ids: Sequence[int]
 ) -> Tokenizer:
-    """The GGUF's tokenizer from its already-read metadata; with a transformers older than 5, which has no
-    converter to reuse, transformers reads ``path`` itself."""
+    """The GGUF's tokenizer from its already-read metadata; with a transformers that has no converter to reuse
+    (before 5), transformers reads ``path`` itself."""
     hf = hf_tokenizer_from_gguf_metadata(meta)
     if hf is None:
         logger.info("transformers %s has no GGUF tokenizer converter; it reads %s again", _version(), path)
