@@ -61,6 +61,12 @@ _SPECIAL_TOKEN_IDS = {
 }
 
 
+def _renamed(meta: Mapping[str, Any], mapping: Mapping[str, Mapping[str, str]]) -> dict[str, dict[str, Any]]:
+    """transformers' GGUF_TOKENIZER_MAPPING applied: per group, its ``tokenizer.*`` keys under their new names."""
+    return {group: {name: meta[f"tokenizer.{key}"] for key, name in renames.items() if f"tokenizer.{key}" in meta}
+            for group, renames in mapping.items()}
+
+
 def hf_tokenizer_from_gguf_metadata(meta: Mapping[str, Any]) -> Any | None:
     """The Hugging Face tokenizer a GGUF file describes, from its already-read ``tokenizer.*`` and
     ``general.architecture`` values, through transformers' own GGUF converter; None where this
@@ -77,10 +83,7 @@ def hf_tokenizer_from_gguf_metadata(meta: Mapping[str, Any]) -> Any | None:
         from transformers.tokenization_utils_tokenizers import TokenizersBackend
     except ImportError:
         return _hf_tokenizer_from_ggml_mapping(meta)
-    groups = {
-        group: {name: meta[f"tokenizer.{key}"] for key, name in renames.items() if f"tokenizer.{key}" in meta}
-        for group, renames in GGUF_TOKENIZER_MAPPING.items()
-    }
+    groups = _renamed(meta, GGUF_TOKENIZER_MAPPING)
     tokenizer_dict, tokenizer_config = groups["tokenizer"], groups["tokenizer_config"]
     kind = tokenizer_dict.get("tokenizer_type")
     if kind == "llama":  # llama.cpp adds BOS to a sentencepiece vocabulary unless the file says otherwise
@@ -105,10 +108,7 @@ def _hf_tokenizer_from_ggml_mapping(meta: Mapping[str, Any]) -> Any | None:
         from transformers.tokenization_utils_tokenizers import TokenizersBackend
     except ImportError:
         return None
-    groups = {
-        group: {name: meta[f"tokenizer.{key}"] for key, name in renames.items() if f"tokenizer.{key}" in meta}
-        for group, renames in GGUF_TOKENIZER_MAPPING.items()
-    }
+    groups = _renamed(meta, GGUF_TOKENIZER_MAPPING)
     backend, extra = convert_gguf_tokenizer(meta["general.architecture"], groups["tokenizer"])
     return TokenizersBackend(tokenizer_object=backend, **groups["tokenizer_config"], **extra)
 
