@@ -91,5 +91,8 @@ def test_bench_serve_config_g_is_a_valid_server_configuration() -> None:
 
     parser = argparse.ArgumentParser()
     add_engine_args(parser)
-    cfg = engine_config_from_args(parser.parse_args(list(serve_configs(46, "256MiB")["g"].flags)), device="cpu")
-    assert cfg.graph_prefill_max_tokens == 256 and cfg.token_budget == 256
+    configs = serve_configs(46, "256MiB")
+    cfg = engine_config_from_args(parser.parse_args(list(configs["g"].flags)), device="cpu")
+    assert cfg.graph_prefill_max_tokens == 256 and cfg.token_budget == 256 and cfg.mixed_rows == 0
+    cfg = engine_config_from_args(parser.parse_args(list(configs["h"].flags)), device="cpu")
+    assert cfg.graph_prefill_max_tokens == 256 and cfg.mixed_rows == 256

@@ -82,7 +82,7 @@ def test_attribute_names_the_largest_part() -> None:
     got = attribute([[0.0021, 0.0541, 0.0861], [0.0861, 0.150, 0.152, 0.2021]], steps)
     assert got["gaps"] == 4
     assert got["counts"] == {"graph capture": 1, "prefill step": 1, "graph prefill step": 0, "eager decode step": 0,
-                             "graph decode step": 0,
+                             "graph decode step": 0, "mixed step": 0,
                              "engine thread between steps": 1, "delivery (HTTP, event loop, client)": 1,
                              "client event loop late": 0}
     assert set(got["counts"]) == set(CAUSES)

@@ -66,3 +66,18 @@ def test_bfloat16_prefill_step_times_with_and_without(prompts) -> None:  # noqa:
                     engine.step()
         medians = {length: round(statistics.median(v[1:]), 2) for length, v in times.items()}
         report(f"graph_prefill_gpu bf16 graph_prefill_max_tokens={n}: prefill step ms by prompt length", medians)
+
+
+def test_float32_mixed_steps_equal_strict_interleaving(prompts) -> None:  # noqa: F811
+    """Mixed steps with real CUDA graphs (the decode graphs replay decode rows + prompt chunk rows)."""
+    from test_mixed_steps import _drive
+
+    loaded = load_model(None, "cuda", torch.float32, "triton", max_positions=MAX_MODEL_LEN)
+    base = BASE | {"dtype": "float32", "enable_prefix_caching": False, "max_num_batched_tokens": 64}
+    want, strict = _drive(LLMEngine(EngineConfig(**base), loaded=loaded), prompts[:4])
+    got, steps = _drive(LLMEngine(EngineConfig(**base, enable_mixed_steps=True), loaded=loaded), prompts[:4])
+    mixed = [s for s in steps if s is not None and s.kind == "mixed"]
+    report("graph_prefill_gpu fp32 mixed steps: steps mixed / all, replayed", (len(mixed), len(steps),
+                                                                             sum(s.graph for s in mixed)))
+    report("graph_prefill_gpu fp32 steps strict / mixed", (len(strict), len(steps)))
+    assert got == want and mixed and any(s.graph for s in mixed)

@@ -41,6 +41,7 @@ CONFIG_LABELS = {
     "e": "graphpool + byte budget",
     "f": "graphpool, no start-up warm-up",
     "g": "graphpool + prefill steps <= 256 tokens through the decode graphs",
+    "h": "graphpool + (g) + mixed steps",
 }
 
 
@@ -73,6 +74,7 @@ def serve_configs(ladder_n: int, budget: str) -> dict[str, ServeConfig]:
         "f": ("--graph-warmup", "none"),
         # NOTE: the token budget keeps every prefill step within the largest graph (chunks of long prompts)
         "g": ("--graph-prefill-max-tokens", "256", "--max-num-batched-tokens", "256"),
+        "h": ("--graph-prefill-max-tokens", "256", "--max-num-batched-tokens", "256", "--enable-mixed-steps"),
     }
     labels = CONFIG_LABELS | {"b": f"capture all {ladder_n} at start-up", "e": f"graphpool + budget {budget}"}
     return {k: ServeConfig(k, labels[k], v) for k, v in flags.items()}
@@ -276,7 +278,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
                         "capture on miss, shared mempool, no warm-up, (d) graphpool default, (e) graphpool with "
                         "--graph-memory-budget, (f) graphpool default without the start-up warm-up (lazy capture), (g) "
                         "graphpool with prefill steps of <= 256 tokens replaying the decode graphs (a 256-token "
-                        "prefill budget)")
+                        "prefill budget), (h) (g) plus mixed steps (decode steps carry prompt chunks)")
     p.add_argument("--budget", default="256MiB", help="--graph-memory-budget of configuration (e)")
     p.add_argument("--prompt-mean", type=float, default=300.0, help="lognormal prompt length mean (tokens)")
     p.add_argument("--prompt-cap", type=int, default=1024)

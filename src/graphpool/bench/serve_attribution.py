@@ -19,8 +19,9 @@ from typing import Any
 from graphpool.bench.common import md_table, percentile
 from graphpool.engine.timeline import StepRecord
 
-STEP_KINDS = ("graph capture", "prefill step", "graph prefill step", "eager decode step", "graph decode step")
-CAPTURE, PREFILL, GRAPH_PREFILL, EAGER_DECODE, GRAPH_DECODE = STEP_KINDS
+STEP_KINDS = ("graph capture", "prefill step", "graph prefill step", "eager decode step", "graph decode step",
+              "mixed step")
+CAPTURE, PREFILL, GRAPH_PREFILL, EAGER_DECODE, GRAPH_DECODE, MIXED = STEP_KINDS
 BETWEEN, DELIVERY, CLIENT_LATE = "engine thread between steps", "delivery (HTTP, event loop, client)", "client event loop late"
 CAUSES = (*STEP_KINDS, BETWEEN, DELIVERY, CLIENT_LATE)
 THRESHOLD_MS = 10.0
@@ -31,6 +32,8 @@ def _kind(step: StepRecord) -> str:
         return CAPTURE
     if step.kind == "prefill":
         return GRAPH_PREFILL if step.graph else PREFILL  # a graph prefill replays a decode graph (runner)
+    if step.kind == "mixed":
+        return MIXED
     return GRAPH_DECODE if step.graph else EAGER_DECODE
 
 

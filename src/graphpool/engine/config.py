@@ -97,6 +97,9 @@ class EngineConfig:
     # prefill steps of at most this many tokens replay a resident decode graph, one row a token (0: off;
     # experimental until the H200 has timed it: docs/architecture.md "Prefill through the decode graphs")
     graph_prefill_max_tokens: int = 0
+    # decode steps take prompt chunks into their leftover rows, up to graph_max_batch_size rows and the token
+    # budget (experimental, as above): running streams get a token in the steps that prefill
+    enable_mixed_steps: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
@@ -137,7 +140,8 @@ class EngineConfig:
             object.__setattr__(self, "graph_warmup", sizes)
         elif self.graph_warmup not in WARMUP_MODES:
             raise ValueError(f"graph_warmup must be 'none', 'cover', 'all' or a tuple of sizes, got {self.graph_warmup!r}")
-        for name in ("disable_cudagraph", "profile_steps", "enable_prefix_caching", "record_step_timeline"):
+        for name in ("disable_cudagraph", "profile_steps", "enable_prefix_caching", "record_step_timeline",
+                     "enable_mixed_steps"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         self._check_tensor_parallel()
@@ -229,6 +233,11 @@ class EngineConfig:
     @property
     def token_budget(self) -> int:
         return self.max_num_batched_tokens or max(self.max_model_len, 4096)
+
+    @property
+    def mixed_rows(self) -> int:
+        """Rows a mixed step may fill (decode rows + prompt tokens); 0 without mixed steps."""
+        return min(self.graph_max_batch_size, self.token_budget) if self.enable_mixed_steps else 0
 
     @property
     def graphs_enabled(self) -> bool:

@@ -92,7 +92,8 @@ class LLMEngine:
         max_blocks = max(-(-config.max_model_len // bs), -(-config.len_bound // bs))
         self.block_manager = BlockManager(num_blocks, bs, max_blocks, config.enable_prefix_caching)
         self.scheduler = Scheduler(
-            self.block_manager, max_num_seqs=config.max_num_seqs, token_budget=config.token_budget
+            self.block_manager, max_num_seqs=config.max_num_seqs, token_budget=config.token_budget,
+            mixed_rows=config.mixed_rows,
         )
         self.runner = ModelRunner(self.model, self.kv_caches, config, self.block_manager, capturer,
                                   capture_sync(tp, self.device) if self._tp is not None else None)
@@ -189,9 +190,12 @@ class LLMEngine:
             marks[0].record()
         captures = self.runner.pool.num_captures
         forward_start = time.perf_counter()
+        decoding = seqs[:len(batch.slots)]
         if batch.is_prefill:
             logits = self.runner.prefill(batch.chunks)
             graph = self.runner.last_prefill_replayed
+        elif batch.chunks:
+            logits, graph = self.runner.mixed(decoding, batch.slots, batch.chunks)
         else:
             logits, graph = self.runner.decode(seqs, batch.slots)
         if profile:
@@ -203,9 +207,8 @@ class LLMEngine:
         # the KV of every scheduled token is written now: its full blocks become prefix-cache entries
         for chunk in batch.chunks:
             self.block_manager.commit(chunk.seq, chunk.end)
-        if not batch.is_prefill:
-            for seq in seqs:
-                self.block_manager.commit(seq, seq.num_tokens)
+        for seq in decoding:
+            self.block_manager.commit(seq, seq.num_tokens)
         forward_seconds: float | None = None
         if profile:
             events[1].synchronize()
@@ -214,7 +217,7 @@ class LLMEngine:
             forward_seconds = time.perf_counter() - forward_start
         outputs = [self._append(seq, token) for seq, token in zip(seqs, next_tokens, strict=True)]
         self.last_step = StepInfo(
-            kind="prefill" if batch.is_prefill else "decode", batch_size=len(batch.chunks or seqs),
+            kind=batch.kind, batch_size=len(batch.slots) + len(batch.chunks),
             num_tokens=batch.num_tokens,
             seconds=time.perf_counter() - start, graph=graph, forward_seconds=forward_seconds,
             start=start_mono, captures=self.runner.pool.num_captures - captures,

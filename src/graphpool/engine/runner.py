@@ -232,6 +232,27 @@ class ModelRunner:
             return logits.index_select(0, last_t) if last_rows else torch.empty((0, 0), device=self.device)
 
     @torch.inference_mode()
+    def mixed(self, seqs: list[Sequence], slots: list[int], chunks: list[PrefillChunk]) -> tuple[torch.Tensor, bool]:
+        """A decode step that carries prompt chunks: the decoding sequences' rows, then one decode row a chunk
+        token (`_paged_prefill`'s form), as one decode step of all the rows (the pool decides as for any) ->
+        (logits of the decode rows then of the last chunks' last rows, whether a graph was replayed)."""
+        ids, positions, chunk_slots, owner = self._token_rows(chunks)
+        bm = self.block_manager
+        rows = np.concatenate([np.stack([bm.row(s.request_id) for s in seqs]),
+                               np.stack([bm.row(c.seq.request_id) for c in chunks])[owner]])
+        logits, graph = self.decode_rows([s.last_token for s in seqs] + ids,
+                                         [s.num_tokens for s in seqs] + [p + 1 for p in positions],
+                                         slots + chunk_slots, rows)
+        wanted = list(range(len(seqs)))
+        end = len(seqs)
+        for c in chunks:
+            end += c.end - c.start
+            if c.is_last:
+                wanted.append(end - 1)
+        # NOTE: a copy (a replay's logits are a view of the graph's output buffer)
+        return logits.index_select(0, self._to_device(wanted, torch.int64)), graph
+
+    @torch.inference_mode()
     def decode(self, seqs: list[Sequence], slots: list[int]) -> tuple[torch.Tensor, bool]:
         """One token per sequence -> (logits [bs, vocab], whether a graph was replayed).
 

@@ -1,4 +1,5 @@
-"""Continuous batching: prefill (in chunks within a token budget) and decode steps, strictly interleaved."""
+"""Continuous batching: prefill (in chunks within a token budget) and decode steps, strictly interleaved, or
+mixed: decode steps that take prefill chunks into their leftover rows."""
 
 from __future__ import annotations
 
@@ -26,16 +27,21 @@ class PrefillChunk:
 @dataclass
 class ScheduledBatch:
     is_prefill: bool
-    # the sequences that get a token this step (prefill: those whose last chunk runs)
+    # the sequences that get a token this step: the decoding ones (one a slot), then those whose last chunk runs
     seqs: list[Sequence]
-    # decode only: the flat KV slot each sequence's input token writes
+    # the flat KV slot each decoding sequence's input token writes (none in a prefill step)
     slots: list[int] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
-    chunks: list[PrefillChunk] = field(default_factory=list)  # prefill only, in batch order
+    # prompt chunks, in batch order: a prefill step's, or those a mixed step carries after its decode rows
+    chunks: list[PrefillChunk] = field(default_factory=list)
+
+    @property
+    def kind(self) -> str:
+        return "prefill" if self.is_prefill else ("mixed" if self.chunks else "decode")
 
     @property
     def num_tokens(self) -> int:
-        return sum(c.end - c.start for c in self.chunks) if self.is_prefill else len(self.seqs)
+        return sum(c.end - c.start for c in self.chunks) + len(self.slots)
 
 
 class Scheduler:
@@ -54,10 +60,14 @@ class Scheduler:
     the most recently admitted request is the last one.
     """
 
-    def __init__(self, block_manager: BlockManager, *, max_num_seqs: int, token_budget: int) -> None:
+    def __init__(self, block_manager: BlockManager, *, max_num_seqs: int, token_budget: int,
+                 mixed_rows: int = 0) -> None:
+        """``mixed_rows`` > 0: mixed steps, a decode step of D rows takes prompt chunks into its other
+        ``min(mixed_rows, token_budget) - D`` rows (no admission in a step that preempted)."""
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
         self.token_budget = token_budget
+        self.mixed_rows = mixed_rows
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -70,6 +80,8 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def schedule(self) -> ScheduledBatch | None:
+        if self.mixed_rows:
+            return self._schedule_mixed()
         can_decode = any(not s.is_prefilling for s in self.running)
         if not (self._last_was_prefill and can_decode):
             prefill = self._schedule_prefill()
@@ -84,9 +96,22 @@ class Scheduler:
             return prefill
         return decode
 
-    def _schedule_prefill(self) -> ScheduledBatch | None:
+    def _schedule_mixed(self) -> ScheduledBatch | None:
+        decode = self._schedule_decode()
+        if decode is None:
+            return self._schedule_prefill()
+        room = min(self.mixed_rows, self.token_budget) - len(decode.seqs)
+        if decode.preempted or room <= 0:
+            return decode
+        prefill = self._schedule_prefill(room)
+        if prefill is None:
+            return decode
+        return ScheduledBatch(is_prefill=False, seqs=decode.seqs + prefill.seqs, slots=decode.slots,
+                              chunks=prefill.chunks)
+
+    def _schedule_prefill(self, budget: int | None = None) -> ScheduledBatch | None:
         bm = self.block_manager
-        budget = self.token_budget
+        budget = self.token_budget if budget is None else budget
         chunks: list[PrefillChunk] = []
 
         def add_chunk(seq: Sequence) -> None:

@@ -127,7 +127,7 @@ class ServerMetrics:
         r.register(self.collector)
         self.step_seconds = Histogram(
             f"{PREFIX}_step_seconds",
-            "Engine step latency by kind (prefill|decode) and mode (graph|eager)",
+            "Engine step latency by kind (prefill|mixed|decode) and mode (graph|eager)",
             ["kind", "mode"],
             buckets=STEP_SECONDS_BUCKETS,
             registry=r,

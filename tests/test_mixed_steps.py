@@ -1,0 +1,107 @@
+"""Mixed steps (`enable_mixed_steps`): a decode step takes prompt chunks into its leftover rows, run as
+decode-attention rows, so running streams get a token in the steps that prefill. Greedy outputs token for
+token those of strict interleaving (real default model, CPU, eager and through the stand-in capturer)."""
+
+from __future__ import annotations
+
+import pytest
+
+from graphpool.engine.config import EngineConfig
+from graphpool.engine.engine import LLMEngine
+from graphpool.engine.kv_cache import BlockManager
+from graphpool.engine.sampling_params import SamplingParams
+from graphpool.engine.scheduler import Scheduler
+from graphpool.engine.sequence import Sequence
+from graphpool.pool.testing import EagerCapturer
+from test_chunked_prefill import MAX_MODEL_LEN, TEXTS
+
+GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+LADDER = {"graph_max_batch_size": 64, "graph_split_batch_size": 8, "graph_grow_step_size": 8}
+
+
+def _seq(rid: str, n: int, max_tokens: int = 4) -> Sequence:
+    return Sequence(rid, list(range(1, n + 1)), SamplingParams(temperature=0, max_tokens=max_tokens), frozenset(), None)
+
+
+def test_scheduler_fills_a_decode_steps_leftover_rows_with_chunks() -> None:
+    bm = BlockManager(64, 4, max_blocks_per_seq=16, enable_prefix_caching=False)
+    sched = Scheduler(bm, max_num_seqs=8, token_budget=32, mixed_rows=10)
+    sched.add(_seq("a", 5))
+    first = sched.schedule()
+    assert first is not None and first.kind == "prefill"  # nothing decodes yet: a plain prefill step
+    first.seqs[0].token_ids.append(7)  # its sampled token
+    sched.add(_seq("b", 20))
+    step = sched.schedule()
+    assert step is not None and step.kind == "mixed"
+    assert [s.request_id for s in step.seqs] == ["a"] and len(step.slots) == 1  # b's chunk is not its last
+    assert [(c.seq.request_id, c.start, c.end) for c in step.chunks] == [("b", 0, 9)]  # 10 rows - 1 decode row
+    assert step.num_tokens == 10
+    step.seqs[0].token_ids.append(8)
+    step = sched.schedule()
+    assert step is not None and step.kind == "mixed" and [(c.start, c.end) for c in step.chunks] == [(9, 18)]
+
+
+def test_scheduler_without_mixed_rows_interleaves_strictly() -> None:
+    bm = BlockManager(64, 4, max_blocks_per_seq=16, enable_prefix_caching=False)
+    sched = Scheduler(bm, max_num_seqs=8, token_budget=32)
+    sched.add(_seq("a", 5))
+    sched.schedule().seqs[0].token_ids.append(7)
+    sched.add(_seq("b", 20))
+    assert sched.schedule().kind == "decode"
+    assert sched.schedule().kind == "prefill"
+
+
+@pytest.fixture(scope="module")
+def loaded(default_model):
+    return default_model  # tests/conftest.py: the embedded model, loaded once per session
+
+
+@pytest.fixture(scope="module")
+def prompts(loaded) -> list[list[int]]:
+    return [loaded[2].encode(t) for t in TEXTS]
+
+
+def _drive(engine: LLMEngine, prompts: list[list[int]]) -> tuple[dict[str, list[int]], list]:
+    """r0 alone until it decodes, then the other prompts arrive while it runs."""
+    out: dict[str, list[int]] = {}
+    steps = []
+    engine.add_request("r0", prompts[0], GREEDY)
+    for n in range(10_000):
+        if n == 2:
+            for i, p in enumerate(prompts[1:], 1):
+                engine.add_request(f"r{i}", p, GREEDY)
+        if n > 2 and not engine.has_unfinished_requests():
+            break
+        for o in engine.step():
+            if o.finished:
+                out[o.request_id] = o.token_ids
+        steps.append(engine.last_step)
+    return out, steps
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_mixed_steps_equal_strict_interleaving(loaded, prompts, graphs: bool) -> None:
+    settings = {"device": "cpu", "max_model_len": MAX_MODEL_LEN, "num_kv_blocks": 96, "max_num_batched_tokens": 40,
+                "enable_prefix_caching": False, **LADDER}
+
+    def engine(**kw) -> LLMEngine:
+        return LLMEngine(EngineConfig(**settings, **kw), loaded=loaded, capturer=EagerCapturer() if graphs else None)
+
+    want, strict_steps = _drive(engine(), prompts)
+    got, steps = _drive(engine(enable_mixed_steps=True), prompts)
+    assert got == want and len(got) == len(prompts)
+    mixed = [s for s in steps if s is not None and s.kind == "mixed"]
+    assert mixed and all(s.num_tokens <= 40 for s in mixed)
+    assert not any(s is not None and s.kind == "mixed" for s in strict_steps)
+    # r0 decodes through the other prompts' prefill: fewer steps in all than strict interleaving
+    assert len(steps) < len(strict_steps)
+    if graphs:
+        assert any(s.graph for s in mixed)
+
+
+def test_mixed_rows_follow_the_largest_graph_and_the_budget() -> None:
+    assert EngineConfig().mixed_rows == 0
+    assert EngineConfig(enable_mixed_steps=True).mixed_rows == 256
+    assert EngineConfig(enable_mixed_steps=True, max_num_batched_tokens=100).mixed_rows == 100
+    with pytest.raises(ValueError, match="enable_mixed_steps must be a bool"):
+        EngineConfig(enable_mixed_steps=1)  # type: ignore[arg-type]
