@@ -139,3 +139,20 @@ def test_a_random_preset_may_keep_its_first_layers() -> None:
     for bad in ("random:qwen2.5-0.5b?layers=0", "random:qwen2.5-0.5b?heads=2", "random:qwen2.5-0.5b?layers=x"):
         with pytest.raises(ValueError, match="layers=N"):
             model_config(bad)
+
+
+def test_mixed_steps_on_two_ranks_give_the_tokens_of_one() -> None:
+    """A mixed step's rows go to rank 1 as a decode step's do (runner.mixed -> decode_rows -> announce)."""
+    from graphpool.engine.timeline import records_from_export
+
+    settings = SETTINGS | {"enable_mixed_steps": True, "record_step_timeline": True}
+    one = _tokens(LLMEngine(EngineConfig(model=MODEL, **settings)))  # type: ignore[arg-type]
+    engine = LLMEngine(EngineConfig(model=MODEL, tensor_parallel_size=2, **settings),  # type: ignore[arg-type]
+                       capturer=EagerCapturer())
+    try:
+        assert _tokens(engine) == one
+        assert engine.timeline is not None
+        kinds = [r.kind for r in records_from_export(engine.timeline.export())]
+        assert "mixed" in kinds
+    finally:
+        engine.close()
