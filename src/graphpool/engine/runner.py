@@ -202,54 +202,41 @@ class ModelRunner:
         return ids, positions, slots, owner
 
     def _graph_prefill(self, chunks: list[PrefillChunk]) -> torch.Tensor | None:
-        """A small prefill step as one replay of a resident decode graph, one row a token (each row's
-        context = its position + 1 over its request's block table: `_paged_prefill`'s form, so fresh and
-        resumed chunks alike) -> the last chunks' logits, or None when no resident graph serves it (never a
-        capture: prefill steps borrow the decode step's graphs, they add none)."""
-        ids, positions, slots, owner = self._token_rows(chunks)
-        max_ctx = max(c.end for c in chunks)
+        """A small prefill step as one replay of a resident decode graph (`_rows_step` without decode rows) ->
+        the last chunks' logits, or None when no resident graph serves it (never a capture: prefill steps
+        borrow the decode step's graphs, they add none)."""
         with self.pool.lock:
-            decision = self.pool.resident_decision(len(ids), max_ctx)
+            decision = self.pool.resident_decision(sum(c.end - c.start for c in chunks), max(c.end for c in chunks))
             if decision is None:
                 return None
-            rows = np.stack([self.block_manager.row(c.seq.request_id) for c in chunks])[owner][:, :self.max_blocks]
-            last_rows: list[int] = []
-            end = 0
-            for c in chunks:
-                end += c.end - c.start
-                if c.is_last:
-                    last_rows.append(end - 1)
-            ids_t, pos_t, slots_t, last_t = self._ints_to_device(ids, positions, slots, last_rows)
-            inputs = {
-                "input_ids": ids_t,
-                "positions": pos_t,
-                "slot_mapping": slots_t,
-                "block_tables": self._tables_to_device(rows),
-                "context_lens": self._to_device([p + 1 for p in positions], torch.int32),
-            }
-            logits = self.pool.run(inputs, max_len_in_batch=max_ctx, decision=decision)
-            # NOTE: a copy, in the model's dtype (the graph's output buffer is reused by the next replay)
-            return logits.index_select(0, last_t) if last_rows else torch.empty((0, 0), device=self.device)
+            return self._rows_step([], [], chunks, decision)[0]
 
     @torch.inference_mode()
     def mixed(self, seqs: list[Sequence], slots: list[int], chunks: list[PrefillChunk]) -> tuple[torch.Tensor, bool]:
-        """A decode step that carries prompt chunks: the decoding sequences' rows, then one decode row a chunk
-        token (`_paged_prefill`'s form), as one decode step of all the rows (the pool decides as for any) ->
-        (logits of the decode rows then of the last chunks' last rows, whether a graph was replayed)."""
+        """A decode step that carries prompt chunks (`_rows_step`; the pool decides as for any decode step)."""
+        return self._rows_step(seqs, slots, chunks)
+
+    def _rows_step(self, seqs: list[Sequence], slots: list[int], chunks: list[PrefillChunk],
+                   decision: Decision | None = None) -> tuple[torch.Tensor, bool]:
+        """The decoding sequences' rows, then one decode row a chunk token (context = its position + 1 over
+        its request's block table: `_paged_prefill`'s form, so fresh and resumed chunks alike), as one decode
+        step -> (logits of the decode rows, then of the last chunks' last rows; whether a graph replayed)."""
         ids, positions, chunk_slots, owner = self._token_rows(chunks)
         bm = self.block_manager
-        rows = np.concatenate([np.stack([bm.row(s.request_id) for s in seqs]),
-                               np.stack([bm.row(c.seq.request_id) for c in chunks])[owner]])
+        tables = [np.stack([bm.row(s.request_id) for s in seqs])] if seqs else []
+        tables.append(np.stack([bm.row(c.seq.request_id) for c in chunks])[owner])
         logits, graph = self.decode_rows([s.last_token for s in seqs] + ids,
                                          [s.num_tokens for s in seqs] + [p + 1 for p in positions],
-                                         slots + chunk_slots, rows)
+                                         slots + chunk_slots, np.concatenate(tables), decision)
         wanted = list(range(len(seqs)))
         end = len(seqs)
         for c in chunks:
             end += c.end - c.start
             if c.is_last:
                 wanted.append(end - 1)
-        # NOTE: a copy (a replay's logits are a view of the graph's output buffer)
+        if not wanted:
+            return torch.empty((0, 0), device=self.device), graph
+        # NOTE: a copy (a replay's logits are a view of the graph's output buffer, reused by the next replay)
         return logits.index_select(0, self._to_device(wanted, torch.int64)), graph
 
     @torch.inference_mode()
