@@ -13,7 +13,8 @@ from graphpool.engine.sampling_params import SamplingParams
 from graphpool.engine.scheduler import Scheduler
 from graphpool.engine.sequence import Sequence
 from graphpool.pool.testing import EagerCapturer
-from test_chunked_prefill import MAX_MODEL_LEN, TEXTS
+from test_chunked_prefill import MAX_MODEL_LEN
+from test_graph_prefill import loaded, prompts  # noqa: F401 (fixtures)
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 LADDER = {"graph_max_batch_size": 64, "graph_split_batch_size": 8, "graph_grow_step_size": 8}
@@ -51,24 +52,14 @@ def test_scheduler_without_mixed_rows_interleaves_strictly() -> None:
     assert sched.schedule().kind == "prefill"
 
 
-@pytest.fixture(scope="module")
-def loaded(default_model):
-    return default_model  # tests/conftest.py: the embedded model, loaded once per session
-
-
-@pytest.fixture(scope="module")
-def prompts(loaded) -> list[list[int]]:
-    return [loaded[2].encode(t) for t in TEXTS]
-
-
-def _drive(engine: LLMEngine, prompts: list[list[int]]) -> tuple[dict[str, list[int]], list]:
+def _drive(engine: LLMEngine, requests: list[list[int]]) -> tuple[dict[str, list[int]], list]:
     """r0 alone until it decodes, then the other prompts arrive while it runs."""
     out: dict[str, list[int]] = {}
     steps = []
-    engine.add_request("r0", prompts[0], GREEDY)
+    engine.add_request("r0", requests[0], GREEDY)
     for n in range(10_000):
         if n == 2:
-            for i, p in enumerate(prompts[1:], 1):
+            for i, p in enumerate(requests[1:], 1):
                 engine.add_request(f"r{i}", p, GREEDY)
         if n > 2 and not engine.has_unfinished_requests():
             break
@@ -80,7 +71,7 @@ def _drive(engine: LLMEngine, prompts: list[list[int]]) -> tuple[dict[str, list[
 
 
 @pytest.mark.parametrize("graphs", [False, True])
-def test_mixed_steps_equal_strict_interleaving(loaded, prompts, graphs: bool) -> None:
+def test_mixed_steps_equal_strict_interleaving(loaded, prompts, graphs: bool) -> None:  # noqa: F811
     settings = {"device": "cpu", "max_model_len": MAX_MODEL_LEN, "num_kv_blocks": 96, "max_num_batched_tokens": 40,
                 "enable_prefix_caching": False, **LADDER}
 
