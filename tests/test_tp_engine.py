@@ -156,3 +156,21 @@ def test_mixed_steps_on_two_ranks_give_the_tokens_of_one() -> None:
         assert "mixed" in kinds
     finally:
         engine.close()
+
+
+def test_graph_prefill_on_two_ranks_gives_the_tokens_of_one() -> None:
+    """A prefill step that replays a decode graph goes to rank 1 as a decode step with its decision."""
+    from graphpool.engine.timeline import records_from_export
+
+    settings = SETTINGS | {"graph_prefill_max_tokens": 8, "max_num_batched_tokens": 8, "graph_warmup": "2,8",
+                           "record_step_timeline": True}
+    one = _tokens(LLMEngine(EngineConfig(model=MODEL, **settings), capturer=EagerCapturer()))  # type: ignore[arg-type]
+    engine = LLMEngine(EngineConfig(model=MODEL, tensor_parallel_size=2, **settings),  # type: ignore[arg-type]
+                       capturer=EagerCapturer())
+    try:
+        assert _tokens(engine) == one
+        assert engine.timeline is not None
+        steps = records_from_export(engine.timeline.export())
+        assert any(r.kind == "prefill" and r.graph for r in steps)
+    finally:
+        engine.close()

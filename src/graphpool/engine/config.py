@@ -157,8 +157,6 @@ class EngineConfig:
         if n > self.graph_max_batch_size:
             raise ValueError(f"graph_prefill_max_tokens={n} is above graph_max_batch_size="
                              f"{self.graph_max_batch_size}: a prefill step replays a decode graph, one row a token")
-        if n and self.tensor_parallel_size > 1:
-            raise ValueError("graph_prefill_max_tokens is not supported with tensor_parallel_size > 1 yet")
 
     def _check_tensor_parallel(self) -> None:
         n = self.tensor_parallel_size

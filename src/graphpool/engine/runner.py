@@ -107,14 +107,15 @@ class ModelRunner:
         model's prefill attention does not read: it runs as decode-attention rows instead, one row per token
         over the paged cache (`_paged_prefill`).
         """
-        if self.announce is not None:
-            self.announce.prefill(chunks)
         self.last_prefill_replayed = False
         if 0 < sum(c.end - c.start for c in chunks) <= self.graph_prefill_max_tokens:
+            # NOTE: under tensor parallel this goes to the other ranks as a decode step with its decision
             replayed = self._graph_prefill(chunks)
             if replayed is not None:
                 self.last_prefill_replayed = True
                 return replayed
+        if self.announce is not None:
+            self.announce.prefill(chunks)
         fresh = [i for i, c in enumerate(chunks) if c.start == 0]
         resumed = [i for i, c in enumerate(chunks) if c.start > 0]
         if not resumed:
