@@ -33,6 +33,17 @@ def _block_bound(n: int, block_size: int) -> int:
     return -(-n // block_size) * block_size
 
 
+def _last_rows(chunks: list[PrefillChunk], first: int) -> list[int]:
+    """Row indices of the last chunks' last tokens when the chunks' tokens are rows from row ``first`` on."""
+    rows: list[int] = []
+    end = first
+    for c in chunks:
+        end += c.end - c.start
+        if c.is_last:
+            rows.append(end - 1)
+    return rows
+
+
 _PAGED_POSITIONS = 1 << 18  # context positions the torch attention of one paged-prefill piece may gather
 
 
@@ -108,9 +119,10 @@ class ModelRunner:
         over the paged cache (`_paged_prefill`).
         """
         self.last_prefill_replayed = False
-        if 0 < sum(c.end - c.start for c in chunks) <= self.graph_prefill_max_tokens:
+        tokens = sum(c.end - c.start for c in chunks)
+        if 0 < tokens <= self.graph_prefill_max_tokens:
             # NOTE: under tensor parallel this goes to the other ranks as a decode step with its decision
-            replayed = self._graph_prefill(chunks)
+            replayed = self._graph_prefill(chunks, tokens)
             if replayed is not None:
                 self.last_prefill_replayed = True
                 return replayed
@@ -138,17 +150,12 @@ class ModelRunner:
         positions: list[int] = []
         slots: list[int] = []
         seq_lens: list[int] = []
-        last_rows: list[int] = []
-        total = 0
         for c in chunks:
             ids.extend(c.seq.token_ids[:c.end])
             positions.extend(range(c.end))
             slots.extend(self.block_manager.slots(c.seq.request_id, 0, c.end))
             seq_lens.append(c.end)
-            total += c.end
-            if c.is_last:
-                last_rows.append(total - 1)
-        ids_t, pos_t, slots_t, last_t = self._ints_to_device(ids, positions, slots, last_rows)
+        ids_t, pos_t, slots_t, last_t = self._ints_to_device(ids, positions, slots, _last_rows(chunks, 0))
         meta = AttentionMetadata(is_prefill=True, positions=pos_t, slot_mapping=slots_t, seq_lens=seq_lens)
         out = self.model(ids_t, meta, self.kv_caches)
         return out.index_select(0, last_t)
@@ -202,12 +209,12 @@ class ModelRunner:
             owner.extend([k] * (c.end - c.start))
         return ids, positions, slots, owner
 
-    def _graph_prefill(self, chunks: list[PrefillChunk]) -> torch.Tensor | None:
+    def _graph_prefill(self, chunks: list[PrefillChunk], tokens: int) -> torch.Tensor | None:
         """A small prefill step as one replay of a resident decode graph (`_rows_step` without decode rows) ->
         the last chunks' logits, or None when no resident graph serves it (never a capture: prefill steps
         borrow the decode step's graphs, they add none)."""
         with self.pool.lock:
-            decision = self.pool.resident_decision(sum(c.end - c.start for c in chunks), max(c.end for c in chunks))
+            decision = self.pool.resident_decision(tokens, max(c.end for c in chunks))
             if decision is None:
                 return None
             return self._rows_step([], [], chunks, decision)[0]
@@ -229,12 +236,7 @@ class ModelRunner:
         logits, graph = self.decode_rows([s.last_token for s in seqs] + ids,
                                          [s.num_tokens for s in seqs] + [p + 1 for p in positions],
                                          slots + chunk_slots, np.concatenate(tables), decision)
-        wanted = list(range(len(seqs)))
-        end = len(seqs)
-        for c in chunks:
-            end += c.end - c.start
-            if c.is_last:
-                wanted.append(end - 1)
+        wanted = list(range(len(seqs))) + _last_rows(chunks, len(seqs))
         if not wanted:
             return torch.empty((0, 0), device=self.device), graph
         # NOTE: a copy (a replay's logits are a view of the graph's output buffer, reused by the next replay)
