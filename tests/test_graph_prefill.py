@@ -75,15 +75,17 @@ def test_without_a_resident_graph_the_prefill_runs_eagerly(loaded, prompts) -> N
     assert engine.graph_stats().captures >= 1  # the decode steps captured; the prefill did not
 
 
-def test_off_by_default_and_validated() -> None:
-    assert EngineConfig().graph_prefill_max_tokens == 0
+def test_on_by_default_within_the_largest_graph_and_validated() -> None:
+    assert EngineConfig().graph_prefill_max_tokens == 256
+    assert EngineConfig(graph_max_batch_size=64).graph_prefill_max_tokens == 64
+    assert EngineConfig(graph_prefill_max_tokens=0).graph_prefill_max_tokens == 0
     with pytest.raises(ValueError, match="graph_max_batch_size"):
         EngineConfig(graph_prefill_max_tokens=300)
     with pytest.raises(ValueError, match=">= 0"):
         EngineConfig(graph_prefill_max_tokens=-1)
 
 
-def test_bench_serve_config_g_is_a_valid_server_configuration() -> None:
+def test_bench_serve_configs_g_and_h_are_valid_server_configurations() -> None:
     import argparse
 
     from graphpool.bench.serve import serve_configs
@@ -93,6 +95,8 @@ def test_bench_serve_config_g_is_a_valid_server_configuration() -> None:
     add_engine_args(parser)
     configs = serve_configs(46, "256MiB")
     cfg = engine_config_from_args(parser.parse_args(list(configs["g"].flags)), device="cpu")
-    assert cfg.graph_prefill_max_tokens == 256 and cfg.token_budget == 256 and cfg.mixed_rows == 0
+    assert cfg.graph_prefill_max_tokens == 0 and not cfg.enable_mixed_steps
     cfg = engine_config_from_args(parser.parse_args(list(configs["h"].flags)), device="cpu")
-    assert cfg.graph_prefill_max_tokens == 256 and cfg.mixed_rows == 256
+    assert cfg.graph_prefill_max_tokens == 256 and not cfg.enable_mixed_steps
+    cfg = engine_config_from_args(parser.parse_args(["--enable-mixed-steps"]), device="cpu")
+    assert cfg.enable_mixed_steps and cfg.mixed_rows == 256

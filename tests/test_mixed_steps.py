@@ -91,7 +91,8 @@ def test_mixed_steps_equal_strict_interleaving(loaded, prompts, graphs: bool) ->
 
 
 def test_mixed_rows_follow_the_largest_graph_and_the_budget() -> None:
-    assert EngineConfig().mixed_rows == 0
+    # NOTE: on by default only where decode graphs run (CUDA): tests/gpu/test_graph_prefill_gpu.py checks that
+    assert EngineConfig(device="cpu").mixed_rows == 0 and not EngineConfig(disable_cudagraph=True).enable_mixed_steps
     assert EngineConfig(enable_mixed_steps=True).mixed_rows == 256
     assert EngineConfig(enable_mixed_steps=True, max_num_batched_tokens=100).mixed_rows == 100
     with pytest.raises(ValueError, match="enable_mixed_steps must be a bool"):

@@ -81,3 +81,8 @@ def test_float32_mixed_steps_equal_strict_interleaving(prompts) -> None:  # noqa
                                                                              sum(s.graph for s in mixed)))
     report("graph_prefill_gpu fp32 steps strict / mixed", (len(strict), len(steps)))
     assert got == want and mixed and any(s.graph for s in mixed)
+
+
+def test_on_by_default_on_the_gpu() -> None:
+    cfg = EngineConfig(device="cuda")
+    assert cfg.graph_prefill_max_tokens == 256 and cfg.enable_mixed_steps and cfg.mixed_rows == 256

@@ -40,9 +40,11 @@ CONFIG_LABELS = {
     "d": "graphpool default",
     "e": "graphpool + byte budget",
     "f": "graphpool, no start-up warm-up",
-    "g": "graphpool + prefill steps <= 256 tokens through the decode graphs",
-    "h": "graphpool + (g) + mixed steps",
+    "g": "graphpool, eager prefill steps, no mixed steps",
+    "h": "graphpool, no mixed steps",
 }
+# the prefill of the seed and of graphpool before session 17: every prefill step eager, decodes wait for it
+_EAGER_PREFILL = ("--graph-prefill-max-tokens", "0", "--no-enable-mixed-steps")
 
 
 @dataclass(frozen=True)
@@ -68,13 +70,12 @@ def serve_configs(ladder_n: int, budget: str) -> dict[str, ServeConfig]:
         "a": ("--disable-cudagraph",),
         "b": ("--graph-warmup", "all", "--max-graph-pool-size", str(ladder_n)),
         "c": ("--max-graph-pool-size", "16", "--graph-miss-policy", "capture", "--graph-mempool", "shared",
-              "--graph-warmup", "none"),
+              "--graph-warmup", "none") + _EAGER_PREFILL,
         "d": (),
         "e": ("--graph-memory-budget", budget),
         "f": ("--graph-warmup", "none"),
-        # NOTE: the token budget keeps every prefill step within the largest graph (chunks of long prompts)
-        "g": ("--graph-prefill-max-tokens", "256", "--max-num-batched-tokens", "256"),
-        "h": ("--graph-prefill-max-tokens", "256", "--max-num-batched-tokens", "256", "--enable-mixed-steps"),
+        "g": _EAGER_PREFILL,
+        "h": ("--no-enable-mixed-steps",),
     }
     labels = CONFIG_LABELS | {"b": f"capture all {ladder_n} at start-up", "e": f"graphpool + budget {budget}"}
     return {k: ServeConfig(k, labels[k], v) for k, v in flags.items()}

@@ -64,11 +64,11 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     add("--graph-warmup", "graph_warmup", help="capture at start-up: cover (default: a padding cover of the ladder), none, all, or sizes like 1,2,4,8")
     add("--graph-prefill-max-tokens", "graph_prefill_max_tokens", type=int,
         help="prefill steps of at most this many tokens replay a resident decode graph, one row a token "
-             "(default 0: off; experimental)")
+             "(default: 256 or --graph-max-batch-size if smaller; 0: off)")
     _ENGINE_FLAGS["--enable-mixed-steps"] = "enable_mixed_steps"
-    group.add_argument("--enable-mixed-steps", dest="enable_mixed_steps", action="store_true", default=None,
-                       help="decode steps take prompt chunks into their leftover rows (up to the largest graph "
-                            "and the token budget), so streams get tokens while prompts prefill (experimental)")
+    group.add_argument("--enable-mixed-steps", dest="enable_mixed_steps", action=argparse.BooleanOptionalAction,
+                       default=None, help="decode steps take prompt chunks into their leftover rows (up to the "
+                       "largest graph and the token budget), so streams get tokens while prompts prefill (default: on with CUDA graphs)")
     _ENGINE_FLAGS["--disable-cudagraph"] = "disable_cudagraph"
     group.add_argument("--disable-cudagraph", dest="disable_cudagraph", action="store_true", default=None,
                        help="run every decode step eagerly")

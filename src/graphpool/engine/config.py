@@ -59,6 +59,7 @@ def resolve_device(device: str) -> torch.device:
 # NOTE: "cover" = the pool's padding cover of the ladder (few sizes, every size within the padding ratio of
 # one); "all" = every ladder size, largest first, as far as the pool's bounds allow.
 WARMUP_MODES = ("none", "cover", "all")
+DEFAULT_GRAPH_PREFILL_MAX_TOKENS = 256
 
 
 @dataclass(frozen=True)
@@ -94,12 +95,14 @@ class EngineConfig:
     # NOTE: "cover" by default: in the H200 serving traces it cut captures while serving to 5 (from 16-18
     # with no warm-up) for ~0.3 s of start-up capture (capture-all: 0.8-1.3 s); docs/benchmarks.md.
     graph_warmup: str | tuple[int, ...] = "cover"  # "none" | "cover" | "all" | batch sizes
-    # prefill steps of at most this many tokens replay a resident decode graph, one row a token (0: off;
-    # experimental until the H200 has timed it: docs/architecture.md "Prefill through the decode graphs")
-    graph_prefill_max_tokens: int = 0
+    # prefill steps of at most this many tokens replay a resident decode graph, one row a token (0: off);
+    # None -> min(256, graph_max_batch_size). NOTE: on by default since the H200 serving run of session 17 cut
+    # the default model's prefill step from ~31 ms to ~2 ms (docs/benchmarks.md "The serving tail").
+    graph_prefill_max_tokens: int | None = None
     # decode steps take prompt chunks into their leftover rows, up to graph_max_batch_size rows and the token
-    # budget (experimental, as above): running streams get a token in the steps that prefill
-    enable_mixed_steps: bool = False
+    # budget: running streams get a token in the steps that prefill (ITL p99 6.1 -> 4.4 ms in that run).
+    # None -> on where decode graphs run (the prompt rows ride in them), off on the CPU and without graphs
+    enable_mixed_steps: bool | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
@@ -140,6 +143,8 @@ class EngineConfig:
             object.__setattr__(self, "graph_warmup", sizes)
         elif self.graph_warmup not in WARMUP_MODES:
             raise ValueError(f"graph_warmup must be 'none', 'cover', 'all' or a tuple of sizes, got {self.graph_warmup!r}")
+        if self.enable_mixed_steps is None:
+            object.__setattr__(self, "enable_mixed_steps", self.graphs_enabled)
         for name in ("disable_cudagraph", "profile_steps", "enable_prefix_caching", "record_step_timeline",
                      "enable_mixed_steps"):
             if not isinstance(getattr(self, name), bool):
@@ -151,6 +156,9 @@ class EngineConfig:
         self.pool_config()
 
     def _check_graph_prefill(self) -> None:
+        if self.graph_prefill_max_tokens is None:
+            object.__setattr__(self, "graph_prefill_max_tokens",
+                               min(DEFAULT_GRAPH_PREFILL_MAX_TOKENS, self.graph_max_batch_size))
         n = self.graph_prefill_max_tokens
         if not isinstance(n, int) or isinstance(n, bool) or n < 0:
             raise ValueError(f"graph_prefill_max_tokens must be an int >= 0 (0: off), got {n!r}")
