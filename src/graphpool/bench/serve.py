@@ -70,7 +70,7 @@ def serve_configs(ladder_n: int, budget: str) -> dict[str, ServeConfig]:
         "a": ("--disable-cudagraph",),
         "b": ("--graph-warmup", "all", "--max-graph-pool-size", str(ladder_n)),
         "c": ("--max-graph-pool-size", "16", "--graph-miss-policy", "capture", "--graph-mempool", "shared",
-              "--graph-warmup", "none") + _EAGER_PREFILL,
+              "--graph-warmup", "none", *_EAGER_PREFILL),
         "d": (),
         "e": ("--graph-memory-budget", budget),
         "f": ("--graph-warmup", "none"),
