@@ -69,13 +69,14 @@ class PrefillProfile:
 
 
 def prefill_engine(loaded: LoadedModel, name: str, cfg: Any, max_len: int) -> LLMEngine:
-    """An engine over the loaded model, as the server builds it, with a small KV cache and no graph
-    warm-up (a prefill step does not touch the graph pool)."""
+    """An engine over the loaded model, as the server builds it, with a small KV cache, no graph warm-up and
+    eager prefill steps (the profiled step; a short one would otherwise replay a decode graph once one is
+    resident)."""
     blocks = max(-(-(cfg.prefill_tokens + 1) // cfg.block_size),
                  sum(-(-(n + 1) // cfg.block_size) for n in MIXED_PROMPTS))
     config = EngineConfig(model=name, device=cfg.device, dtype=cfg.dtype, attn_backend=cfg.attn_backend,
                           max_model_len=max_len, block_size=cfg.block_size, num_kv_blocks=2 + 4 * blocks,
-                          graph_warmup="none")
+                          graph_warmup="none", graph_prefill_max_tokens=0, enable_mixed_steps=False)
     return LLMEngine(config, loaded=loaded)
 
 
