@@ -157,12 +157,32 @@ def test_cprofile_python_names_graphpool_functions_like_the_torch_tracer() -> No
     with torch.inference_mode():
         step = _stepper(prefill_engine(loaded, "tiny", cfg, 64), cfg.prefill_tokens)
         step()
-        rows = cprofile_python(step, 50)
+        rows, whole = cprofile_python(step, 50)
     funcs = [f for f, _, _ in rows]
+    assert whole  # the CPU step (SDPA prefill attention) keeps every frame
     assert any(f.startswith("engine/engine.py(") and f.endswith(": step") for f in funcs), funcs
     assert any(f.startswith("engine/runner.py(") and f.endswith(": prefill") for f in funcs), funcs
     assert not any("bench/" in f for f in funcs) and all(n >= 1 and us > 0 for _, n, us in rows)
     assert [us for _, _, us in rows] == sorted((us for _, _, us in rows), reverse=True)
+
+
+def test_cprofile_python_says_when_it_lost_the_outermost_frame() -> None:
+    def never_runs() -> float:
+        return 0.0
+
+    class Lossy:
+        """A step whose own frame (its __code__) is not in the profile: what the H200 showed around the varlen
+        attention, where cProfile kept the layers' frames but lost the ones above them."""
+
+        __code__ = never_runs.__code__
+
+        def __call__(self) -> float:
+            return 1.0
+
+    _, whole = cprofile_python(Lossy(), 5)
+    assert not whole
+    _, whole = cprofile_python(never_runs, 5)
+    assert whole
 
 
 def test_graphpool_frames_are_told_by_their_file_whatever_sys_path_strips(monkeypatch: pytest.MonkeyPatch) -> None:

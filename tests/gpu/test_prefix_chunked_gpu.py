@@ -52,11 +52,13 @@ def test_float32_greedy_equal_with_prefix_caching_and_chunks(prompts, settings) 
 
 
 def test_bfloat16_step_times_chunked_long_prompt(prompts) -> None:
-    """Reports (no bound asserted) the wall time of each step while a decode runs next to a long prompt."""
+    """Reports (no bound asserted) the wall time of each step while a decode runs next to a long prompt: eager
+    chunks in strict interleaving (test_graph_prefill_gpu.py times the default's graph prefill and mixed steps)."""
     loaded = load_model(None, "cuda", torch.bfloat16, "triton", max_positions=MAX_MODEL_LEN)
     for budget in (None, 64, 128):
         engine = LLMEngine(EngineConfig(device="cuda", max_model_len=MAX_MODEL_LEN, num_kv_blocks=256,
-                                        max_num_batched_tokens=budget), loaded=loaded)
+                                        max_num_batched_tokens=budget, graph_prefill_max_tokens=0,
+                                        enable_mixed_steps=False), loaded=loaded)
         engine.add_request("short", prompts[0][:20], SamplingParams(temperature=0, max_tokens=200, ignore_eos=True))
         for _ in range(5):
             engine.step()

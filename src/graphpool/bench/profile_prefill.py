@@ -68,6 +68,12 @@ class PrefillProfile:
     op_counts: list[PrefillOpCount] = field(default_factory=list)  # one prompt of prompt_tokens; MIXED_PROMPTS
 
 
+# NOTE: seen on the H200 (torch 2.11, Python 3.12, whose cProfile runs on sys.monitoring): with the varlen
+# prefill attention in the step, cProfile keeps the model's layers but not the frames above them (step, runner,
+# model), and the pure-Python `profile` module fails there with "Bad return"; a plain SDPA step kept them all.
+LOST_FRAMES_NOTE = "the model's layers (seen with torch's varlen_attn on Python 3.12)"
+
+
 def prefill_engine(loaded: LoadedModel, name: str, cfg: Any, max_len: int) -> LLMEngine:
     """An engine over the loaded model, as the server builds it, with a small KV cache, no graph warm-up and
     eager prefill steps (the profiled step; a short one would otherwise replay a decode graph once one is
@@ -167,9 +173,12 @@ def profile_prefill(engine: LLMEngine, n_tokens: int, warmup: int, reps: int, to
     n_python = len(pe.python_events(stack_events))
     source = f"torch.profiler with_stack ({n_python} Python function events)"
     if not python:
-        python = cprofile_python(step, top)
+        python, whole = cprofile_python(step, top)
         source = (f"cProfile of one more step (the with_stack profile had {n_python} Python function events, "
                   "none in graphpool)")
+        if not whole:
+            source += (f"; cProfile lost the frames above {LOST_FRAMES_NOTE}, so the step's own and the runner's "
+                       "frames are missing")
     busy = pe.union_us(evs, lo, hi)
     n_launch, launch_us = pe.launch_stats(events, lo, hi)
     count_prefill_ops(engine, list(MIXED_PROMPTS), seed=0)  # warm-up: the mixed lengths' first step
@@ -184,17 +193,21 @@ def profile_prefill(engine: LLMEngine, n_tokens: int, warmup: int, reps: int, to
     )
 
 
-def cprofile_python(step: Callable[[], float], top: int) -> list[tuple[str, int, float]]:
+def cprofile_python(step: Callable[[], float], top: int) -> tuple[list[tuple[str, int, float]], bool]:
     """top_python's table from cProfile (the standard library's tracer) around one step: (function, calls,
-    inclusive us), named like top_python names them, `engine/runner.py(66): prefill`."""
+    inclusive us), named like top_python names them, `engine/runner.py(66): prefill`; and whether the profile
+    is whole (it holds the profiled function itself: the outermost frame)."""
     prof = cProfile.Profile()
     prof.runcall(step)
+    stats = pstats.Stats(prof).stats  # type: ignore[attr-defined]
     rows = []
-    for (path, line, func), (_, calls, _, cum_s, _) in pstats.Stats(prof).stats.items():  # type: ignore[attr-defined]
+    for (path, line, func), (_, calls, _, cum_s, _) in stats.items():
         frame = pe.graphpool_frame(f"{path}({line}): {func}")
         if frame is not None:
             rows.append((frame, int(calls), cum_s * 1e6))
-    return sorted(rows, key=lambda r: -r[2])[:top]
+    code = getattr(step, "__code__", None)
+    whole = code is None or any(f == code.co_name and path == code.co_filename for path, _, f in stats)
+    return sorted(rows, key=lambda r: -r[2])[:top], whole
 
 
 def prefill_markdown(p: PrefillProfile, cuda: bool) -> str:

@@ -74,7 +74,8 @@ def _engine(cfg: TPStepConfig, tp: int, mode: str):  # -> LLMEngine
     config = EngineConfig(
         model=cfg.model, device=cfg.device, dtype=cfg.dtype, tensor_parallel_size=tp,
         max_model_len=cfg.prompt_len + cfg.decode_steps + 16, max_num_seqs=max(sizes),
-        enable_prefix_caching=False, profile_steps=True, disable_cudagraph=mode == "eager",
+        # NOTE: no mixed steps: the bs requests must decode in the same steps for a step of exactly bs rows
+        enable_prefix_caching=False, enable_mixed_steps=False, profile_steps=True, disable_cudagraph=mode == "eager",
         graph_max_batch_size=max(256, max(sizes)), graph_miss_policy="capture",
         graph_warmup=sizes if mode == "graph" else "none", max_graph_pool_size=len(sizes) + 1,
     )

@@ -24,8 +24,8 @@ class RequestOutput:
 
 @dataclass(frozen=True)
 class StepInfo:
-    kind: Literal["prefill", "decode"]
-    batch_size: int  # sequences in the step
+    kind: Literal["prefill", "decode", "mixed"]
+    batch_size: int  # sequences in the step (a mixed step: its decode rows and its prompt chunks)
     num_tokens: int  # tokens the model processed
     seconds: float  # wall time of the whole step (sampling and bookkeeping included)
     graph: bool  # decode replayed a captured graph
