@@ -27,7 +27,11 @@ def test_float32_greedy_equal_through_the_decode_graphs(prompts, caching: bool) 
     loaded = load_model(None, "cuda", torch.float32, "triton", max_positions=MAX_MODEL_LEN)
     base = BASE | {"dtype": "float32", "enable_prefix_caching": caching, "max_num_batched_tokens": 64}
     waves = [[0], list(range(1, len(prompts)))]
-    ref = run_waves(LLMEngine(EngineConfig(**base), loaded=loaded), prompts, waves, max_tokens=24)
+    # NOTE: the reference prefills eagerly; both without mixed steps (on by default), so every prompt is a
+    # prefill step
+    base |= {"enable_mixed_steps": False}
+    ref = run_waves(LLMEngine(EngineConfig(**base, graph_prefill_max_tokens=0), loaded=loaded), prompts, waves,
+                    max_tokens=24)
     engine = LLMEngine(EngineConfig(**base, graph_prefill_max_tokens=64), loaded=loaded)
     steps = []
     step = engine.step
@@ -74,13 +78,14 @@ def test_float32_mixed_steps_equal_strict_interleaving(prompts) -> None:  # noqa
 
     loaded = load_model(None, "cuda", torch.float32, "triton", max_positions=MAX_MODEL_LEN)
     base = BASE | {"dtype": "float32", "enable_prefix_caching": False, "max_num_batched_tokens": 64}
-    want, strict = _drive(LLMEngine(EngineConfig(**base), loaded=loaded), prompts[:4])
+    want, strict = _drive(LLMEngine(EngineConfig(**base, enable_mixed_steps=False), loaded=loaded), prompts[:4])
     got, steps = _drive(LLMEngine(EngineConfig(**base, enable_mixed_steps=True), loaded=loaded), prompts[:4])
     mixed = [s for s in steps if s is not None and s.kind == "mixed"]
     report("graph_prefill_gpu fp32 mixed steps: steps mixed / all, replayed", (len(mixed), len(steps),
                                                                              sum(s.graph for s in mixed)))
     report("graph_prefill_gpu fp32 steps strict / mixed", (len(strict), len(steps)))
     assert got == want and mixed and any(s.graph for s in mixed)
+    assert not any(s is not None and s.kind == "mixed" for s in strict)
 
 
 def test_on_by_default_on_the_gpu() -> None:

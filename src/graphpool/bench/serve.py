@@ -42,6 +42,7 @@ CONFIG_LABELS = {
     "f": "graphpool, no start-up warm-up",
     "g": "graphpool, eager prefill steps, no mixed steps",
     "h": "graphpool, no mixed steps",
+    "i": "graphpool + async scheduling",
 }
 # the prefill of the seed and of graphpool before session 17: every prefill step eager, decodes wait for it
 _EAGER_PREFILL = ("--graph-prefill-max-tokens", "0", "--no-enable-mixed-steps")
@@ -76,6 +77,7 @@ def serve_configs(ladder_n: int, budget: str) -> dict[str, ServeConfig]:
         "f": ("--graph-warmup", "none"),
         "g": _EAGER_PREFILL,
         "h": ("--no-enable-mixed-steps",),
+        "i": ("--async-scheduling",),
     }
     labels = CONFIG_LABELS | {"b": f"capture all {ladder_n} at start-up", "e": f"graphpool + budget {budget}"}
     return {k: ServeConfig(k, labels[k], v) for k, v in flags.items()}

@@ -69,6 +69,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--enable-mixed-steps", dest="enable_mixed_steps", action=argparse.BooleanOptionalAction,
                        default=None, help="decode steps take prompt chunks into their leftover rows (up to the "
                        "largest graph and the token budget), so streams get tokens while prompts prefill (default: on with CUDA graphs)")
+    _ENGINE_FLAGS["--async-scheduling"] = "async_scheduling"
+    group.add_argument("--async-scheduling", dest="async_scheduling", action="store_true", default=None,
+                       help="launch the next decode step before the host has this one's tokens, so detokenizing "
+                            "and scheduling overlap the GPU's work (experimental)")
     _ENGINE_FLAGS["--disable-cudagraph"] = "disable_cudagraph"
     group.add_argument("--disable-cudagraph", dest="disable_cudagraph", action="store_true", default=None,
                        help="run every decode step eagerly")

@@ -103,6 +103,9 @@ class EngineConfig:
     # budget: running streams get a token in the steps that prefill (ITL p99 6.1 -> 4.4 ms in that run).
     # None -> on where decode graphs run (the prompt rows ride in them), off on the CPU and without graphs
     enable_mixed_steps: bool | None = None
+    # launch the next decode step before the host has this one's tokens (engine/overlap.py; experimental until
+    # the H200 has timed it: the engine's whole step was 1.16x its forward at 1B bs 1, docs/benchmarks.md)
+    async_scheduling: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
@@ -146,10 +149,13 @@ class EngineConfig:
         if self.enable_mixed_steps is None:
             object.__setattr__(self, "enable_mixed_steps", self.graphs_enabled)
         for name in ("disable_cudagraph", "profile_steps", "enable_prefix_caching", "record_step_timeline",
-                     "enable_mixed_steps"):
+                     "enable_mixed_steps", "async_scheduling"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         self._check_tensor_parallel()
+        if self.async_scheduling and self.profile_steps:
+            raise ValueError("async_scheduling and profile_steps exclude each other: profile_steps synchronizes "
+                             "around every forward")
         self._check_graph_prefill()
         self._resolve_pool_size()
         # NOTE: the pool's own settings are validated by PoolConfig; build it now so errors surface here.
@@ -171,6 +177,9 @@ class EngineConfig:
         _check_positive_int("tensor_parallel_size", n)
         if n == 1:
             return
+        if self.async_scheduling:
+            raise ValueError("async_scheduling is not supported with tensor_parallel_size > 1 yet (the other ranks "
+                             "take each decode step's input tokens from rank 0's host)")
         import torch.distributed as dist
 
         from graphpool.model.loader import model_config

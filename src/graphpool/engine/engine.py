@@ -18,11 +18,12 @@ from graphpool.engine.outputs import (
     find_stop_string,
     make_output,
 )
+from graphpool.engine.overlap import OverlapStepper
 from graphpool.engine.prefix_cache import PrefixCacheStats
 from graphpool.engine.runner import ModelRunner
 from graphpool.engine.sampler import Sampler
 from graphpool.engine.sampling_params import InvalidParam, SamplingParams, check_text
-from graphpool.engine.scheduler import Scheduler
+from graphpool.engine.scheduler import ScheduledBatch, Scheduler
 from graphpool.engine.sequence import Sequence
 from graphpool.engine.timeline import StepTimeline
 from graphpool.engine.tp_rank import capture_sync, load_shard, num_kv_blocks
@@ -107,6 +108,7 @@ class LLMEngine:
         self.generation_tokens_total = 0
         self.last_step: StepInfo | None = None
         self.timeline = StepTimeline(self.device) if config.record_step_timeline else None
+        self._overlap = OverlapStepper(self) if config.async_scheduling else None
         self.runner.warmup(config.graph_warmup)
         if self._tp is not None:
             self._tp.wait_for("ready")
@@ -173,9 +175,16 @@ class LLMEngine:
 
     # stepping -----------------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        """One scheduler iteration; its outputs. With async scheduling, the outputs of the decode step launched
+        in the previous call (or in this one) while the next one is already running (engine/overlap.py)."""
+        if self._overlap is not None:
+            return self._overlap.step()
+        return self._step_now(self.scheduler.schedule())
+
+    def _step_now(self, batch: ScheduledBatch | None) -> list[RequestOutput]:
+        """Run a scheduled batch to its outputs: the forward, then the one host sync for its tokens."""
         start = time.perf_counter()
         start_mono = time.monotonic()
-        batch = self.scheduler.schedule()
         if batch is None:
             self.last_step = None
             return []
@@ -226,10 +235,15 @@ class LLMEngine:
             self.timeline.add(self.last_step, marks)
         return outputs
 
-    def _append(self, seq: Sequence, token: int) -> RequestOutput:
-        if seq.num_output_tokens == 0:  # its prompt is computed (once: a preempted request has output)
+    def _append(self, seq: Sequence, token: int, placeholder: bool = False) -> RequestOutput:
+        """Add a sampled token (in place of the placeholder that async scheduling put for it) and end the
+        request if it stops there."""
+        if seq.num_output_tokens == int(placeholder):  # its prompt is computed (once: a preempted one has output)
             self.prompt_tokens_total += seq.num_prompt_tokens
-        seq.token_ids.append(token)
+        if placeholder:
+            seq.token_ids[-1] = token
+        else:
+            seq.token_ids.append(token)
         self.generation_tokens_total += 1
         params = seq.params
         reason: str | None = None

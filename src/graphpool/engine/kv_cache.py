@@ -125,6 +125,10 @@ class BlockManager:
         self._registered[request_id] = len(cached)
         return blocks
 
+    def num_slots(self, request_id: str) -> int:
+        """Positions the request's blocks hold (the next position at or past it takes a new block)."""
+        return len(self._tables[request_id]) * self.block_size
+
     def can_append_slot(self, request_id: str, position: int) -> bool:
         """Whether the token at `position` has (or can get) a slot."""
         return position < len(self._tables[request_id]) * self.block_size or self.pool.num_free > 0

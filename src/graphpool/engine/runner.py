@@ -243,19 +243,23 @@ class ModelRunner:
         return logits.index_select(0, self._to_device(wanted, torch.int64)), graph
 
     @torch.inference_mode()
-    def decode(self, seqs: list[Sequence], slots: list[int]) -> tuple[torch.Tensor, bool]:
-        """One token per sequence -> (logits [bs, vocab], whether a graph was replayed).
+    def decode(self, seqs: list[Sequence], slots: list[int],
+               input_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, bool]:
+        """One token per sequence -> (logits [bs, vocab], whether a graph was replayed). `input_ids`: the
+        tokens on the device, when the host does not have them yet (async scheduling).
 
         The logits are in the model's dtype (graph memory then holds a third of the bytes of float32 + the
         matmul's own output), a view into the graph's output buffer: valid until the next decode. The
         sampler upcasts only when it needs probabilities.
         """
         rows = np.stack([self.block_manager.row(seq.request_id) for seq in seqs])
-        return self.decode_rows([seq.last_token for seq in seqs], [seq.num_tokens for seq in seqs], slots, rows)
+        return self.decode_rows([seq.last_token for seq in seqs], [seq.num_tokens for seq in seqs], slots, rows,
+                                input_ids=input_ids)
 
     @torch.inference_mode()
     def decode_rows(self, last_tokens: list[int], lens: list[int], slots: list[int], rows: np.ndarray,
-                    decision: Decision | None = None) -> tuple[torch.Tensor, bool]:
+                    decision: Decision | None = None,
+                    input_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, bool]:
         """The decode step from its host data: each row's input token, context length (its position + 1),
         KV slot and block-table row; what rank 0 sends the other ranks under tensor parallel, with the pool's
         `decision` (None: decide here)."""
@@ -276,7 +280,13 @@ class ModelRunner:
                 if not eager_bound and decision is None:
                     decision = self.pool.decide(len(lens), max_len)
                 self.announce.decode(last_tokens, lens, slots, rows, decision)
-            ids_t, pos_t, slots_t = self._ints_to_device(last_tokens, [n - 1 for n in lens], slots)
+            if input_ids is None:
+                ids_t, pos_t, slots_t = self._ints_to_device(last_tokens, [n - 1 for n in lens], slots)
+            else:
+                if self.announce is not None:
+                    raise RuntimeError("decode rows with device input ids cannot be announced to other ranks")
+                ids_t = input_ids
+                pos_t, slots_t = self._ints_to_device([n - 1 for n in lens], slots)
             inputs = {
                 "input_ids": ids_t,
                 "positions": pos_t,

@@ -1,0 +1,131 @@
+"""Async scheduling (`EngineConfig.async_scheduling`): the next decode step is launched before the host has
+the current step's tokens, so the host's bookkeeping (detokenizing, stop checks, outputs, scheduling) runs
+while the GPU works instead of between its steps.
+
+One `step()` call: take the decode step in flight (or schedule one and launch it), launch the next decode step
+on its device tokens when that is safe (`_chain`), then wait for the first step's tokens and process them
+(`_finish`). So every call still returns the outputs of exactly one step, and at most one step is in flight
+between calls. For the chained launch each sequence gets a placeholder for the token still on the device (the
+scheduler then sees the lengths the next step has); `_finish` puts the real token in its place.
+
+A sequence that the first step finishes (a stop token, `max_tokens`, a stop string) has a row in the chained
+step: its token there is dropped. Its KV blocks go back at once: the chained step's write into them was
+enqueued before any later step that may take them, on the same stream. Prefill and mixed steps, and decode
+steps under tensor parallel, run as before (`LLMEngine._step_now`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from graphpool.engine.outputs import RequestOutput, StepInfo
+from graphpool.engine.scheduler import ScheduledBatch
+from graphpool.engine.sequence import Sequence
+
+if TYPE_CHECKING:
+    from graphpool.engine.engine import LLMEngine
+
+PLACEHOLDER = -1  # a token still on the device (never a vocabulary id)
+
+
+@dataclass
+class InFlight:
+    """A launched decode step whose tokens the host has not read yet."""
+
+    seqs: list[Sequence]
+    tokens: torch.Tensor  # [bs] int64 on the device: the next step's input ids
+    host: torch.Tensor  # their copy on the host, complete once `ready` is
+    ready: torch.cuda.Event | None  # None off CUDA (the copy was synchronous)
+    written: list[int]  # per row: KV positions in the cache once the step ran (for the prefix cache)
+    start: float  # time.perf_counter() at launch
+    start_mono: float
+    graph: bool
+    captures: int
+    marks: tuple[torch.cuda.Event, torch.cuda.Event] | None
+    chained: bool = False  # the next step was launched on these tokens: placeholders stand for them
+
+
+class OverlapStepper:
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        self.inflight: InFlight | None = None
+        self.chained_steps = 0  # decode steps launched before the previous one's tokens reached the host
+        self._pin = engine.device.type == "cuda"
+
+    def step(self) -> list[RequestOutput]:
+        cur = self.inflight
+        if cur is None:
+            batch = self.engine.scheduler.schedule()
+            if batch is None or batch.is_prefill or batch.chunks:
+                return self.engine._step_now(batch)
+            cur = self._launch(batch, None)
+        self.inflight = self._chain(cur)
+        outputs = self._finish(cur)
+        if self.inflight is not None and all(s.finished for s in self.inflight.seqs):
+            self.inflight = None  # every row of it is dropped: nothing to wait for
+        return outputs
+
+    def _launch(self, batch: ScheduledBatch, input_ids: torch.Tensor | None) -> InFlight:
+        eng = self.engine
+        start, start_mono = time.perf_counter(), time.monotonic()
+        marks = eng.timeline.forward_events() if eng.timeline is not None else None
+        if marks is not None:
+            marks[0].record()
+        captures = eng.runner.pool.num_captures
+        logits, graph = eng.runner.decode(batch.seqs, batch.slots, input_ids=input_ids)
+        if marks is not None:
+            marks[1].record()
+        tokens = eng.sampler.sample(logits, batch.seqs)
+        host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=self._pin)
+        host.copy_(tokens, non_blocking=self._pin)
+        ready = None
+        if self._pin:
+            ready = torch.cuda.Event()
+            ready.record()
+        return InFlight(list(batch.seqs), tokens, host, ready, [s.num_tokens for s in batch.seqs], start,
+                        start_mono, graph, eng.runner.pool.num_captures - captures, marks)
+
+    def _chain(self, cur: InFlight) -> InFlight | None:
+        """Launch the decode step after `cur` on its device tokens, if the scheduler would run exactly that
+        step next: nothing waiting or prefilling, every running request in `cur`, a KV slot for each."""
+        sched, bm = self.engine.scheduler, self.engine.block_manager
+        live = [s for s in cur.seqs if not s.finished]
+        if not live or sched.waiting or len(live) != len(sched.running) or any(s.is_prefilling for s in live):
+            return None
+        if set(map(id, live)) != set(map(id, sched.running)):
+            return None
+        new_blocks = sum(s.num_tokens >= bm.num_slots(s.request_id) for s in live)
+        if new_blocks > bm.num_free_blocks:
+            return None  # the scheduler would preempt: decide that with the real tokens
+        for seq in live:
+            seq.token_ids.append(PLACEHOLDER)
+        cur.chained = True
+        batch = sched.schedule()
+        if batch is None or batch.is_prefill or batch.chunks or batch.preempted or batch.seqs != live:
+            raise RuntimeError(f"async scheduling: the chained step is not the expected decode step: {batch}")
+        rows = {id(s): i for i, s in enumerate(cur.seqs)}
+        index = [rows[id(s)] for s in live]
+        ids = cur.tokens if index == list(range(len(cur.seqs))) else cur.tokens[torch.tensor(index)]
+        self.chained_steps += 1
+        return self._launch(batch, ids)
+
+    def _finish(self, cur: InFlight) -> list[RequestOutput]:
+        eng = self.engine
+        if cur.ready is not None:
+            cur.ready.synchronize()
+        outputs = []
+        for seq, token, written in zip(cur.seqs, cur.host.tolist(), cur.written, strict=True):
+            if seq.finished:  # aborted, or finished by the step before (a dropped row)
+                continue
+            eng.block_manager.commit(seq, written)
+            outputs.append(eng._append(seq, token, placeholder=cur.chained))
+        eng.last_step = StepInfo(kind="decode", batch_size=len(cur.seqs), num_tokens=len(cur.seqs),
+                                 seconds=time.perf_counter() - cur.start, graph=cur.graph, start=cur.start_mono,
+                                 captures=cur.captures)
+        if eng.timeline is not None:
+            eng.timeline.add(eng.last_step, cur.marks)
+        return outputs

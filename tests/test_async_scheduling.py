@@ -1,0 +1,111 @@
+"""Async scheduling (`async_scheduling`): the next decode step is launched on the device tokens of the one
+before, whose outputs are processed while it runs. On the CPU (real default model; eager and through the
+pool's stand-in capturer) every request's tokens and text equal those of the synchronous engine, whatever
+stops it (max_tokens, a stop token, a stop string, max_model_len, an abort), with requests arriving mid-run,
+seeded sampling and penalties, and with too few KV blocks for every chained step; its KV blocks all come
+back. tests/gpu/test_graph_prefill_gpu.py checks it on the GPU, where the overlap is real."""
+
+from __future__ import annotations
+
+import pytest
+
+from graphpool.engine.config import EngineConfig
+from graphpool.engine.engine import LLMEngine
+from graphpool.engine.sampling_params import SamplingParams
+from graphpool.pool.testing import EagerCapturer
+from test_chunked_prefill import MAX_MODEL_LEN
+from test_graph_prefill import loaded, prompts  # noqa: F401 (fixtures)
+
+LADDER = {"graph_max_batch_size": 64, "graph_split_batch_size": 8, "graph_grow_step_size": 8}
+
+
+def _params(i: int, stop_ids: list[int], stop_text: str) -> SamplingParams:
+    """A mix of what ends a request and how it samples, by request index."""
+    kinds = [
+        SamplingParams(temperature=0, max_tokens=6, ignore_eos=True),
+        SamplingParams(temperature=0, max_tokens=10, ignore_eos=True, stop_token_ids=stop_ids),
+        SamplingParams(temperature=0.8, seed=7, max_tokens=9, ignore_eos=True),
+        SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, repetition_penalty=1.3),
+        SamplingParams(temperature=0, max_tokens=10, ignore_eos=True, stop=[stop_text] if stop_text else None),
+    ]
+    return kinds[i % len(kinds)]
+
+
+def _drive(engine: LLMEngine, reqs: list[list[int]], params: list[SamplingParams],
+           abort: str | None = None) -> dict[str, tuple[list[int], str, str | None]]:
+    """Half the requests first, the rest once the first ones decode; `abort` is dropped after a few steps."""
+    out: dict[str, tuple[list[int], str, str | None]] = {}
+    half = len(reqs) // 2
+    for i in range(half):
+        engine.add_request(f"r{i}", reqs[i], params[i])
+    for n in range(10_000):
+        if n == 3:
+            for i in range(half, len(reqs)):
+                engine.add_request(f"r{i}", reqs[i], params[i])
+        if n == 6 and abort is not None:
+            engine.abort_request(abort)
+        if n > 3 and not engine.has_unfinished_requests():
+            break
+        for o in engine.step():
+            if o.finished:
+                out[o.request_id] = (o.token_ids, o.text, o.finish_reason)
+    return out
+
+
+def _engine(loaded, graphs: bool, **kw) -> LLMEngine:  # noqa: F811
+    settings = {"device": "cpu", "max_model_len": MAX_MODEL_LEN, "num_kv_blocks": 96, "graph_warmup": "none",
+                **LADDER} | kw
+    return LLMEngine(EngineConfig(**settings), loaded=loaded, capturer=EagerCapturer() if graphs else None)
+
+
+@pytest.fixture(scope="module")
+def workload(loaded, prompts):  # noqa: F811
+    """Prompts, and params whose stop token and stop string the synchronous run does meet mid-output."""
+    reqs = [p[:16] for p in prompts] + [p[4:20] for p in prompts]
+    probe = _drive(_engine(loaded, False), reqs, [SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)]
+                   * len(reqs))
+    stop_ids = [probe["r1"][0][3]]
+    stop_text = probe["r4"][1][5:8].strip() or probe["r4"][1][5:8]
+    return reqs, [_params(i, stop_ids, stop_text) for i in range(len(reqs))]
+
+
+def test_outputs_equal_the_synchronous_engine(loaded, workload) -> None:  # noqa: F811
+    reqs, params = workload
+    want = _drive(_engine(loaded, True), reqs, params)
+    engine = _engine(loaded, True, async_scheduling=True)
+    got = _drive(engine, reqs, params)
+    assert got == want
+    reasons = {r for _, _, r in want.values()}
+    assert {"length", "stop"} <= reasons  # the mix met both kinds of end
+    assert engine._overlap is not None and engine._overlap.chained_steps > 5
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_usable_blocks
+    assert not engine.has_unfinished_requests() and engine._overlap.inflight is None
+
+
+def test_an_abort_and_max_model_len_mid_flight(loaded, workload) -> None:  # noqa: F811
+    reqs, params = workload
+    short = {"max_model_len": 24}  # prompts of 16 tokens: some requests end by length at max_model_len
+    want = _drive(_engine(loaded, True, **short), reqs, params, abort="r2")
+    engine = _engine(loaded, True, async_scheduling=True, **short)
+    got = _drive(engine, reqs, params, abort="r2")
+    assert "r2" not in got and got == want and len(got) == len(reqs) - 1
+    assert any(len(t) == 24 - 16 for t, _, r in got.values() if r == "length")  # ended at max_model_len
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_usable_blocks
+
+
+def test_too_few_kv_blocks_for_every_chained_step(loaded, workload) -> None:  # noqa: F811
+    reqs, params = workload
+    tight = {"num_kv_blocks": 12, "block_size": 4, "enable_prefix_caching": False}  # preemptions happen
+    want = _drive(_engine(loaded, False, **tight), reqs, params)
+    engine = _engine(loaded, False, async_scheduling=True, **tight)
+    got = _drive(engine, reqs, params)
+    assert engine.scheduler.num_preemptions > 0 and got == want
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_usable_blocks
+
+
+def test_validated() -> None:
+    assert not EngineConfig().async_scheduling
+    with pytest.raises(ValueError, match="profile_steps"):
+        EngineConfig(async_scheduling=True, profile_steps=True)
+    with pytest.raises(ValueError, match="async_scheduling must be a bool"):
+        EngineConfig(async_scheduling=1)  # type: ignore[arg-type]
