@@ -29,6 +29,9 @@ def test_step_bench_cpu_path_runs_and_writes_reports(tmp_path: Path) -> None:
     assert len(data["results"]["rows"]) == 2
     assert (tmp_path / "step.png").stat().st_size > 1000
     assert "custom(h=32,L=2)" in (tmp_path / "step.md").read_text()
+    # the whole engine's step at the engine sizes among the batch sizes (default 1, 8, 64: here bs 1 only)
+    assert rows[0].engine_ms > 0 and rows[0].engine_async_ms > 0
+    assert math.isnan(rows[1].engine_ms) and "engine async ms" in (tmp_path / "step.md").read_text()
 
 
 @pytest.mark.parametrize("tied", [False, True])

@@ -15,6 +15,7 @@ from graphpool.bench import common
 from graphpool.bench.common import md_table, median, progress, ratio
 from graphpool.bench.compile_step import COMPILE_NOTE, compile_model
 from graphpool.bench.decode import DecodeSetup, StepFn, build_random_model, model_label, setup_input_specs
+from graphpool.bench.engine_step import engine_step_ms
 from graphpool.bench.step_config import DEFAULT_SIZES, StepBenchConfig, StepRow
 from graphpool.model.config import ModelConfig
 
@@ -111,6 +112,12 @@ def bench_model(
         rows.append(row)
         mine[bs] = row
     save()
+    for bs in (b for b in cfg.batch_sizes if b in cfg.engine_sizes):
+        mine[bs].engine_ms = engine_step_ms(m, m.config, bs, cfg, async_scheduling=False)
+        mine[bs].engine_async_ms = engine_step_ms(m, m.config, bs, cfg, async_scheduling=True)
+        progress(f"  {label} bs={bs}: engine step {mine[bs].engine_ms:.3f} ms, async {mine[bs].engine_async_ms:.3f}"
+                 f" ms (graph replay {mine[bs].graph_ms:.3f} ms)")
+        save()
     if not cuda:
         return mine
     if cfg.use_pool:
@@ -134,6 +141,16 @@ def markdown(rows: Sequence[StepRow], bandwidth: float, cfg: StepBenchConfig) ->
             [[r.batch_size, r.eager_ms, r.graph_ms, r.pool_ms, r.compile_ms, r.floor_ms, r.speedup,
               r.graph_over_floor, r.capture_ms, r.graph_rel_err] for r in mine],
         ))
+        eng = [r for r in mine if not math.isnan(r.engine_ms)]
+        if eng:
+            out.append("\nThe engine's whole decode step (scheduling, inputs, replay, sampling, outputs; median wall "
+                       "ms), synchronous and with async scheduling, against the graph replay alone (issue 11's "
+                       "target: <= 1.05x at bs 1):\n\n")
+            out.append(md_table(
+                ["bs", "engine ms", "engine async ms", "graph ms", "engine/graph", "async/graph", "async/engine"],
+                [[r.batch_size, r.engine_ms, r.engine_async_ms, r.graph_ms, ratio(r.engine_ms, r.graph_ms),
+                  ratio(r.engine_async_ms, r.graph_ms), ratio(r.engine_async_ms, r.engine_ms)] for r in eng],
+            ))
         comp = [r for r in mine if not math.isnan(r.compile_s) or r.compile_error]
         if comp:
             out.append(f"\n{COMPILE_NOTE}; its eager time is shown next to it:\n\n")
@@ -185,6 +202,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="batch sizes to run torch.compile (of the plain-torch-ops step) at; each costs ~20-60 s")
     p.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     p.add_argument("--no-pool", action="store_true", help="skip the GraphPool.run timings")
+    p.add_argument("--engine-sizes", type=int, nargs="*", default=list(StepBenchConfig.engine_sizes),
+                   help="batch sizes to time the whole engine's decode step at, synchronous and async")
     p.add_argument("--context-len", type=int, default=1024)
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=5)
@@ -206,5 +225,6 @@ def main(args: argparse.Namespace, argv: Sequence[str] | None = None) -> None:
         warmup=args.warmup,
         reps=args.reps,
         use_pool=not args.no_pool,
+        engine_sizes=tuple(args.engine_sizes),
     )
     run_step_bench(cfg, args.out, argv)

@@ -23,11 +23,13 @@ class StepBenchConfig:
     warmup: int = 5
     reps: int = 30
     use_pool: bool = True
+    # sizes (of batch_sizes) at which the whole engine's decode step is timed, synchronous and async
+    engine_sizes: tuple[int, ...] = (1, 8, 64)
 
     def __post_init__(self) -> None:
         if not self.models:
             raise ValueError("step bench: give at least one model")
-        for name in ("batch_sizes", "compile_sizes"):
+        for name in ("batch_sizes", "compile_sizes", "engine_sizes"):
             sizes = getattr(self, name)
             if any(s < 1 for s in sizes):
                 raise ValueError(f"step bench: {name} must be >= 1, got {sizes}")
@@ -44,6 +46,8 @@ class StepRow:
     eager_ms: float
     graph_ms: float = math.nan  # torch.cuda.graph replay of the step
     pool_ms: float = math.nan  # GraphPool.run (copy-in, replay, slice out)
+    engine_ms: float = math.nan  # the engine's whole decode step (bench/engine_step.py), synchronous
+    engine_async_ms: float = math.nan  # ... with async scheduling
     # torch.compile(mode="reduce-overhead") of the plain-torch-ops twin of the step (compile_step.py says why)
     compile_ms: float = math.nan
     compile_s: float = math.nan  # first calls of the compiled step (compile + its own capture)
