@@ -18,16 +18,33 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
+from graphpool.engine.kv_cache import BlockManager
 from graphpool.engine.outputs import RequestOutput, StepInfo
-from graphpool.engine.scheduler import ScheduledBatch
+from graphpool.engine.runner import ModelRunner
+from graphpool.engine.sampler import Sampler
+from graphpool.engine.scheduler import ScheduledBatch, Scheduler
 from graphpool.engine.sequence import Sequence
+from graphpool.engine.timeline import StepTimeline
 
-if TYPE_CHECKING:
-    from graphpool.engine.engine import LLMEngine
+
+class SteppedEngine(Protocol):
+    """What async scheduling needs of LLMEngine (named here so the engine module is not imported back)."""
+
+    device: torch.device
+    scheduler: Scheduler
+    block_manager: BlockManager
+    runner: ModelRunner
+    sampler: Sampler
+    timeline: StepTimeline | None
+    last_step: StepInfo | None
+
+    def _step_now(self, batch: ScheduledBatch | None) -> list[RequestOutput]: ...
+
+    def _append(self, seq: Sequence, token: int, placeholder: bool = False) -> RequestOutput: ...
 
 PLACEHOLDER = -1  # a token still on the device (never a vocabulary id)
 
@@ -50,7 +67,7 @@ class InFlight:
 
 
 class OverlapStepper:
-    def __init__(self, engine: LLMEngine) -> None:
+    def __init__(self, engine: SteppedEngine) -> None:
         self.engine = engine
         self.inflight: InFlight | None = None
         self.chained_steps = 0  # decode steps launched before the previous one's tokens reached the host
