@@ -235,3 +235,37 @@ def test_triton_kernel_in_interpreter_matches_reference() -> None:
     errors = run_in_triton_interpreter(_INTERP_SCRIPT)
     assert len(errors) == 6
     assert all(e < 2e-3 for e in errors), errors
+
+
+_FUSED_SCRIPT = """
+from test_kernels_decode_attention import make_case
+from graphpool.kernels import _triton_decode_attention as tda
+
+cases = [
+    # lens, Hq, Hkv, D, block_size, bound, split_len, dtype
+    ([1, 16, 17, 130], 8, 2, 64, 16, 192, 64, torch.float32),  # empty splits for short rows
+    ([5, 40], 9, 3, 48, 8, 300, 64, torch.float16),  # group 3, head_dim not a power of two
+    ([0, 33, 0], 4, 4, 32, 4, 64, 16, torch.float32),  # rows with no context
+]
+results = []
+for i, (lens, hq, hkv, d, bsz, bound, split, dtype) in enumerate(cases):
+    q, k, v, bt, cl = make_case(lens, hq, hkv, d, bsz, dtype=dtype, seed=i)
+    two = tda.paged_decode_attention_triton(q, k, v, bt, cl, d**-0.5, bound, split_len=split, fused_merge=False)
+    runs = []
+    for _ in range(2):  # the counters must be back at zero for the second launch
+        out = torch.full_like(q, float("nan"))
+        tda.paged_decode_attention_triton(q, k, v, bt, cl, d**-0.5, bound, out=out, split_len=split,
+                                          fused_merge=True)
+        runs.append(out)
+    locks = tda._LOCKS[q.device]
+    results.append([bool(torch.equal(runs[0], two)), bool(torch.equal(runs[1], two)),
+                    all(int(b.abs().sum()) == 0 for b in locks), len(locks)])
+print(json.dumps(results))
+"""
+
+
+def test_fused_merge_in_interpreter_is_bitwise_the_two_kernels() -> None:
+    """The staged one-kernel variant: the last split merges, as the merge kernel does, bit for bit."""
+    pytest.importorskip("triton")
+    results = run_in_triton_interpreter(_FUSED_SCRIPT)
+    assert results == [[True, True, True, 1]] * 3, results

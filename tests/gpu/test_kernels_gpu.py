@@ -222,3 +222,25 @@ def test_fused_rotary_and_kv_write_matches_reference_and_replays(hq: int, hkv: i
         v_cache.zero_()
         graph.replay()
         check(q_rot, k_rot)
+
+
+@pytest.mark.parametrize(("bs", "hq", "hkv", "dim", "block_size", "bound", "max_len", "dtype"), CASES)
+def test_fused_merge_is_bitwise_the_two_kernels(bs, hq, hkv, dim, block_size, bound, max_len, dtype) -> None:
+    """The staged one-kernel attention (the last split merges) against split + merge, eager and replayed."""
+    from graphpool.kernels import _triton_decode_attention as tda
+
+    q, k, v, bt, cl = make_case(random_lens(bs, max_len, 3), hq, hkv, dim, block_size, dtype)
+    scale = dim**-0.5
+    two = tda.paged_decode_attention_triton(q, k, v, bt, cl, scale, bound, fused_merge=False)
+    for _ in range(3):  # each launch leaves its counters at zero for the next
+        one = tda.paged_decode_attention_triton(q, k, v, bt, cl, scale, bound, fused_merge=True)
+        assert torch.equal(one, two)
+    out = torch.empty_like(q)
+    graph, result = _capture(lambda: tda.paged_decode_attention_triton(q, k, v, bt, cl, scale, bound, out=out,
+                                                                       fused_merge=True))
+    for _ in range(3):
+        result.fill_(float("nan"))
+        graph.replay()
+        assert torch.equal(result, two)
+    torch.cuda.synchronize()
+    assert all(int(buf.abs().sum()) == 0 for buf in tda._LOCKS.get(q.device, []))

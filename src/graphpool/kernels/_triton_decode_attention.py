@@ -3,7 +3,8 @@
 Work split: the program grid is ``(bs, num_kv_heads, num_splits)``; each program reads one chunk of
 ``split_len`` context tokens of one (sequence, kv head) once and serves all ``group`` query heads that share
 it, with an fp32 online softmax. A second small kernel merges the splits of each (sequence, query head)
-with their log-sum-exp. ``split_len`` comes from host ints only (kv heads, the length bound, the SM count),
+with their log-sum-exp (or, staged: the last split of each (sequence, kv head) to finish merges them, through
+one counter each, so a step has one attention kernel per layer instead of two). ``split_len`` comes from host ints only (kv heads, the length bound, the SM count),
 so the grid is fixed at capture time; it ignores the batch size, so results are batch-invariant. Splits that
 start past a sequence's length exit at once and the merge reads only the splits that hold tokens. With a
 single split the first kernel writes the output directly (bitwise what the merge of one split gives).
@@ -19,6 +20,7 @@ import triton
 import triton.language as tl
 
 from graphpool.kernels.decode_attention import _check_inputs, effective_len_bound
+from graphpool.kernels.staging import staged_kernels_on
 
 # NOTE: these shape the grid, not correctness; graphpool.bench.attention_kernel is where to tune them.
 BLOCK_N = 64  # context tokens per inner-loop tile
@@ -53,9 +55,34 @@ def choose_split_len(num_kv_heads: int, len_bound: int, num_sms: int, block_n: i
 
 
 @triton.jit
+def _merge_one_head(po_ptr, plse_ptr, out_ptr, b, h, n_valid,
+                    stride_pob, stride_poh, stride_pos, stride_lb, stride_lh, stride_ob, stride_oh,
+                    HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, CACHE: tl.constexpr):
+    """out[b, h] from the first n_valid splits' partial outputs and log-sum-exps (one query head)."""
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    s_mask = offs_s < n_valid
+    d_mask = offs_d < HEAD_DIM
+    lse = tl.load(plse_ptr + b * stride_lb + h * stride_lh + offs_s, mask=s_mask, other=float("-inf"),
+                  cache_modifier=CACHE)
+    m = tl.max(lse, 0)
+    w = tl.where(s_mask, tl.exp2(lse - m), 0.0)  # [S]
+    o = tl.load(
+        po_ptr + b * stride_pob + h * stride_poh + offs_s[:, None] * stride_pos + offs_d[None, :],
+        mask=s_mask[:, None] & d_mask[None, :],
+        other=0.0,
+        cache_modifier=CACHE,
+    )  # [S, D]
+    denom = tl.sum(w, 0)
+    res = tl.sum(w[:, None] * o, 0)
+    res = tl.where(denom > 0, res / denom, 0.0)
+    tl.store(out_ptr + b * stride_ob + h * stride_oh + offs_d, res.to(out_ptr.dtype.element_ty), mask=d_mask)
+
+
+@triton.jit
 def _decode_split_kernel(
-    q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, out_ptr, po_ptr, plse_ptr,
-    scale_log2, split_len,
+    q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, out_ptr, po_ptr, plse_ptr, locks_ptr,
+    scale_log2, split_len, num_splits,
     stride_qb, stride_qh, stride_qd,
     stride_kb, stride_ko, stride_kh, stride_kd,
     stride_vb, stride_vo, stride_vh, stride_vd,
@@ -65,7 +92,7 @@ def _decode_split_kernel(
     stride_lb, stride_lh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-    DIRECT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    DIRECT: tl.constexpr, DOT_PRECISION: tl.constexpr, FUSED_MERGE: tl.constexpr, BLOCK_S: tl.constexpr,
 ):  # fmt: skip
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -80,8 +107,16 @@ def _decode_split_kernel(
     heads = kvh * GROUP + offs_g
     g_mask = offs_g < GROUP
     d_mask = offs_d < HEAD_DIM
+    if FUSED_MERGE:  # noqa: SIM102 (a constexpr test, resolved at compile time)
+        # NOTE: with no context no split runs, so the first one writes the zeros the merge would
+        if ctx == 0:
+            if split == 0:
+                zeros = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+                tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
+                         zeros.to(out_ptr.dtype.element_ty), mask=g_mask[:, None] & d_mask[None, :])
+            return
     if not DIRECT:  # noqa: SIM102 (a constexpr test, resolved at compile time)
-        # NOTE: an empty split writes nothing; the merge kernel never reads it.
+        # NOTE: an empty split writes nothing; the merge never reads it.
         if start >= ctx:
             return
 
@@ -139,6 +174,20 @@ def _decode_split_kernel(
             mask=out_mask,
         )
         tl.store(plse_ptr + b * stride_lb + heads * stride_lh + split, m_i + tl.log2(l_i), mask=g_mask)
+        if FUSED_MERGE:
+            # NOTE: the last split of a (sequence, kv head) to finish merges them all (no second kernel). The
+            # barrier puts the program's stores before its release; the counter goes back to zero for the next
+            # launch (a replayed graph's too), and the merge reads the partials past L1 (other SMs wrote them).
+            n_valid = tl.minimum(tl.cdiv(ctx, split_len), num_splits)
+            tl.debug_barrier()
+            count = tl.atomic_add(locks_ptr + b * tl.num_programs(1) + kvh, 1, sem="acq_rel", scope="gpu")
+            if count == n_valid - 1:
+                tl.debug_barrier()
+                for g in tl.static_range(GROUP):
+                    _merge_one_head(po_ptr, plse_ptr, out_ptr, b, kvh * GROUP + g, n_valid,
+                                    stride_pob, stride_poh, stride_pos, stride_lb, stride_lh, stride_ob, stride_oh,
+                                    HEAD_DIM, BLOCK_S, BLOCK_D, ".cg")
+                tl.store(locks_ptr + b * tl.num_programs(1) + kvh, 0)
 
 
 @triton.jit
@@ -154,22 +203,27 @@ def _decode_merge_kernel(
     h = tl.program_id(1)
     ctx = tl.load(lens_ptr + b)
     n_valid = tl.minimum(tl.cdiv(ctx, split_len), num_splits)
-    offs_s = tl.arange(0, BLOCK_S)
-    offs_d = tl.arange(0, BLOCK_D)
-    s_mask = offs_s < n_valid
-    d_mask = offs_d < HEAD_DIM
-    lse = tl.load(plse_ptr + b * stride_lb + h * stride_lh + offs_s, mask=s_mask, other=float("-inf"))
-    m = tl.max(lse, 0)
-    w = tl.where(s_mask, tl.exp2(lse - m), 0.0)  # [S]
-    o = tl.load(
-        po_ptr + b * stride_pob + h * stride_poh + offs_s[:, None] * stride_pos + offs_d[None, :],
-        mask=s_mask[:, None] & d_mask[None, :],
-        other=0.0,
-    )  # [S, D]
-    denom = tl.sum(w, 0)
-    res = tl.sum(w[:, None] * o, 0)
-    res = tl.where(denom > 0, res / denom, 0.0)
-    tl.store(out_ptr + b * stride_ob + h * stride_oh + offs_d, res.to(out_ptr.dtype.element_ty), mask=d_mask)
+    _merge_one_head(po_ptr, plse_ptr, out_ptr, b, h, n_valid, stride_pob, stride_poh, stride_pos, stride_lb,
+                    stride_lh, stride_ob, stride_oh, HEAD_DIM, BLOCK_S, BLOCK_D, "")
+
+
+# NOTE: the fused merge's counters, one per (row, kv head), per device: zeros at rest (each launch puts its own
+# back), allocated outside graph capture (the pool's warm-up run comes first) and never freed, since a
+# captured graph keeps their address; a larger batch gets a larger buffer, the old ones are kept.
+_LOCKS: dict[torch.device, list[torch.Tensor]] = {}
+
+
+def merge_locks(device: torch.device, n: int) -> torch.Tensor | None:
+    """At least n zeroed int32 counters on `device`, or None during capture when none is large enough."""
+    bufs = _LOCKS.setdefault(device, [])
+    for buf in bufs:
+        if buf.numel() >= n:
+            return buf
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return None
+    buf = torch.zeros(max(n, 2 * bufs[-1].numel() if bufs else 1024), dtype=torch.int32, device=device)
+    bufs.append(buf)
+    return buf
 
 
 def paged_decode_attention_triton(
@@ -186,8 +240,11 @@ def paged_decode_attention_triton(
     block_n: int = BLOCK_N,
     num_warps: int = 4,
     num_stages: int | None = None,
+    fused_merge: bool | None = None,
 ) -> torch.Tensor:
-    """Launch the split + merge kernels. The keyword knobs override the defaults (tests, benchmarks)."""
+    """Launch the split + merge kernels. The keyword knobs override the defaults (tests, benchmarks).
+    `fused_merge`: the last split of each (sequence, kv head) merges them, one kernel instead of two (None:
+    while staged, on only with GRAPHPOOL_STAGED_KERNELS=1, kernels/staging.py)."""
     _check_inputs(q, k_cache, v_cache, block_tables, context_lens)
     bs, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
@@ -220,9 +277,13 @@ def paged_decode_attention_triton(
         part_lse = torch.empty(bs, num_heads, num_splits, dtype=torch.float32, device=q.device)
 
     block_d = triton.next_power_of_2(head_dim)
+    if fused_merge is None:
+        fused_merge = staged_kernels_on()
+    locks = merge_locks(q.device, bs * num_kv_heads) if fused_merge and not direct else None
+    fused = locks is not None
     _decode_split_kernel[(bs, num_kv_heads, num_splits)](
-        q, k_cache, v_cache, block_tables, context_lens, out, part_out, part_lse,
-        scale * math.log2(math.e), split_len,
+        q, k_cache, v_cache, block_tables, context_lens, out, part_out, part_lse, locks if fused else part_lse,
+        scale * math.log2(math.e), split_len, num_splits,
         q.stride(0), q.stride(1), q.stride(2),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), k_cache.stride(3),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), v_cache.stride(3),
@@ -233,9 +294,10 @@ def paged_decode_attention_triton(
         GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
         BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d, BLOCK_N=block_n,
         DIRECT=direct, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        FUSED_MERGE=fused, BLOCK_S=triton.next_power_of_2(num_splits),
         num_warps=num_warps, **stages,
     )  # fmt: skip
-    if not direct:
+    if not direct and not fused:
         _decode_merge_kernel[(bs, num_heads)](
             part_out, part_lse, context_lens, out,
             split_len, num_splits,
