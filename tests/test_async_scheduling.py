@@ -109,3 +109,24 @@ def test_validated() -> None:
         EngineConfig(async_scheduling=True, profile_steps=True)
     with pytest.raises(ValueError, match="async_scheduling must be a bool"):
         EngineConfig(async_scheduling=1)  # type: ignore[arg-type]
+
+
+def test_chains_while_requests_wait_that_cannot_be_admitted(loaded, workload) -> None:  # noqa: F811
+    reqs, params = workload
+    full = {"max_num_seqs": 3}  # 8 requests: most of the run has a queue the scheduler cannot admit from
+    want = _drive(_engine(loaded, False, **full), reqs, params)
+    engine = _engine(loaded, False, async_scheduling=True, **full)
+    stepper = engine._overlap
+    chain = stepper._chain
+    with_queue = []
+
+    def recording_chain(cur):
+        waiting = len(engine.scheduler.waiting)
+        nxt = chain(cur)
+        if nxt is not None and waiting:
+            with_queue.append(waiting)
+        return nxt
+
+    stepper._chain = recording_chain  # type: ignore[method-assign]
+    assert _drive(engine, reqs, params) == want
+    assert with_queue, "no step was chained while requests waited"

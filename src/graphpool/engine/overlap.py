@@ -108,10 +108,11 @@ class OverlapStepper:
 
     def _chain(self, cur: InFlight) -> InFlight | None:
         """Launch the decode step after `cur` on its device tokens, if the scheduler would run exactly that
-        step next: nothing waiting or prefilling, every running request in `cur`, a KV slot for each."""
+        step next: nothing to admit (no request waiting, or none that fits) or prefilling, every running request
+        in `cur`, a KV slot for each."""
         sched, bm = self.engine.scheduler, self.engine.block_manager
         live = [s for s in cur.seqs if not s.finished]
-        if not live or sched.waiting or len(live) != len(sched.running) or any(s.is_prefilling for s in live):
+        if not live or len(live) != len(sched.running) or any(s.is_prefilling for s in live) or sched.can_admit():
             return None
         if set(map(id, live)) != set(map(id, sched.running)):
             return None

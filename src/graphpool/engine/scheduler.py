@@ -96,6 +96,15 @@ class Scheduler:
             return prefill
         return decode
 
+    def can_admit(self) -> bool:
+        """Whether a prefill step could admit the first waiting request now (what `schedule` would try
+        first; no side effects)."""
+        if not self.waiting or len(self.running) >= self.max_num_seqs:
+            return False
+        seq = self.waiting[0]
+        return self.block_manager.can_allocate(seq.num_tokens, reserve=len(self.running),
+                                               cached=self.block_manager.match_prefix(seq))
+
     def _schedule_mixed(self) -> ScheduledBatch | None:
         decode = self._schedule_decode()
         if decode is None:
