@@ -130,3 +130,18 @@ def test_chains_while_requests_wait_that_cannot_be_admitted(loaded, workload) ->
     stepper._chain = recording_chain  # type: ignore[method-assign]
     assert _drive(engine, reqs, params) == want
     assert with_queue, "no step was chained while requests waited"
+
+
+def test_the_server_streams_the_same_with_async_scheduling(loaded) -> None:  # noqa: F811
+    """Concurrent seeded streams through `graphpool serve`'s app and the openai client, both engines."""
+    from server_checks import concurrent_streams
+
+    from graphpool.server.main import serve_in_thread
+
+    results = []
+    for mode in (False, True):
+        engine = _engine(loaded, False, async_scheduling=mode)
+        with serve_in_thread(engine) as (base_url, _):
+            results.append(concurrent_streams(base_url, engine.model_name, 6, 8))
+    assert results[0] == results[1]
+    assert all(reason == "length" and tokens == 8 and text for text, reason, tokens in results[1])
