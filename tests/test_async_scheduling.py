@@ -134,9 +134,8 @@ def test_chains_while_requests_wait_that_cannot_be_admitted(loaded, workload) ->
 
 def test_the_server_streams_the_same_with_async_scheduling(loaded) -> None:  # noqa: F811
     """Concurrent seeded streams through `graphpool serve`'s app and the openai client, both engines."""
-    from server_checks import concurrent_streams
-
     from graphpool.server.main import serve_in_thread
+    from server_checks import concurrent_streams
 
     results = []
     for mode in (False, True):
