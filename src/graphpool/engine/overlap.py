@@ -127,7 +127,10 @@ class OverlapStepper:
             raise RuntimeError(f"async scheduling: the chained step is not the expected decode step: {batch}")
         rows = {id(s): i for i, s in enumerate(cur.seqs)}
         index = [rows[id(s)] for s in live]
-        ids = cur.tokens if index == list(range(len(cur.seqs))) else cur.tokens[torch.tensor(index)]
+        ids = cur.tokens
+        if index != list(range(len(cur.seqs))):
+            # NOTE: through pinned memory: a pageable index copy would wait for the step in flight
+            ids = ids.index_select(0, self.engine.runner._to_device(index, torch.int64))
         self.chained_steps += 1
         return self._launch(batch, ids)
 
