@@ -29,14 +29,14 @@ def _private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
 
 
-@pytest.mark.parametrize("direct", [False, True])
-def test_decode_attention_kernels_compile(direct: bool) -> None:
+@pytest.mark.parametrize(("direct", "fused"), [(False, False), (False, True), (True, False)])
+def test_decode_attention_kernels_compile(direct: bool, fused: bool) -> None:
     from graphpool.kernels import _triton_decode_attention as da
 
     def types(name: str) -> str:
         if name in ("q_ptr", "k_ptr", "v_ptr", "out_ptr"):
             return "*bf16"
-        if name in ("bt_ptr", "lens_ptr"):
+        if name in ("bt_ptr", "lens_ptr", "locks_ptr"):
             return "*i32"
         if name in ("po_ptr", "plse_ptr"):
             return "*bf16" if direct else "*fp32"
@@ -44,11 +44,14 @@ def test_decode_attention_kernels_compile(direct: bool) -> None:
 
     constexprs = dict(
         GROUP=4, HEAD_DIM=128, BLOCK_SIZE=16, BLOCK_G=16, BLOCK_D=128, BLOCK_N=64,
-        DIRECT=direct, DOT_PRECISION="tf32",
+        DIRECT=direct, DOT_PRECISION="tf32", FUSED_MERGE=fused, BLOCK_S=16,
     )  # fmt: skip
     kernel = _compile(da._decode_split_kernel, types, constexprs)
     assert "mma" in kernel.asm["ptx"]  # the q.k and p.v products run on tensor cores
-    if not direct:
+    if fused:  # the last split's merge: an acquire-release atomic on the counter, the partials read past L1
+        ptx = kernel.asm["ptx"]
+        assert "atom" in ptx and ".acq_rel" in ptx and ".cg" in ptx, [ln for ln in ptx.splitlines() if "atom" in ln]
+    if not direct and not fused:
         _compile(
             da._decode_merge_kernel,
             lambda n: {"po_ptr": "*fp32", "plse_ptr": "*fp32", "lens_ptr": "*i32", "out_ptr": "*bf16"}.get(
