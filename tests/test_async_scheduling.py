@@ -134,13 +134,20 @@ def test_chains_while_requests_wait_that_cannot_be_admitted(loaded, workload) ->
 
 def test_the_server_streams_the_same_with_async_scheduling(loaded) -> None:  # noqa: F811
     """Concurrent seeded streams through `graphpool serve`'s app and the openai client, both engines."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
     from graphpool.server.main import serve_in_thread
     from server_checks import concurrent_streams
 
-    results = []
+    results, chained = [], []
     for mode in (False, True):
         engine = _engine(loaded, False, async_scheduling=mode)
         with serve_in_thread(engine) as (base_url, _):
             results.append(concurrent_streams(base_url, engine.model_name, 6, 8))
+            text = httpx.get(f"{base_url}/metrics", timeout=30).text
+        chained.append(next(s.value for f in text_string_to_metric_families(text) for s in f.samples
+                            if s.name == "graphpool_async_chained_steps_total"))
     assert results[0] == results[1]
+    assert chained[0] == 0 and chained[1] > 0, chained
     assert all(reason == "length" and tokens == 8 and text for text, reason, tokens in results[1])

@@ -295,4 +295,5 @@ class LLMEngine:
             prefix_cache_queries_tokens_total=prefix.queries_tokens,
             prefix_cache_hits_tokens_total=prefix.hits_tokens,
             prefix_cache_blocks=prefix.cached_blocks,
+            async_chained_steps_total=self._overlap.chained_steps if self._overlap is not None else 0,
         )

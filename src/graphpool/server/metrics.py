@@ -82,6 +82,8 @@ class EngineCollector(Collector):
         yield _counter("prefix_cache_hits_tokens", "Prompt tokens found in the prefix cache (not prefilled)",
                        s.prefix_cache_hits_tokens_total)
         yield _gauge("prefix_cache_blocks", "KV blocks holding a cached prefix", s.prefix_cache_blocks)
+        yield _counter("async_chained_steps", "Decode steps launched before the previous step's tokens reached the "
+                       "host (--async-scheduling)", s.async_chained_steps_total)
 
     @staticmethod
     def _pool(g: Any) -> Iterator[Metric]:
