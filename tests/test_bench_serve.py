@@ -80,7 +80,7 @@ def test_metrics_names_match_the_server() -> None:
 
     stats = SimpleNamespace(running=1, waiting=0, num_free_kv_blocks=5, num_kv_blocks=9, prompt_tokens_total=7,
                             generation_tokens_total=40, preemptions_total=2, prefix_cache_queries_tokens_total=9,
-                            prefix_cache_hits_tokens_total=3, prefix_cache_blocks=1)
+                            prefix_cache_hits_tokens_total=3, prefix_cache_blocks=1, async_chained_steps_total=0)
     pool = PoolStats(steps=30, hits=20, padded_hits=3, misses=6, captures=5, evictions=1, eager_steps=4,
                      fallbacks={FallbackReason.LEN_TOO_LARGE: 3, FallbackReason.OVER_BUDGET: 1},
                      resident_graphs=4, resident_bytes=3 << 20, capture_seconds_total=1.5)
