@@ -14,9 +14,7 @@ import random
 import time
 from typing import Any
 
-import torch
-
-from graphpool.bench.common import median
+from graphpool.bench.common import free_device_memory, median
 from graphpool.bench.step_config import StepBenchConfig
 from graphpool.model.config import ModelConfig
 
@@ -53,6 +51,5 @@ def engine_step_ms(model: Any, config: ModelConfig, bs: int, cfg: StepBenchConfi
         if info is not None and info.kind == "decode" and info.batch_size == bs:
             walls.append(ms)
     del engine
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
+    free_device_memory(device)
     return median(walls[cfg.warmup:]) if len(walls) > cfg.warmup else float("nan")

@@ -112,9 +112,9 @@ class OverlapStepper:
         in `cur`, a KV slot for each."""
         sched, bm = self.engine.scheduler, self.engine.block_manager
         live = [s for s in cur.seqs if not s.finished]
-        if not live or len(live) != len(sched.running) or any(s.is_prefilling for s in live) or sched.can_admit():
+        if not live or set(map(id, live)) != set(map(id, sched.running)) or any(s.is_prefilling for s in live):
             return None
-        if set(map(id, live)) != set(map(id, sched.running)):
+        if sched.can_admit():
             return None
         new_blocks = sum(s.num_tokens >= bm.num_slots(s.request_id) for s in live)
         if new_blocks > bm.num_free_blocks:
