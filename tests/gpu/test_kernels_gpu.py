@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from gpu_helpers import report
 
 from graphpool.kernels.decode_attention import paged_decode_attention, paged_decode_attention_ref
 
@@ -224,23 +225,52 @@ def test_fused_rotary_and_kv_write_matches_reference_and_replays(hq: int, hkv: i
         check(q_rot, k_rot)
 
 
+# NOTE: one rounding of the output dtype. The H200 (session 18) showed the fused merge is not bitwise the
+# merge kernel at 16 splits (bs 7, bound 4096) while it was at 2-4: the same `_merge_one_head` code, compiled
+# inside two different kernels, may sum the splits in another order. A race (a split merged before another's
+# partial landed) would read the NaN-poisoned scratch below and fail by far more than this.
+MERGE_TOL = {torch.bfloat16: 2**-7, torch.float16: 2**-10, torch.float32: 1e-5}
+
+
+def _poison_scratch(bs: int, hq: int, num_splits: int, dim: int) -> None:
+    """Free NaN-filled blocks of the split kernel's scratch sizes, so its next torch.empty gets NaNs back."""
+    part_out = torch.full((bs, hq, num_splits, dim), float("nan"), device="cuda")
+    part_lse = torch.full((bs, hq, num_splits), float("nan"), device="cuda")
+    del part_out, part_lse
+
+
 @pytest.mark.parametrize(("bs", "hq", "hkv", "dim", "block_size", "bound", "max_len", "dtype"), CASES)
-def test_fused_merge_is_bitwise_the_two_kernels(bs, hq, hkv, dim, block_size, bound, max_len, dtype) -> None:
-    """The staged one-kernel attention (the last split merges) against split + merge, eager and replayed."""
+def test_fused_merge_matches_the_two_kernels(bs, hq, hkv, dim, block_size, bound, max_len, dtype) -> None:
+    """The staged one-kernel attention (the last split merges): deterministic launch to launch and replay to
+    replay, and the two-kernel result to one rounding, with every launch's scratch poisoned first."""
     from graphpool.kernels import _triton_decode_attention as tda
+    from graphpool.kernels.decode_attention import effective_len_bound
 
     q, k, v, bt, cl = make_case(random_lens(bs, max_len, 3), hq, hkv, dim, block_size, dtype)
     scale = dim**-0.5
+    eff = effective_len_bound(bound, bt.shape[1], block_size)
+    num_splits = -(-eff // tda.choose_split_len(hkv, eff, tda.device_num_sms(q.device)))
     two = tda.paged_decode_attention_triton(q, k, v, bt, cl, scale, bound, fused_merge=False)
+    runs = []
     for _ in range(3):  # each launch leaves its counters at zero for the next
-        one = tda.paged_decode_attention_triton(q, k, v, bt, cl, scale, bound, fused_merge=True)
-        assert torch.equal(one, two)
+        _poison_scratch(bs, hq, num_splits, dim)
+        runs.append(tda.paged_decode_attention_triton(q, k, v, bt, cl, scale, bound, fused_merge=True))
     out = torch.empty_like(q)
-    graph, result = _capture(lambda: tda.paged_decode_attention_triton(q, k, v, bt, cl, scale, bound, out=out,
-                                                                       fused_merge=True))
+    graph, result = _capture(
+        lambda: tda.paged_decode_attention_triton(q, k, v, bt, cl, scale, bound, out=out, fused_merge=True)
+    )
     for _ in range(3):
         result.fill_(float("nan"))
         graph.replay()
-        assert torch.equal(result, two)
+        runs.append(result.clone())
     torch.cuda.synchronize()
+    one = runs[0]
+    diff = (one.float() - two.float()).abs()
+    report(
+        f"kernels_gpu fused merge vs two kernels bs{bs} splits{num_splits} {dtype}",
+        {"differing": int((diff > 0).sum()), "of": diff.numel(), "max abs diff": float(diff.max())},
+    )
+    assert not one.isnan().any()
+    assert all(torch.equal(r, one) for r in runs[1:])
+    torch.testing.assert_close(one.float(), two.float(), rtol=MERGE_TOL[dtype], atol=MERGE_TOL[dtype] / 8)
     assert all(int(buf.abs().sum()) == 0 for buf in tda._LOCKS.get(q.device, []))
