@@ -25,7 +25,7 @@ from graphpool.engine.sampler import Sampler
 from graphpool.engine.sampling_params import InvalidParam, SamplingParams, check_text
 from graphpool.engine.scheduler import ScheduledBatch, Scheduler
 from graphpool.engine.sequence import Sequence
-from graphpool.engine.timeline import StepTimeline
+from graphpool.engine.timeline import StepClock, StepTimeline
 from graphpool.engine.tp_rank import capture_sync, load_shard, num_kv_blocks
 from graphpool.model.config import ModelConfig
 from graphpool.model.tp_group import SINGLE
@@ -183,21 +183,17 @@ class LLMEngine:
 
     def _step_now(self, batch: ScheduledBatch | None) -> list[RequestOutput]:
         """Run a scheduled batch to its outputs: the forward, then the one host sync for its tokens."""
-        start = time.perf_counter()
-        start_mono = time.monotonic()
         if batch is None:
             self.last_step = None
             return []
+        clock = StepClock(self.timeline, self.runner.pool)
         seqs = batch.seqs
         profile = self.config.profile_steps and self.device.type == "cuda"
         if profile:
             torch.cuda.synchronize(self.device)
             events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
             events[0].record()
-        marks = self.timeline.forward_events() if self.timeline is not None else None
-        if marks is not None:
-            marks[0].record()
-        captures = self.runner.pool.num_captures
+        clock.forward_begins()
         forward_start = time.perf_counter()
         decoding = seqs[:len(batch.slots)]
         if batch.is_prefill:
@@ -209,8 +205,7 @@ class LLMEngine:
             logits, graph = self.runner.decode(seqs, batch.slots)
         if profile:
             events[1].record()
-        if marks is not None:
-            marks[1].record()
+        clock.forward_ends()
         # NOTE: the one host sync of a step (none for a step of prompt chunks that are not their last)
         next_tokens = self.sampler.sample(logits, seqs).tolist() if seqs else []
         # the KV of every scheduled token is written now: its full blocks become prefix-cache entries
@@ -225,14 +220,8 @@ class LLMEngine:
         elif self.config.profile_steps:
             forward_seconds = time.perf_counter() - forward_start
         outputs = [self._append(seq, token) for seq, token in zip(seqs, next_tokens, strict=True)]
-        self.last_step = StepInfo(
-            kind=batch.kind, batch_size=len(batch.slots) + len(batch.chunks),
-            num_tokens=batch.num_tokens,
-            seconds=time.perf_counter() - start, graph=graph, forward_seconds=forward_seconds,
-            start=start_mono, captures=self.runner.pool.num_captures - captures,
-        )
-        if self.timeline is not None:
-            self.timeline.add(self.last_step, marks)
+        self.last_step = clock.close(batch.kind, len(batch.slots) + len(batch.chunks), batch.num_tokens, graph,
+                                     forward_seconds)
         return outputs
 
     def _append(self, seq: Sequence, token: int, placeholder: bool = False) -> RequestOutput:

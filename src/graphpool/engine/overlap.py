@@ -16,7 +16,6 @@ steps under tensor parallel, run as before (`LLMEngine._step_now`).
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -28,7 +27,7 @@ from graphpool.engine.runner import ModelRunner
 from graphpool.engine.sampler import Sampler
 from graphpool.engine.scheduler import ScheduledBatch, Scheduler
 from graphpool.engine.sequence import Sequence
-from graphpool.engine.timeline import StepTimeline
+from graphpool.engine.timeline import StepClock, StepTimeline
 
 
 class SteppedEngine(Protocol):
@@ -58,11 +57,8 @@ class InFlight:
     host: torch.Tensor  # their copy on the host, complete once `ready` is
     ready: torch.cuda.Event | None  # None off CUDA (the copy was synchronous)
     written: list[int]  # per row: KV positions in the cache once the step ran (for the prefix cache)
-    start: float  # time.perf_counter() at launch
-    start_mono: float
     graph: bool
-    captures: int
-    marks: tuple[torch.cuda.Event, torch.cuda.Event] | None
+    clock: StepClock
     chained: bool = False  # the next step was launched on these tokens: placeholders stand for them
 
 
@@ -88,14 +84,10 @@ class OverlapStepper:
 
     def _launch(self, batch: ScheduledBatch, input_ids: torch.Tensor | None) -> InFlight:
         eng = self.engine
-        start, start_mono = time.perf_counter(), time.monotonic()
-        marks = eng.timeline.forward_events() if eng.timeline is not None else None
-        if marks is not None:
-            marks[0].record()
-        captures = eng.runner.pool.num_captures
+        clock = StepClock(eng.timeline, eng.runner.pool)
+        clock.forward_begins()
         logits, graph = eng.runner.decode(batch.seqs, batch.slots, input_ids=input_ids)
-        if marks is not None:
-            marks[1].record()
+        clock.forward_ends()
         tokens = eng.sampler.sample(logits, batch.seqs)
         host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=self._pin)
         host.copy_(tokens, non_blocking=self._pin)
@@ -103,8 +95,7 @@ class OverlapStepper:
         if self._pin:
             ready = torch.cuda.Event()
             ready.record()
-        return InFlight(list(batch.seqs), tokens, host, ready, [s.num_tokens for s in batch.seqs], start,
-                        start_mono, graph, eng.runner.pool.num_captures - captures, marks)
+        return InFlight(list(batch.seqs), tokens, host, ready, [s.num_tokens for s in batch.seqs], graph, clock)
 
     def _chain(self, cur: InFlight) -> InFlight | None:
         """Launch the decode step after `cur` on its device tokens, if the scheduler would run exactly that
@@ -144,9 +135,5 @@ class OverlapStepper:
                 continue
             eng.block_manager.commit(seq, written)
             outputs.append(eng._append(seq, token, placeholder=cur.chained))
-        eng.last_step = StepInfo(kind="decode", batch_size=len(cur.seqs), num_tokens=len(cur.seqs),
-                                 seconds=time.perf_counter() - cur.start, graph=cur.graph, start=cur.start_mono,
-                                 captures=cur.captures)
-        if eng.timeline is not None:
-            eng.timeline.add(eng.last_step, cur.marks)
+        eng.last_step = cur.clock.close("decode", len(cur.seqs), len(cur.seqs), cur.graph)
         return outputs

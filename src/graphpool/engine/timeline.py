@@ -7,9 +7,10 @@ time is read from a pair of events per step, resolved when they have completed: 
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, fields, replace
-from typing import Any
+from typing import Any, Literal, Protocol
 
 import torch
 
@@ -77,6 +78,42 @@ class StepTimeline:
             "dropped": self._added - len(self._records),
             "steps": [[getattr(r, f) for f in names] for r in self._records],
         }
+
+
+class CaptureCounter(Protocol):
+    @property
+    def num_captures(self) -> int: ...
+
+
+class StepClock:
+    """One step's bookkeeping, from its start to its `StepInfo` in the timeline: the wall clocks, the events
+    around its forward and the graphs it captured (the synchronous step and async scheduling's both use it)."""
+
+    def __init__(self, timeline: StepTimeline | None, pool: CaptureCounter) -> None:
+        self.start = time.perf_counter()
+        self._start_mono = time.monotonic()
+        self._timeline = timeline
+        self._pool = pool
+        self._captures_before = pool.num_captures
+        self._marks = timeline.forward_events() if timeline is not None else None
+
+    def forward_begins(self) -> None:
+        if self._marks is not None:
+            self._marks[0].record()
+
+    def forward_ends(self) -> None:
+        if self._marks is not None:
+            self._marks[1].record()
+
+    def close(self, kind: Literal["prefill", "decode", "mixed"], batch_size: int, num_tokens: int, graph: bool,
+              forward_seconds: float | None = None) -> StepInfo:
+        """The step's StepInfo (its wall time ends now), added to the timeline."""
+        info = StepInfo(kind=kind, batch_size=batch_size, num_tokens=num_tokens,
+                        seconds=time.perf_counter() - self.start, graph=graph, forward_seconds=forward_seconds,
+                        start=self._start_mono, captures=self._pool.num_captures - self._captures_before)
+        if self._timeline is not None:
+            self._timeline.add(info, self._marks)
+        return info
 
 
 def records_from_export(data: dict[str, Any]) -> list[StepRecord]:
