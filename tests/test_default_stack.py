@@ -1,6 +1,6 @@
 """The GPU's default engine stack on the CPU: decode graphs (the pool's stand-in capturer), prefill steps
 through them, mixed steps, prefix caching, chunked prefill, and too few KV blocks (preemption), with and without
-async scheduling, against the plainest engine (eager, strict interleaving, no cache, ample KV): greedy tokens
+async scheduling and microbatch overlap, against the plainest engine (eager, strict interleaving, no cache, ample KV): greedy tokens
 equal, request for request, with prompts arriving while others decode."""
 
 from __future__ import annotations
@@ -34,12 +34,14 @@ def plain(loaded, workload):  # noqa: F811
     return _drive(engine, reqs, params)
 
 
-@pytest.mark.parametrize("async_scheduling", [False, True])
-def test_default_stack_equals_the_plain_engine(loaded, workload, plain, async_scheduling: bool) -> None:  # noqa: F811
+@pytest.mark.parametrize(("async_scheduling", "overlap"), [(False, False), (True, False), (False, True), (True, True)])
+def test_default_stack_equals_the_plain_engine(loaded, workload, plain, async_scheduling: bool,  # noqa: F811
+                                               overlap: bool) -> None:
     reqs, params = workload
     engine = LLMEngine(EngineConfig(device="cpu", max_model_len=MAX_MODEL_LEN, num_kv_blocks=18, block_size=4,
                                     max_num_batched_tokens=24, enable_mixed_steps=True, graph_warmup="none",
-                                    async_scheduling=async_scheduling, **LADDER),
+                                    async_scheduling=async_scheduling, enable_microbatch_overlap=overlap,
+                                    **LADDER),
                        loaded=loaded, capturer=EagerCapturer())
     kinds: dict[str, int] = {}
     step = engine.step

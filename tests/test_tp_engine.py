@@ -174,3 +174,18 @@ def test_graph_prefill_on_two_ranks_gives_the_tokens_of_one() -> None:
         assert any(r.kind == "prefill" and r.graph for r in steps)
     finally:
         engine.close()
+
+
+def test_microbatch_overlap_on_two_ranks_gives_the_tokens_of_one(one_rank_tokens: list[list[int]]) -> None:
+    """Each decode step as two microbatches, each one's all-reduces (gloo, async) running while the other
+    computes; graphs of two microbatches in lockstep on both ranks."""
+    settings = SETTINGS | {"enable_microbatch_overlap": True}
+    engine = LLMEngine(EngineConfig(model=MODEL, tensor_parallel_size=2, **settings),  # type: ignore[arg-type]
+                       capturer=EagerCapturer())
+    try:
+        assert engine.runner.pool.config.num_microbatches == 2
+        assert _tokens(engine) == one_rank_tokens
+        rank0, rank1 = engine.graph_stats_by_rank()
+        assert rank0 is not None and rank0 == rank1 and rank0.hits and rank0.eager_steps == 0
+    finally:
+        engine.close()

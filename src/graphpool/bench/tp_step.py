@@ -28,7 +28,7 @@ from graphpool.bench.common import (
 )
 
 DEFAULT_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-MODES = ("graph", "eager")
+MODES = ("graph", "eager", "overlap")  # overlap: graphs of two microbatches (enable_microbatch_overlap)
 
 
 @dataclass(frozen=True)
@@ -71,13 +71,16 @@ def _engine(cfg: TPStepConfig, tp: int, mode: str):  # -> LLMEngine
     from graphpool.engine.engine import LLMEngine
 
     sizes = tuple(sorted(set(cfg.batch_sizes)))
+    overlap = mode == "overlap"
+    warm = tuple(sorted({-(-b // 2) for b in sizes})) if overlap else sizes  # graph sizes are per microbatch
     config = EngineConfig(
         model=cfg.model, device=cfg.device, dtype=cfg.dtype, tensor_parallel_size=tp,
         max_model_len=cfg.prompt_len + cfg.decode_steps + 16, max_num_seqs=max(sizes),
         # NOTE: no mixed steps: the bs requests must decode in the same steps for a step of exactly bs rows
         enable_prefix_caching=False, enable_mixed_steps=False, profile_steps=True, disable_cudagraph=mode == "eager",
         graph_max_batch_size=max(256, max(sizes)), graph_miss_policy="capture",
-        graph_warmup=sizes if mode == "graph" else "none", max_graph_pool_size=len(sizes) + 1,
+        graph_warmup="none" if mode == "eager" else warm, max_graph_pool_size=len(sizes) + 1,
+        enable_microbatch_overlap=overlap,
     )
     return LLMEngine(config)
 

@@ -73,6 +73,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--async-scheduling", dest="async_scheduling", action="store_true", default=None,
                        help="launch the next decode step before the host has this one's tokens, so detokenizing "
                             "and scheduling overlap the GPU's work (experimental)")
+    _ENGINE_FLAGS["--enable-microbatch-overlap"] = "enable_microbatch_overlap"
+    group.add_argument("--enable-microbatch-overlap", dest="enable_microbatch_overlap", action="store_true",
+                       default=None, help="run each decode step as two microbatches in one graph, so one's "
+                       "tensor-parallel all-reduce overlaps the other's compute (graph sizes per microbatch)")
     _ENGINE_FLAGS["--disable-cudagraph"] = "disable_cudagraph"
     group.add_argument("--disable-cudagraph", dest="disable_cudagraph", action="store_true", default=None,
                        help="run every decode step eagerly")

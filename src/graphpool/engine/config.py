@@ -106,6 +106,9 @@ class EngineConfig:
     # launch the next decode step before the host has this one's tokens (engine/overlap.py; experimental until
     # the H200 has timed it: the engine's whole step was 1.16x its forward at 1B bs 1, docs/benchmarks.md)
     async_scheduling: bool = False
+    # decode steps as two microbatches in one graph, layers interleaved so one's all-reduce overlaps the
+    # other's compute (the seed's overlap mode; for tensor parallel). Graph sizes are then per microbatch.
+    enable_microbatch_overlap: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
@@ -149,7 +152,7 @@ class EngineConfig:
         if self.enable_mixed_steps is None:
             object.__setattr__(self, "enable_mixed_steps", self.graphs_enabled)
         for name in ("disable_cudagraph", "profile_steps", "enable_prefix_caching", "record_step_timeline",
-                     "enable_mixed_steps", "async_scheduling"):
+                     "enable_mixed_steps", "async_scheduling", "enable_microbatch_overlap"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         self._check_tensor_parallel()
@@ -202,8 +205,7 @@ class EngineConfig:
         """Sizes the pool for what warm-up asks, or refuses a warm-up the pool would evict while serving."""
         from graphpool.pool import PoolConfig
 
-        ladder = PoolConfig(max_batch_size=self.graph_max_batch_size, split_batch_size=self.graph_split_batch_size,
-                            grow_step=self.graph_grow_step_size).ladder()
+        ladder = PoolConfig(**self._ladder_kwargs()).ladder()
         wanted = len(ladder.sizes) if self.graph_warmup == "all" else None
         if isinstance(self.graph_warmup, tuple):
             wanted = len({ladder.find_closest(s) or s for s in self.graph_warmup})
@@ -258,15 +260,26 @@ class EngineConfig:
     def graphs_enabled(self) -> bool:
         return not self.disable_cudagraph and self.torch_device.type == "cuda"
 
+    @property
+    def num_microbatches(self) -> int:
+        return 2 if self.enable_microbatch_overlap else 1
+
+    def _ladder_kwargs(self) -> dict[str, int]:
+        """The pool's ladder, whose sizes are per microbatch: with two, every graph_* size is halved (rounded
+        up), so a graph still holds up to graph_max_batch_size rows in all."""
+        n = self.num_microbatches
+        return dict(max_batch_size=-(-self.graph_max_batch_size // n),
+                    split_batch_size=-(-self.graph_split_batch_size // n),
+                    grow_step=max(1, self.graph_grow_step_size // n))
+
     def pool_config(self) -> PoolConfig:
         from graphpool.pool import PoolConfig
 
         kwargs: dict[str, Any] = dict(
             enabled=not self.disable_cudagraph,
             max_graph_pool_size=self.max_graph_pool_size,
-            max_batch_size=self.graph_max_batch_size,
-            split_batch_size=self.graph_split_batch_size,
-            grow_step=self.graph_grow_step_size,
+            num_microbatches=self.num_microbatches,
+            **self._ladder_kwargs(),
             max_len_in_batch=self.len_bound,
             graph_memory_budget=self.graph_memory_budget,
             mempool=self.graph_mempool,

@@ -5,16 +5,21 @@ from __future__ import annotations
 
 import functools
 from itertools import chain
-from typing import Protocol
 
 import numpy as np
 import torch
 
 from graphpool.engine.config import EngineConfig
-from graphpool.engine.decode_step import decode_forward, decode_input_specs
+from graphpool.engine.decode_step import (
+    decode_forward,
+    decode_forward_microbatches,
+    decode_input_specs,
+    run_decode,
+)
 from graphpool.engine.kv_cache import BlockManager, KVCache
 from graphpool.engine.scheduler import PrefillChunk
 from graphpool.engine.sequence import Sequence
+from graphpool.engine.tp_messages import StepAnnouncer
 from graphpool.model.attn_metadata import AttentionMetadata
 from graphpool.pool import GraphPool
 from graphpool.pool.capture import Capturer
@@ -47,16 +52,6 @@ def _last_rows(chunks: list[PrefillChunk], first: int) -> list[int]:
 _PAGED_POSITIONS = 1 << 18  # context positions the torch attention of one paged-prefill piece may gather
 
 
-class StepAnnouncer(Protocol):
-    """Tensor parallel, rank 0: hands each step's batch to the other ranks before this rank's forward (whose
-    collectives need them running the same forward). engine/tp_leader.py."""
-
-    def prefill(self, chunks: list[PrefillChunk]) -> None: ...
-
-    def decode(self, last_tokens: list[int], lens: list[int], slots: list[int], rows: np.ndarray,
-               decision: Decision | None) -> None: ...
-
-
 class ModelRunner:
     """Builds each step's inputs from the sequences and runs the model.
 
@@ -85,14 +80,22 @@ class ModelRunner:
         # kernel's launch constants follow the bound, so a per-step bound made Triton JIT-compile new variants
         # while serving, and one bound keeps eager rows bitwise equal to replayed ones. Splits past a row's
         # length exit at once, so the larger bound costs little.
+        # NOTE: microbatch overlap: every decode step is two microbatches (rows split in halves, the first
+        # the larger), so the pool's sizes and decisions are per microbatch
+        self.num_microbatches = config.num_microbatches
+        forward = decode_forward if self.num_microbatches == 1 else decode_forward_microbatches
         self.pool = GraphPool(
-            functools.partial(decode_forward, model, kv_caches, max_len_bound=self.len_bound),
+            functools.partial(forward, model, kv_caches, max_len_bound=self.len_bound),
             decode_input_specs(self.max_blocks), config.pool_config(), device=self.device, capturer=capturer,
             capture_sync=capture_sync,
         )
         self.announce: StepAnnouncer | None = None  # set on rank 0 under tensor parallel
         self.graph_prefill_max_tokens = config.graph_prefill_max_tokens if self.graphs_enabled else 0
         self.last_prefill_replayed = False  # whether the latest prefill replayed a decode graph
+
+    def _graph_rows(self, rows: int) -> int:
+        """The pool's batch size of a step of `rows` rows (per microbatch)."""
+        return -(-rows // self.num_microbatches)
 
     def _to_device(self, values: list[int], dtype: torch.dtype) -> torch.Tensor:
         return torch.tensor(values, dtype=dtype, pin_memory=self._pin).to(self.device, non_blocking=True)
@@ -214,7 +217,7 @@ class ModelRunner:
         the last chunks' logits, or None when no resident graph serves it (never a capture: prefill steps
         borrow the decode step's graphs, they add none)."""
         with self.pool.lock:
-            decision = self.pool.resident_decision(tokens, max(c.end for c in chunks))
+            decision = self.pool.resident_decision(self._graph_rows(tokens), max(c.end for c in chunks))
             if decision is None:
                 return None
             return self._rows_step([], [], chunks, decision)[0]
@@ -278,7 +281,7 @@ class ModelRunner:
         with self.pool.lock:
             if self.announce is not None:  # NOTE: tensor parallel: rank 0 decides and sends the decision along
                 if not eager_bound and decision is None:
-                    decision = self.pool.decide(len(lens), max_len)
+                    decision = self.pool.decide(self._graph_rows(len(lens)), max_len)
                 self.announce.decode(last_tokens, lens, slots, rows, decision)
             if input_ids is None:
                 ids_t, pos_t, slots_t = self._ints_to_device(last_tokens, [n - 1 for n in lens], slots)
@@ -294,10 +297,8 @@ class ModelRunner:
                 "block_tables": self._tables_to_device(rows),
                 "context_lens": self._to_device(lens, torch.int32),
             }
-            if eager_bound:
-                return decode_forward(self.model, self.kv_caches, inputs, max_len_bound=eager_bound), False
-            logits = self.pool.run(inputs, max_len_in_batch=max_len, decision=decision)
-            return logits, self.pool.last_replayed
+            return run_decode(self.pool, self.model, self.kv_caches, inputs, self.num_microbatches,
+                              eager_bound=eager_bound, max_len=max_len, decision=decision)
 
     def warmup(self, sizes: str | tuple[int, ...]) -> None:
         if not self.graphs_enabled or sizes == "none":

@@ -15,11 +15,23 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
 from graphpool.engine.kv_cache import BlockManager
 from graphpool.engine.scheduler import PrefillChunk
+from graphpool.pool.lockstep import Decision
+
+
+class StepAnnouncer(Protocol):
+    """Tensor parallel, rank 0: hands each step's batch to the other ranks before this rank's forward (whose
+    collectives need them running the same forward). engine/tp_leader.py."""
+
+    def prefill(self, chunks: list[PrefillChunk]) -> None: ...
+
+    def decode(self, last_tokens: list[int], lens: list[int], slots: list[int], rows: np.ndarray,
+               decision: Decision | None) -> None: ...
 
 
 @dataclass(frozen=True)

@@ -60,5 +60,9 @@ class RowLinear(_Linear):
 
     tp: TPGroup = SINGLE
 
+    def partial(self, x: torch.Tensor) -> torch.Tensor:
+        """This rank's partial sum (before the all-reduce): for callers that overlap the reduce."""
+        return super().forward(x)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.tp.all_reduce(super().forward(x))
+        return self.tp.all_reduce(self.partial(x))

@@ -13,7 +13,7 @@ from graphpool.model.config import ModelConfig
 from graphpool.model.layers import RMSNorm, RotaryEmbedding, SwiGLU
 from graphpool.model.linear import ColumnLinear, RowLinear
 from graphpool.model.ops import AttnBackend, ModelOps, resolve_ops
-from graphpool.model.tp_group import SINGLE, TPGroup
+from graphpool.model.tp_group import DONE, SINGLE, TPGroup
 
 __all__ = ["AttnBackend", "KVCache", "LlamaModel"]
 
@@ -48,6 +48,10 @@ class LlamaAttention(nn.Module):
         self.ops = ops
 
     def forward(self, x: torch.Tensor, meta: AttentionMetadata, kv_cache: KVCache) -> torch.Tensor:
+        return self.o_proj.tp.all_reduce(self.partial(x, meta, kv_cache))
+
+    def partial(self, x: torch.Tensor, meta: AttentionMetadata, kv_cache: KVCache) -> torch.Tensor:
+        """The output before o_proj's all-reduce (a rank's partial sum under tensor parallel)."""
         q, k, v = self.qkv_proj(x).split(self.qkv_proj.sizes, dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
@@ -66,7 +70,7 @@ class LlamaAttention(nn.Module):
             o = self.ops.decode_attention(
                 q, k_cache, v_cache, meta.block_tables, meta.context_lens, self.scale, meta.max_len_bound
             )
-        return self.o_proj(o.reshape(-1, self.num_heads * self.head_dim))
+        return self.o_proj.partial(o.reshape(-1, self.num_heads * self.head_dim))
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -90,14 +94,32 @@ class LlamaDecoderLayer(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Residual-stream form: `x` is the previous layer's output delta, `residual` the stream before it
         (None for the first layer). Returns (this layer's delta, the stream before it)."""
-        norm1, norm2 = self.input_layernorm, self.post_attention_layernorm
+        tp = self.self_attn.o_proj.tp
+        h, residual = self.attention_stage(x, residual, meta, kv_cache)
+        h, residual = self.mlp_stage(tp.all_reduce(h), residual)
+        return tp.all_reduce(h), residual
+
+    # NOTE: the layer's two halves, each ending where an all-reduce starts (microbatch overlap interleaves
+    # them: one microbatch's reduce runs while the other computes); each returns a partial sum, unreduced.
+    def attention_stage(
+        self, x: torch.Tensor, residual: torch.Tensor | None, meta: AttentionMetadata, kv_cache: KVCache
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        norm1 = self.input_layernorm
         if residual is None:
             residual, h = x, self.ops.rms_norm(x, norm1.weight, norm1.eps)
         else:
             h, residual = self.ops.add_rms_norm(x, residual, norm1.weight, norm1.eps)
-        h = self.self_attn(h, meta, kv_cache)
-        h, residual = self.ops.add_rms_norm(h, residual, norm2.weight, norm2.eps)
-        return self.mlp(h), residual
+        return self.self_attn.partial(h, meta, kv_cache), residual
+
+    def mlp_stage(
+        self, x: torch.Tensor, residual: torch.Tensor | None, meta: AttentionMetadata | None = None,
+        kv_cache: KVCache | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            raise ValueError("the MLP stage follows an attention stage: it needs the residual stream")
+        norm2 = self.post_attention_layernorm
+        h, residual = self.ops.add_rms_norm(x, residual, norm2.weight, norm2.eps)
+        return self.mlp.partial(h), residual
 
 
 class LlamaModel(nn.Module):
@@ -167,6 +189,34 @@ class LlamaModel(nn.Module):
             x, residual = layer(x, residual, meta, kv_cache)
         assert residual is not None
         return self.ops.add_rms_norm(x, residual, self.norm.weight, self.norm.eps)[0]
+
+    def forward_microbatches(
+        self, microbatches: Sequence[tuple[torch.Tensor, AttentionMetadata]], kv_caches: Sequence[KVCache]
+    ) -> list[torch.Tensor]:
+        """`forward` of several batches at once, their layers interleaved so that each all-reduce of one
+        overlaps the next stage's compute of the others (tensor parallel's microbatch overlap): per layer
+        stage, each microbatch waits for its own reduce, computes the stage and starts the next reduce.
+        A microbatch of no rows is left out (every rank splits the same way, so their collectives still
+        match). With one rank it computes exactly `forward`'s ops, microbatch by microbatch."""
+        if len(kv_caches) != len(self.layers):
+            raise ValueError(f"expected {len(self.layers)} per-layer KV caches, got {len(kv_caches)}")
+        live = [i for i, (ids, _) in enumerate(microbatches) if ids.shape[0]]
+        xs = {i: self.embed_tokens(microbatches[i][0]) for i in live}
+        residuals: dict[int, torch.Tensor | None] = dict.fromkeys(live)
+        pending = {i: DONE for i in live}
+        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+            for stage in (layer.attention_stage, layer.mlp_stage):
+                for i in live:
+                    pending[i].wait()
+                    xs[i], residuals[i] = stage(xs[i], residuals[i], microbatches[i][1], kv_cache)
+                    pending[i] = self.tp.all_reduce_async(xs[i])
+        out = [torch.empty((0, self.config.hidden_size), device=self.device, dtype=self.dtype)] * len(microbatches)
+        for i in live:
+            pending[i].wait()
+            residual = residuals[i]
+            assert residual is not None
+            out[i] = self.ops.add_rms_norm(xs[i], residual, self.norm.weight, self.norm.eps)[0]
+        return out
 
     def compute_logits(self, hidden: torch.Tensor, upcast: bool = True) -> torch.Tensor:
         """hidden [T, hidden] -> logits [T, vocab]: float32, or the model's dtype with ``upcast=False`` (a

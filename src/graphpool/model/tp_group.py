@@ -1,18 +1,32 @@
 """The tensor-parallel group a model shard runs in, and the step's two collectives on it.
 
 A `TPGroup` is this process's rank, the number of ranks and the torch.distributed process group (NCCL on
-GPUs, gloo on the CPU). With one rank both collectives are the identity and nothing of torch.distributed is
+GPUs, gloo on the CPU). With one rank every collective is the identity and nothing of torch.distributed is
 touched, so the single-rank model never pays for them.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
-__all__ = ["SINGLE", "TPGroup"]
+__all__ = ["SINGLE", "Pending", "TPGroup"]
+
+
+class Pending(Protocol):
+    """A collective in flight (torch.distributed's Work): `wait()` before reading its tensor."""
+
+    def wait(self) -> Any: ...
+
+
+class _Done:
+    def wait(self) -> None:
+        return None
+
+
+DONE: Pending = _Done()
 
 
 @dataclass(frozen=True)
@@ -42,6 +56,16 @@ class TPGroup:
 
         dist.all_reduce(x, group=self.group)
         return x
+
+    def all_reduce_async(self, x: torch.Tensor) -> Pending:
+        """Start the sum of `x` over the ranks, in place; `x` holds it once `wait()` returned. With NCCL the
+        collective runs on its own stream and `wait()` makes the current stream wait for it (inside a graph
+        capture both are captured), so work issued in between overlaps it; with gloo it runs on a thread."""
+        if self.world_size == 1:
+            return DONE
+        import torch.distributed as dist
+
+        return dist.all_reduce(x, group=self.group, async_op=True)
 
     def gather_last_dim(self, x: torch.Tensor) -> torch.Tensor:
         """`x [..., n]` of every rank -> `[..., world_size * n]`, rank 0's columns first (vocab shards)."""
