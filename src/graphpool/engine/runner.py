@@ -20,6 +20,7 @@ from graphpool.engine.kv_cache import BlockManager, KVCache
 from graphpool.engine.scheduler import PrefillChunk
 from graphpool.engine.sequence import Sequence
 from graphpool.engine.tp_messages import StepAnnouncer
+from graphpool.engine.warmup import prefill_warmup_lengths, warm_eager_prefill
 from graphpool.model.attn_metadata import AttentionMetadata
 from graphpool.pool import GraphPool
 from graphpool.pool.capture import Capturer
@@ -91,6 +92,8 @@ class ModelRunner:
         )
         self.announce: StepAnnouncer | None = None  # set on rank 0 under tensor parallel
         self.graph_prefill_max_tokens = config.graph_prefill_max_tokens if self.graphs_enabled else 0
+        self.prefill_warmup = prefill_warmup_lengths(self.graph_prefill_max_tokens, config.token_budget,
+                                                     config.max_model_len) if self.device.type == "cuda" else ()
         self.last_prefill_replayed = False  # whether the latest prefill replayed a decode graph
 
     def _graph_rows(self, rows: int) -> int:
@@ -301,6 +304,8 @@ class ModelRunner:
                               eager_bound=eager_bound, max_len=max_len, decision=decision)
 
     def warmup(self, sizes: str | tuple[int, ...]) -> None:
+        """The eager prefill path (CUDA; engine/warmup.py), then the graphs `sizes` asks for."""
+        warm_eager_prefill(self.model, self.kv_caches, self.prefill_warmup)
         if not self.graphs_enabled or sizes == "none":
             return
         with torch.inference_mode():

@@ -1,0 +1,41 @@
+"""Start-up warm-up of the eager prefill path.
+
+NOTE: on the H200 (session 18) the first eager prefill step of a served run (263 tokens, the run's only one:
+every other prompt went through the decode graphs) took 1.48 s of device-timed forward where later eager
+prefills take ~30 ms: a first-call cost of that path, paid while every stream waited. Engines pay such costs
+before serving (vLLM's start-up profile run, SGLang's warm-up request); so does this: one eager prefill just
+past the graph-prefill bound and one of the token budget (at most WARMUP_MAX_TOKENS), before the graph
+warm-up. Their K/V go to the
+dummy block (block 0, never handed out), so no request's cache is touched.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from graphpool.engine.kv_cache import DUMMY_BLOCK, KVCache
+from graphpool.model.attn_metadata import AttentionMetadata
+
+WARMUP_MAX_TOKENS = 2048  # NOTE: first-call costs, not a memory profile: a long context's budget would take seconds
+
+
+def prefill_warmup_lengths(graph_prefill_max_tokens: int, token_budget: int, max_model_len: int) -> tuple[int, ...]:
+    """The prompt lengths of the warm-up's eager prefills."""
+    cap = min(max_model_len, WARMUP_MAX_TOKENS)
+    return tuple(sorted({min(n, cap) for n in (graph_prefill_max_tokens + 1, token_budget)}))
+
+
+@torch.inference_mode()
+def warm_eager_prefill(model: torch.nn.Module, kv_caches: list[KVCache], lengths: tuple[int, ...]) -> None:
+    """One eager prefill of each length (token id 0 throughout), K/V into the dummy block's first slot."""
+    device = model.device
+    block_size = kv_caches[0][0].shape[1]
+    for n in lengths:
+        meta = AttentionMetadata(
+            is_prefill=True,
+            positions=torch.arange(n, device=device),
+            slot_mapping=torch.full((n,), DUMMY_BLOCK * block_size, dtype=torch.int64, device=device),
+            seq_lens=[n],
+        )
+        hidden = model(torch.zeros(n, dtype=torch.int64, device=device), meta, kv_caches)
+        model.compute_logits(hidden[-1:])

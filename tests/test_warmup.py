@@ -1,0 +1,39 @@
+"""The start-up warm-up of the eager prefill path (engine/warmup.py): which lengths, and that it leaves every
+request's KV cache alone (it writes only the dummy block)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from graphpool.engine.kv_cache import DUMMY_BLOCK
+from graphpool.engine.warmup import WARMUP_MAX_TOKENS, prefill_warmup_lengths, warm_eager_prefill
+from graphpool.model.llama import LlamaModel
+from graphpool.model.presets import PRESETS
+from graphpool.model.weights import init_random_weights
+
+
+def test_the_lengths_pass_the_graph_prefill_bound_and_stop_at_the_cap() -> None:
+    assert prefill_warmup_lengths(256, 4096, 2048) == (257, 2048)
+    assert prefill_warmup_lengths(0, 4096, 8192) == (1, WARMUP_MAX_TOKENS)
+    assert prefill_warmup_lengths(256, 512, 300) == (257, 300)
+    assert prefill_warmup_lengths(256, 4096, 100) == (100,)
+
+
+def test_the_warmup_writes_only_the_dummy_block() -> None:
+    config = dataclasses.replace(PRESETS["qwen2.5-0.5b"], num_layers=2, hidden_size=128, intermediate_size=256,
+                                 vocab_size=1001, bos_token_id=1, eos_token_ids=(2,))
+    model = LlamaModel(config, max_positions=64)
+    init_random_weights(model, seed=1)
+    kv = model.allocate_kv_caches(8, 4)
+    for k, v in kv:
+        k.normal_()
+        v.normal_()
+    before = [(k.clone(), v.clone()) for k, v in kv]
+    warm_eager_prefill(model, kv, (5, 40))
+    for (k, v), (k0, v0) in zip(kv, before, strict=True):
+        keep = torch.ones(k.shape[0], dtype=torch.bool)
+        keep[DUMMY_BLOCK] = False
+        assert torch.equal(k[keep], k0[keep]) and torch.equal(v[keep], v0[keep])
+        assert not torch.equal(k[DUMMY_BLOCK], k0[DUMMY_BLOCK])  # it did run the layers
