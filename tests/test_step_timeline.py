@@ -72,6 +72,18 @@ def test_gap_parts_split_the_gap_by_what_ran() -> None:
     assert sum(parts.values()) == pytest.approx(0.040 - 0.0035)
 
 
+def test_gap_parts_give_a_chained_launch_its_own_time() -> None:
+    """Async scheduling: step 1 is launched (and captures a graph) inside step 0's span, whose outputs come
+    after it; the capture's time is the capture's, not step 0's."""
+    steps = [_step(0.000, 0.060), _step(0.002, 0.061, captures=1)]
+    ends = [s.start + s.seconds for s in steps]
+    parts = gap_parts(0.001, 0.061, steps, ends)  # token b made by step 0 (ended 60 ms)
+    assert parts["graph capture"] == pytest.approx(0.058)
+    assert parts["graph decode step"] == pytest.approx(0.001)
+    assert parts["delivery (HTTP, event loop, client)"] == pytest.approx(0.001)
+    assert sum(parts.values()) == pytest.approx(0.060)
+
+
 def test_attribute_names_the_largest_part() -> None:
     steps = [_step(0.0, 0.002), _step(0.002, 0.050, captures=1), _step(0.052, 0.002),
              _step(0.054, 0.030, kind="prefill", graph=False), _step(0.084, 0.002),

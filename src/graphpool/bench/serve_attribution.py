@@ -4,7 +4,8 @@ step timeline (GET /debug/steps) on the one monotonic clock, and given the cause
 A gap runs from the client's arrival of one chunk (a) to the next (b). The token at b left the engine when the
 last step that ended before b ended (e); [e, b] is delivery (engine thread -> event loop -> HTTP -> client).
 [a, e] is split over the steps that ran in it (by kind: a step that captured a graph, a prefill, an eager or
-a replayed decode) and the engine thread's time between steps. The client's own lateness (spans in which the
+a replayed decode) and the engine thread's time between steps; where steps overlap (async scheduling launches a
+step inside the span of the one before), each moment goes to the latest step begun by then. The client's own lateness (spans in which the
 event loop of the client process that streams the request woke over 1 ms late) is taken out first: a gap
 that was at least half client lateness is the client's; else the cause is its largest part.
 """
@@ -44,9 +45,15 @@ def gap_parts(a: float, b: float, steps: Sequence[StepRecord], ends: Sequence[fl
     e = max(a, ends[last]) if last >= 0 else a
     parts[DELIVERY] = b - e
     covered = 0.0
-    for i in range(bisect.bisect_right(ends, a), last + 1):
+    for i in range(bisect.bisect_right(ends, a), len(steps)):
         step = steps[i]
-        overlap = min(ends[i], e) - max(step.start, a)
+        if step.start >= e:
+            break
+        # NOTE: with async scheduling a step's span (launch to its outputs) holds the next step's launch, a
+        # capture included: a moment goes to the latest step begun by then, so a step's own part ends where
+        # the next one begins (without overlap, at its own end, as before)
+        own_end = min(ends[i], steps[i + 1].start) if i + 1 < len(steps) else ends[i]
+        overlap = min(own_end, e) - max(step.start, a)
         if overlap > 0:
             parts[_kind(step)] += overlap
             covered += overlap
