@@ -81,9 +81,7 @@ class SwiGLU(nn.Module):
         self.down_proj = RowLinear(size, config.hidden_size, False, device, dtype)
         self.ops = ops
 
-    def partial(self, x: torch.Tensor) -> torch.Tensor:
-        """The output before down_proj's all-reduce (a rank's partial sum under tensor parallel)."""
-        return self.down_proj.partial(self.ops.silu_mul(self.gate_up_proj(x)))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj.tp.all_reduce(self.partial(x))
+    def forward(self, x: torch.Tensor, reduce: bool = True) -> torch.Tensor:
+        """`reduce=False`: the output before down_proj's all-reduce (a rank's partial sum under tensor parallel)."""
+        out = self.down_proj.partial(self.ops.silu_mul(self.gate_up_proj(x)))
+        return self.down_proj.tp.all_reduce(out) if reduce else out

@@ -47,11 +47,8 @@ class LlamaAttention(nn.Module):
         self.rotary = rotary
         self.ops = ops
 
-    def forward(self, x: torch.Tensor, meta: AttentionMetadata, kv_cache: KVCache) -> torch.Tensor:
-        return self.o_proj.tp.all_reduce(self.partial(x, meta, kv_cache))
-
-    def partial(self, x: torch.Tensor, meta: AttentionMetadata, kv_cache: KVCache) -> torch.Tensor:
-        """The output before o_proj's all-reduce (a rank's partial sum under tensor parallel)."""
+    def forward(self, x: torch.Tensor, meta: AttentionMetadata, kv_cache: KVCache, reduce: bool = True) -> torch.Tensor:
+        """`reduce=False`: the output before o_proj's all-reduce (a rank's partial sum under tensor parallel)."""
         q, k, v = self.qkv_proj(x).split(self.qkv_proj.sizes, dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
@@ -70,7 +67,8 @@ class LlamaAttention(nn.Module):
             o = self.ops.decode_attention(
                 q, k_cache, v_cache, meta.block_tables, meta.context_lens, self.scale, meta.max_len_bound
             )
-        return self.o_proj.partial(o.reshape(-1, self.num_heads * self.head_dim))
+        o = self.o_proj.partial(o.reshape(-1, self.num_heads * self.head_dim))
+        return self.o_proj.tp.all_reduce(o) if reduce else o
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -109,7 +107,7 @@ class LlamaDecoderLayer(nn.Module):
             residual, h = x, self.ops.rms_norm(x, norm1.weight, norm1.eps)
         else:
             h, residual = self.ops.add_rms_norm(x, residual, norm1.weight, norm1.eps)
-        return self.self_attn.partial(h, meta, kv_cache), residual
+        return self.self_attn(h, meta, kv_cache, reduce=False), residual
 
     def mlp_stage(
         self, x: torch.Tensor, residual: torch.Tensor | None, meta: AttentionMetadata | None = None,
@@ -119,7 +117,7 @@ class LlamaDecoderLayer(nn.Module):
             raise ValueError("the MLP stage follows an attention stage: it needs the residual stream")
         norm2 = self.post_attention_layernorm
         h, residual = self.ops.add_rms_norm(x, residual, norm2.weight, norm2.eps)
-        return self.mlp.partial(h), residual
+        return self.mlp(h, reduce=False), residual
 
 
 class LlamaModel(nn.Module):
