@@ -189,3 +189,17 @@ def test_microbatch_overlap_on_two_ranks_gives_the_tokens_of_one(one_rank_tokens
         assert rank0 is not None and rank0 == rank1 and rank0.hits and rank0.eager_steps == 0
     finally:
         engine.close()
+
+
+def test_async_scheduling_on_two_ranks_gives_the_tokens_of_one(one_rank_tokens: list[list[int]]) -> None:
+    """A chained decode step's input tokens are still on rank 0's device: rank 1 gets them by a broadcast."""
+    settings = SETTINGS | {"async_scheduling": True}
+    engine = LLMEngine(EngineConfig(model=MODEL, tensor_parallel_size=2, **settings),  # type: ignore[arg-type]
+                       capturer=EagerCapturer())
+    try:
+        assert _tokens(engine) == one_rank_tokens
+        assert engine.stats().async_chained_steps_total > 0
+        rank0, rank1 = engine.graph_stats_by_rank()
+        assert rank0 is not None and rank0 == rank1 and rank0.hits
+    finally:
+        engine.close()

@@ -263,12 +263,13 @@ class ModelRunner:
                                 input_ids=input_ids)
 
     @torch.inference_mode()
-    def decode_rows(self, last_tokens: list[int], lens: list[int], slots: list[int], rows: np.ndarray,
+    def decode_rows(self, last_tokens: list[int] | None, lens: list[int], slots: list[int], rows: np.ndarray,
                     decision: Decision | None = None,
                     input_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, bool]:
         """The decode step from its host data: each row's input token, context length (its position + 1),
         KV slot and block-table row; what rank 0 sends the other ranks under tensor parallel, with the pool's
-        `decision` (None: decide here)."""
+        `decision` (None: decide here). `input_ids` (rank 0, async scheduling): the input tokens are on the
+        device; the other ranks get `last_tokens=None` and receive them by a broadcast from rank 0."""
         max_len = max(lens)
         # NOTE: contexts beyond the graph bound could never replay a graph: they skip the pool, with a wider
         # block table and a bound rounded up to a power of two (few kernel variants). Without graphs and
@@ -285,14 +286,14 @@ class ModelRunner:
             if self.announce is not None:  # NOTE: tensor parallel: rank 0 decides and sends the decision along
                 if not eager_bound and decision is None:
                     decision = self.pool.decide(self._graph_rows(len(lens)), max_len)
-                self.announce.decode(last_tokens, lens, slots, rows, decision)
-            if input_ids is None:
+                self.announce.decode(None if input_ids is not None else last_tokens, lens, slots, rows, decision)
+            if last_tokens is not None and input_ids is None:
                 ids_t, pos_t, slots_t = self._ints_to_device(last_tokens, [n - 1 for n in lens], slots)
             else:
-                if self.announce is not None:
-                    raise RuntimeError("decode rows with device input ids cannot be announced to other ranks")
-                ids_t = input_ids
                 pos_t, slots_t = self._ints_to_device([n - 1 for n in lens], slots)
+                if input_ids is None:  # NOTE: a rank > 0 under async scheduling: rank 0 sends the tokens
+                    input_ids = torch.empty(len(lens), dtype=torch.int64, device=self.device)
+                ids_t = self.model.tp.broadcast(input_ids)
             inputs = {
                 "input_ids": ids_t,
                 "positions": pos_t,

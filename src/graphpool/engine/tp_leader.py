@@ -186,6 +186,6 @@ class _Announcer:
     def prefill(self, chunks: list[PrefillChunk]) -> None:
         self.leader.send(prefill_message(chunks, self.block_manager))
 
-    def decode(self, last_tokens: list[int], lens: list[int], slots: list[int], rows: np.ndarray,
+    def decode(self, last_tokens: list[int] | None, lens: list[int], slots: list[int], rows: np.ndarray,
                decision: Decision | None) -> None:
         self.leader.send(("decode", last_tokens, lens, slots, rows, decision))

@@ -67,6 +67,16 @@ class TPGroup:
 
         return dist.all_reduce(x, group=self.group, async_op=True)
 
+    def broadcast(self, x: torch.Tensor) -> torch.Tensor:
+        """Rank 0's `x` on every rank, in place (stream-ordered on NCCL: no host sync)."""
+        if self.world_size == 1:
+            return x
+        import torch.distributed as dist
+
+        src = 0 if self.group is None else dist.get_global_rank(self.group, 0)
+        dist.broadcast(x, src=src, group=self.group)
+        return x
+
     def gather_last_dim(self, x: torch.Tensor) -> torch.Tensor:
         """`x [..., n]` of every rank -> `[..., world_size * n]`, rank 0's columns first (vocab shards)."""
         if self.world_size == 1:
