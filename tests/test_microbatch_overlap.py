@@ -108,3 +108,12 @@ def test_the_config_halves_the_graph_sizes_per_microbatch() -> None:
     args = parser.parse_args(["--enable-microbatch-overlap"])
     assert engine_config_from_args(args, device="cpu").enable_microbatch_overlap
     assert not engine_config_from_args(parser.parse_args([]), device="cpu").enable_microbatch_overlap
+
+
+def test_one_rank_with_overlap_says_there_is_nothing_to_overlap(caplog) -> None:
+    from graphpool.engine.engine import LLMEngine
+
+    with caplog.at_level("WARNING", logger="graphpool.engine.engine"):
+        LLMEngine(EngineConfig(model="random:qwen2.5-0.5b?layers=1", device="cpu", max_model_len=64, num_kv_blocks=16,
+                               enable_microbatch_overlap=True))
+    assert any("no all-reduce to overlap" in r.message for r in caplog.records)

@@ -112,6 +112,9 @@ class LLMEngine:
         self.runner.warmup(config.graph_warmup)
         if self._tp is not None:
             self._tp.wait_for("ready")
+        elif config.enable_microbatch_overlap:
+            log.warning("microbatch overlap with one rank: no all-reduce to overlap, each decode step only runs as "
+                        "two microbatches (for tests and comparisons; it pays, if at all, with --tensor-parallel-size > 1)")
         log.info("engine ready: %s on %s (%s), %d KV blocks of %d tokens, graphs %s", self.model_name,
                  self.device, self.dtype, num_blocks - 1, bs, "on" if self.runner.graphs_enabled else "off")
 
