@@ -52,9 +52,11 @@ def test_configs_and_ladder() -> None:
     assert "--graph-miss-policy" in cfgs["c"].flags and "16" in cfgs["c"].flags and cfgs["d"].flags == ()
     assert cfgs["e"].flags == ("--graph-memory-budget", "128MiB")
     assert cfgs["f"].flags == ("--graph-warmup", "none")
+    assert cfgs["j"].flags == ("--enable-microbatch-overlap",)
+    assert ladder_size(["--enable-microbatch-overlap"]) == 30  # per microbatch: 1..16, then 24..128 by 8
     with pytest.raises(ValueError, match="exactly one --configs"):
         _bench_config(url="http://127.0.0.1:1", configs=("a", "d"))
-    with pytest.raises(ValueError, match="letters a-f"):
+    with pytest.raises(ValueError, match="letters of abcdefghij"):
         _bench_config(configs=("z",))
     with pytest.raises(ValueError, match="rate"):
         _bench_config(rate=0.0)

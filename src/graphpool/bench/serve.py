@@ -43,6 +43,7 @@ CONFIG_LABELS = {
     "g": "graphpool, eager prefill steps, no mixed steps",
     "h": "graphpool, no mixed steps",
     "i": "graphpool + async scheduling",
+    "j": "graphpool + microbatch overlap",
 }
 # the prefill of the seed and of graphpool before session 17: every prefill step eager, decodes wait for it
 _EAGER_PREFILL = ("--graph-prefill-max-tokens", "0", "--no-enable-mixed-steps")
@@ -78,6 +79,7 @@ def serve_configs(ladder_n: int, budget: str) -> dict[str, ServeConfig]:
         "g": _EAGER_PREFILL,
         "h": ("--no-enable-mixed-steps",),
         "i": ("--async-scheduling",),
+        "j": ("--enable-microbatch-overlap",),  # NOTE: for tensor parallel (--server-arg=--tensor-parallel-size=2)
     }
     labels = CONFIG_LABELS | {"b": f"capture all {ladder_n} at start-up", "e": f"graphpool + budget {budget}"}
     return {k: ServeConfig(k, labels[k], v) for k, v in flags.items()}
@@ -112,7 +114,8 @@ class ServeBenchConfig:
             raise ValueError("serve bench: --seeds must be >= 1")
         unknown = [c for c in self.configs if c not in CONFIG_LABELS]
         if unknown or not self.configs:
-            raise ValueError(f"serve bench: --configs are letters a-f, got {''.join(self.configs)!r}")
+            raise ValueError(f"serve bench: --configs are letters of {''.join(CONFIG_LABELS)}, "
+                             f"got {''.join(self.configs)!r}")
         if self.url and len(self.configs) != 1:
             raise ValueError("serve bench: with --url (an existing server) give exactly one --configs letter, "
                              "the one that server runs")
@@ -280,8 +283,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="letters: (a) no graphs, (b) capture every ladder size at start-up, (c) the seed: LRU 16, "
                         "capture on miss, shared mempool, no warm-up, (d) graphpool default, (e) graphpool with "
                         "--graph-memory-budget, (f) graphpool default without the start-up warm-up (lazy capture), (g) "
-                        "graphpool with prefill steps of <= 256 tokens replaying the decode graphs (a 256-token "
-                        "prefill budget), (h) (g) plus mixed steps (decode steps carry prompt chunks)")
+                        "eager prefill steps and no mixed steps (the default before session 17), (h) no mixed steps, "
+                        "(i) + --async-scheduling, (j) + --enable-microbatch-overlap (with "
+                        "--server-arg=--tensor-parallel-size=2)")
     p.add_argument("--budget", default="256MiB", help="--graph-memory-budget of configuration (e)")
     p.add_argument("--prompt-mean", type=float, default=300.0, help="lognormal prompt length mean (tokens)")
     p.add_argument("--prompt-cap", type=int, default=1024)
