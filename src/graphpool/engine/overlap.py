@@ -68,6 +68,18 @@ class OverlapStepper:
         self.inflight: InFlight | None = None
         self.chained_steps = 0  # decode steps launched before the previous one's tokens reached the host
         self._pin = engine.device.type == "cuda"
+        # NOTE: two host buffers for the tokens, used by turns: a launch writes one while the step before it
+        # is read from the other, and each is read (its copy waited for) before its next turn comes
+        self._hosts: list[torch.Tensor] = [torch.empty(0, dtype=torch.int64)] * 2
+        self._turn = 0
+
+    def _host_buffer(self, n: int, dtype: torch.dtype) -> torch.Tensor:
+        self._turn ^= 1
+        buf = self._hosts[self._turn]
+        if buf.numel() < n or buf.dtype != dtype:
+            buf = torch.empty(max(n, 2 * buf.numel()), dtype=dtype, pin_memory=self._pin)
+            self._hosts[self._turn] = buf
+        return buf[:n]
 
     def step(self) -> list[RequestOutput]:
         cur = self.inflight
@@ -89,7 +101,7 @@ class OverlapStepper:
         logits, graph = eng.runner.decode(batch.seqs, batch.slots, input_ids=input_ids)
         clock.forward_ends()
         tokens = eng.sampler.sample(logits, batch.seqs)
-        host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=self._pin)
+        host = self._host_buffer(tokens.shape[0], tokens.dtype)
         host.copy_(tokens, non_blocking=self._pin)
         ready = None
         if self._pin:
