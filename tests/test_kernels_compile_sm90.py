@@ -82,3 +82,14 @@ def test_norm_and_rotary_kernels_compile() -> None:
         HQ=32, HKV=8, HALF=64, BLOCK_HQ=32, BLOCK_HKV=8, BLOCK_HALF=64, BLOCK_SIZE=16, WRITE_KV=True
     )
     _compile(nr._rotary_kernel, rope_types, constexprs)
+
+
+def test_argmax_kernels_compile() -> None:
+    from graphpool.kernels import _triton_argmax as am
+
+    def block_types(name: str) -> str:
+        return {"x_ptr": "*bf16", "val_ptr": "*fp32", "idx_ptr": "*i64", "nan_ptr": "*i64"}.get(name, "i32")
+
+    _compile(am._block_argmax_kernel, block_types, dict(BLOCK=am.BLOCK))
+    rows_types = {"val_ptr": "*fp32", "idx_ptr": "*i64", "nan_ptr": "*i64", "out_ptr": "*i64"}
+    _compile(am._rows_argmax_kernel, lambda n: rows_types.get(n, "i32"), dict(BLOCKS=128))

@@ -6,6 +6,7 @@ import torch
 
 from graphpool.engine.penalties import TokenCounts, apply_penalties
 from graphpool.engine.sequence import Sequence
+from graphpool.kernels.argmax import argmax_rows
 
 
 class Sampler:
@@ -66,7 +67,7 @@ class Sampler:
         return tokens
 
     def _choose(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
-        greedy_tokens = logits.argmax(dim=-1)
+        greedy_tokens = argmax_rows(logits)
         if all(s.params.temperature == 0 for s in seqs):
             return greedy_tokens
         logits = logits.float()
@@ -84,7 +85,7 @@ class Sampler:
         for i, s in enumerate(seqs):
             if s.generator is not None:
                 noise[i].exponential_(generator=s.generator)
-        sampled = (probs / noise).argmax(dim=-1)
+        sampled = argmax_rows(probs / noise)
         is_greedy = _on_device([p.temperature == 0 for p in params], torch.bool, logits.device)
         return torch.where(is_greedy, greedy_tokens, sampled)
 
