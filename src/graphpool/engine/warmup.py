@@ -30,7 +30,7 @@ def warm_eager_prefill(model: torch.nn.Module, kv_caches: list[KVCache], lengths
     """One eager prefill of each length (token id 0 throughout), K/V into the dummy block's first slot."""
     device = model.device
     block_size = kv_caches[0][0].shape[1]
-    for n in lengths:
+    for n in sorted({min(n, model.max_positions) for n in lengths}):  # a model loaded elsewhere may hold fewer
         meta = AttentionMetadata(
             is_prefill=True,
             positions=torch.arange(n, device=device),
