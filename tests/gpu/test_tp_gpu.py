@@ -74,35 +74,27 @@ def test_tp2_small_pool_stays_in_lockstep_bf16() -> None:
         engine.close()
 
 
-def test_tp2_microbatch_overlap_matches_tp1_eager_bf16() -> None:
-    """Two microbatches a decode graph, each one's NCCL all-reduces (async, captured) overlapping the other's
-    compute; the ranks' pools in lockstep."""
-    eager = make(1, "bfloat16", disable_cudagraph=True)
-    ref = run(eager, workload(1))
-    del eager
-    engine = make(2, "bfloat16", enable_microbatch_overlap=True, graph_miss_policy="capture")
+@pytest.fixture(scope="module")
+def tp1_eager_bf16():
+    return run(make(1, "bfloat16", disable_cudagraph=True), workload(1))
+
+
+@pytest.mark.parametrize("setting", ["enable_microbatch_overlap", "async_scheduling"])
+def test_tp2_overlap_and_async_scheduling_match_tp1_eager_bf16(tp1_eager_bf16, setting: str) -> None:
+    """Microbatch overlap: two microbatches a decode graph, each one's NCCL all-reduces (async, captured)
+    overlapping the other's compute. Async scheduling: chained decode steps, whose input tokens rank 1 takes by
+    an NCCL broadcast from rank 0. Either way the ranks' pools stay in lockstep."""
+    engine = make(2, "bfloat16", graph_miss_policy="capture", **{setting: True})
     try:
-        got = run(engine, workload(1), forced=ref)
-        compare(ref, got, tie=0.3, logit_tol=0.3, min_agree=0.93)
+        got = run(engine, workload(1), forced=tp1_eager_bf16)
+        compare(tp1_eager_bf16, got, tie=0.3, logit_tol=0.3, min_agree=0.93)
         rank0, rank1 = engine.graph_stats_by_rank()
         assert _without_seconds(rank0) == _without_seconds(rank1)
         assert rank0 is not None and rank0.hits > 50 and got.graph_steps > 50
-        report("tp2 bf16 overlap graph bytes per rank", [s.resident_bytes for s in (rank0, rank1)])
-    finally:
-        engine.close()
-
-
-def test_tp2_async_scheduling_matches_tp1_eager_bf16() -> None:
-    """Chained decode steps under TP: rank 1 takes their input tokens by an NCCL broadcast from rank 0."""
-    eager = make(1, "bfloat16", disable_cudagraph=True)
-    ref = run(eager, workload(1))
-    del eager
-    engine = make(2, "bfloat16", async_scheduling=True, graph_miss_policy="capture")
-    try:
-        got = run(engine, workload(1), forced=ref)
-        compare(ref, got, tie=0.3, logit_tol=0.3, min_agree=0.93)
-        assert engine.stats().async_chained_steps_total > 0 and got.graph_steps > 50
-        rank0, rank1 = engine.graph_stats_by_rank()
-        assert _without_seconds(rank0) == _without_seconds(rank1)
+        if setting == "async_scheduling":
+            assert engine.stats().async_chained_steps_total > 0
+        else:
+            assert engine.runner.pool.config.num_microbatches == 2
+        report(f"tp2 bf16 {setting} graph bytes per rank", [s.resident_bytes for s in (rank0, rank1)])
     finally:
         engine.close()
