@@ -226,7 +226,7 @@ def test_fused_rotary_and_kv_write_matches_reference_and_replays(hq: int, hkv: i
 
 
 # NOTE: one rounding of the output dtype. The H200 (session 18) showed the fused merge is not bitwise the
-# merge kernel at 16 splits (bs 7, bound 4096) while it was at 2-4: the same `_merge_one_head` code, compiled
+# merge kernel at 9 splits (bs 7, bound 4096) while it was at 1-3: the same `_merge_one_head` code, compiled
 # inside two different kernels, may sum the splits in another order. A race (a split merged before another's
 # partial landed) would read the NaN-poisoned scratch below and fail by far more than this.
 MERGE_TOL = {torch.bfloat16: 2**-7, torch.float16: 2**-10, torch.float32: 1e-5}

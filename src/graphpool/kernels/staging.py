@@ -1,11 +1,11 @@
-"""Staged kernels: written and tested on the CPU (Triton interpreter, sm_90 compile) but not yet run by the
-project's GPU suite. They stay off until it has passed them; ``GRAPHPOOL_STAGED_KERNELS=1`` turns them on
-(their GPU tests do). Staged now: the decode attention's fused merge (the last split of each (sequence, kv
+"""Staged kernels: written and tested on the CPU first (Triton interpreter, sm_90 compile), and off until the
+project's GPU suite has passed them and the H200's numbers say they pay; ``GRAPHPOOL_STAGED_KERNELS=1`` turns
+them on (their GPU tests call them directly). Staged now: the decode attention's fused merge (the last split of each (sequence, kv
 head) merges them: one attention kernel per layer instead of two; `_triton_decode_attention.py`; on the H200
-in session 18 it was not bitwise the two kernels at 16 splits and its kernels took 1-6% more time, so it stays
-here until `bench step` shows the launches it saves are worth it), and the sampler's row argmax (two Triton
-launches in place of torch's argmax, 38 us at 1B bs 1 on the H200; `kernels/argmax.py`, interpreter test
-equal to torch.argmax, GPU test not yet run). Left staging after the H200 suite passed them (session 16): the fused
+in session 18 its graph replay was 1-2% slower than the two kernels': the launches it saves do not pay for
+its longer kernel), and the sampler's row argmax (two Triton launches in place of torch's argmax: 3.7 against
+38 us of device time at 1B bs 1 on the H200, but back-to-back calls take 88 us each against torch's 28: the
+launches' host cost; `kernels/argmax.py`). Both pass the whole GPU suite with this variable set (session 18). Left staging after the H200 suite passed them (session 16): the fused
 SwiGLU silu*mul (`kernels/silu_mul.py`) and the varlen prefill attention (`model/attn_ops`).
 """
 
