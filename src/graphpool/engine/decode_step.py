@@ -45,15 +45,23 @@ def decode_forward(
     return model.compute_logits(hidden, upcast=False)
 
 
+def _microbatch_logits(
+    model: torch.nn.Module, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+    statics: tuple[Mapping[str, torch.Tensor], ...], max_len_bound: int,
+) -> tuple[torch.Tensor, list[int]]:
+    """The microbatches' logits in one tensor (one LM head), and each microbatch's row count."""
+    hidden = model.forward_microbatches([(s["input_ids"], _meta(s, max_len_bound)) for s in statics], kv_caches)
+    return model.compute_logits(torch.cat(hidden), upcast=False), [h.shape[0] for h in hidden]
+
+
 def decode_forward_microbatches(
     model: torch.nn.Module, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
     *statics: Mapping[str, torch.Tensor], max_len_bound: int,
 ) -> tuple[torch.Tensor, ...]:
     """`decode_forward` of two (or more) microbatches with their layers interleaved (microbatch overlap:
     `LlamaModel.forward_microbatches`) -> logits per microbatch, views of one LM-head output."""
-    hidden = model.forward_microbatches([(s["input_ids"], _meta(s, max_len_bound)) for s in statics], kv_caches)
-    logits = model.compute_logits(torch.cat(hidden), upcast=False)
-    return tuple(logits.split([h.shape[0] for h in hidden]))
+    logits, rows = _microbatch_logits(model, kv_caches, statics, max_len_bound)
+    return tuple(logits.split(rows))
 
 
 def run_decode(pool: GraphPool, model: torch.nn.Module, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
@@ -69,5 +77,6 @@ def run_decode(pool: GraphPool, model: torch.nn.Module, kv_caches: list[tuple[to
     first = -(-next(iter(inputs.values())).shape[0] // num_microbatches)
     mbs = [{k: t[:first] for k, t in inputs.items()}, {k: t[first:] for k, t in inputs.items()}]
     if eager_bound:
-        return torch.cat(decode_forward_microbatches(model, kv_caches, *mbs, max_len_bound=eager_bound)), False
+        return _microbatch_logits(model, kv_caches, tuple(mbs), eager_bound)[0], False
+    # NOTE: a copy: a replay's two outputs are views of its buffer with padding rows between them
     return torch.cat(pool.run(mbs, max_len_in_batch=max_len, decision=decision)), pool.last_replayed

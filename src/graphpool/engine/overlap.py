@@ -10,8 +10,9 @@ scheduler then sees the lengths the next step has); `_finish` puts the real toke
 
 A sequence that the first step finishes (a stop token, `max_tokens`, a stop string) has a row in the chained
 step: its token there is dropped. Its KV blocks go back at once: the chained step's write into them was
-enqueued before any later step that may take them, on the same stream. Prefill and mixed steps, and decode
-steps under tensor parallel, run as before (`LLMEngine._step_now`).
+enqueued before any later step that may take them, on the same stream. Prefill and mixed steps run as before
+(`LLMEngine._step_now`); under tensor parallel the chained step's tokens reach the other ranks by a broadcast
+from rank 0 (`ModelRunner.decode_rows`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Protocol
 
 import torch
 
+from graphpool.engine.host_copy import to_device
 from graphpool.engine.kv_cache import BlockManager
 from graphpool.engine.outputs import RequestOutput, StepInfo
 from graphpool.engine.runner import ModelRunner
@@ -132,8 +134,7 @@ class OverlapStepper:
         index = [rows[id(s)] for s in live]
         ids = cur.tokens
         if index != list(range(len(cur.seqs))):
-            # NOTE: through pinned memory: a pageable index copy would wait for the step in flight
-            ids = ids.index_select(0, self.engine.runner._to_device(index, torch.int64))
+            ids = ids.index_select(0, to_device(index, torch.int64, self.engine.device))
         self.chained_steps += 1
         return self._launch(batch, ids)
 

@@ -16,6 +16,7 @@ from graphpool.engine.decode_step import (
     decode_input_specs,
     run_decode,
 )
+from graphpool.engine.host_copy import to_device
 from graphpool.engine.kv_cache import BlockManager, KVCache
 from graphpool.engine.scheduler import PrefillChunk
 from graphpool.engine.sequence import Sequence
@@ -101,7 +102,7 @@ class ModelRunner:
         return -(-rows // self.num_microbatches)
 
     def _to_device(self, values: list[int], dtype: torch.dtype) -> torch.Tensor:
-        return torch.tensor(values, dtype=dtype, pin_memory=self._pin).to(self.device, non_blocking=True)
+        return to_device(values, dtype, self.device)
 
     def _ints_to_device(self, *lists: list[int]) -> tuple[torch.Tensor, ...]:
         """int64 lists -> device tensors in one host-to-device copy (views of one tensor, in order)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from graphpool.engine.host_copy import to_device
 from graphpool.engine.penalties import TokenCounts, apply_penalties
 from graphpool.engine.sequence import Sequence
 from graphpool.kernels.argmax import argmax_rows
@@ -73,7 +74,7 @@ class Sampler:
         logits = logits.float()
         params = [s.params for s in seqs]
         # NOTE: greedy rows get temperature 1 here and take the argmax below, so they stay exact.
-        temps = _on_device([p.temperature or 1.0 for p in params], torch.float32, logits.device)
+        temps = to_device([p.temperature or 1.0 for p in params], torch.float32, logits.device)
         scaled = logits / temps.unsqueeze(1)
         probs = self._filtered_probs(scaled, [p.top_k for p in params], [p.top_p for p in params])
         noise = torch.empty_like(probs)
@@ -81,12 +82,12 @@ class Sampler:
         if unseeded:
             draws = torch.empty((len(unseeded), probs.shape[1]), device=probs.device).exponential_(
                 generator=self.generator)
-            noise.index_copy_(0, _on_device(unseeded, torch.int64, probs.device), draws)
+            noise.index_copy_(0, to_device(unseeded, torch.int64, probs.device), draws)
         for i, s in enumerate(seqs):
             if s.generator is not None:
                 noise[i].exponential_(generator=s.generator)
         sampled = argmax_rows(probs / noise)
-        is_greedy = _on_device([p.temperature == 0 for p in params], torch.bool, logits.device)
+        is_greedy = to_device([p.temperature == 0 for p in params], torch.bool, logits.device)
         return torch.where(is_greedy, greedy_tokens, sampled)
 
     @staticmethod
@@ -98,11 +99,11 @@ class Sampler:
         vocab = logits.shape[1]
         sorted_logits, order = logits.sort(dim=-1, descending=True)  # [bs, vocab]
         if use_k:
-            k = _on_device([kk if kk > 0 else vocab for kk in top_k], torch.int64, logits.device)
+            k = to_device([kk if kk > 0 else vocab for kk in top_k], torch.int64, logits.device)
             ranks = torch.arange(vocab, device=logits.device)
             sorted_logits = sorted_logits.masked_fill(ranks.unsqueeze(0) >= k.unsqueeze(1), float("-inf"))
         if use_p:
-            p = _on_device(top_p, torch.float32, logits.device)
+            p = to_device(top_p, torch.float32, logits.device)
             sorted_probs = torch.softmax(sorted_logits, dim=-1)
             # NOTE: drop a token once the mass before it already reaches top_p (the top token always stays).
             before = sorted_probs.cumsum(dim=-1) - sorted_probs
@@ -110,9 +111,3 @@ class Sampler:
         probs_sorted = torch.softmax(sorted_logits, dim=-1)
         return torch.empty_like(probs_sorted).scatter_(1, order, probs_sorted)
 
-
-def _on_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A host list on the device without waiting for the stream: through pinned memory on CUDA (a plain
-    copy would wait for the step in flight under async scheduling)."""
-    t = torch.tensor(values, dtype=dtype, pin_memory=device.type == "cuda")
-    return t.to(device, non_blocking=True)

@@ -90,7 +90,7 @@ class StepClock:
     around its forward and the graphs it captured (the synchronous step and async scheduling's both use it)."""
 
     def __init__(self, timeline: StepTimeline | None, pool: CaptureCounter) -> None:
-        self.start = time.perf_counter()
+        self._start = time.perf_counter()
         self._start_mono = time.monotonic()
         self._timeline = timeline
         self._pool = pool
@@ -109,7 +109,7 @@ class StepClock:
               forward_seconds: float | None = None) -> StepInfo:
         """The step's StepInfo (its wall time ends now), added to the timeline."""
         info = StepInfo(kind=kind, batch_size=batch_size, num_tokens=num_tokens,
-                        seconds=time.perf_counter() - self.start, graph=graph, forward_seconds=forward_seconds,
+                        seconds=time.perf_counter() - self._start, graph=graph, forward_seconds=forward_seconds,
                         start=self._start_mono, captures=self._pool.num_captures - self._captures_before)
         if self._timeline is not None:
             self._timeline.add(info, self._marks)
