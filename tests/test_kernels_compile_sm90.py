@@ -93,3 +93,14 @@ def test_argmax_kernels_compile() -> None:
     _compile(am._block_argmax_kernel, block_types, dict(BLOCK=am.BLOCK))
     rows_types = {"val_ptr": "*fp32", "idx_ptr": "*i64", "nan_ptr": "*i64", "out_ptr": "*i64"}
     _compile(am._rows_argmax_kernel, lambda n: rows_types.get(n, "i32"), dict(BLOCKS=128))
+
+
+@pytest.mark.parametrize(("block_m", "has_bias"), [(1, False), (4, True)])
+def test_skinny_gemm_kernel_compiles(block_m: int, has_bias: bool) -> None:
+    from graphpool.kernels import _triton_skinny_gemm as sg
+
+    def types(name: str) -> str:
+        return {"x_ptr": "*bf16", "w_ptr": "*bf16", "b_ptr": "*bf16", "y_ptr": "*bf16"}.get(name, "i32")
+
+    constexprs = dict(K=2048, BLOCK_M=block_m, BLOCK_N=sg.BLOCK_N, BLOCK_K=sg.MAX_BLOCK_K, HAS_BIAS=has_bias)
+    _compile(sg._skinny_gemm_kernel, types, constexprs, num_warps=sg.NUM_WARPS)

@@ -278,7 +278,7 @@ def paged_decode_attention_triton(
 
     block_d = triton.next_power_of_2(head_dim)
     if fused_merge is None:
-        fused_merge = staged_kernels_on()
+        fused_merge = staged_kernels_on("fused_merge")
     locks = merge_locks(q.device, bs * num_kv_heads) if fused_merge and not direct else None
     fused = locks is not None
     _decode_split_kernel[(bs, num_kv_heads, num_splits)](

@@ -14,7 +14,7 @@ def argmax_rows(x: torch.Tensor) -> torch.Tensor:
     """`x [bs, n]` -> int64 `[bs]`."""
     if x.dim() != 2 or x.shape[1] == 0:
         raise ValueError(f"argmax_rows needs [rows, n >= 1], got {tuple(x.shape)}")
-    impl = triton_impl("_triton_argmax") if x.is_cuda and staged_kernels_on() else None
+    impl = triton_impl("_triton_argmax") if x.is_cuda and staged_kernels_on("argmax") else None
     if impl is None:
         return x.argmax(dim=-1)
     return impl.argmax_rows_triton(x)

@@ -1,6 +1,6 @@
 """Staged kernels: written and tested on the CPU first (Triton interpreter, sm_90 compile), and off until the
 project's GPU suite has passed them and the H200's numbers say they pay; ``GRAPHPOOL_STAGED_KERNELS=1`` turns
-them on (their GPU tests call them directly). Staged now: the decode attention's fused merge (the last split of each (sequence, kv
+them all on, ``GRAPHPOOL_STAGED_KERNELS=skinny_gemm,argmax`` some (their GPU tests call them directly). Staged now: the decode attention's fused merge (the last split of each (sequence, kv
 head) merges them: one attention kernel per layer instead of two; `_triton_decode_attention.py`; on the H200
 in session 18 its graph replay was 1-2% slower than the two kernels': the launches it saves do not pay for
 its longer kernel), and the sampler's row argmax (two Triton launches in place of torch's argmax: 3.7 against
@@ -16,5 +16,13 @@ import os
 STAGED_ENV = "GRAPHPOOL_STAGED_KERNELS"
 
 
-def staged_kernels_on() -> bool:
-    return os.environ.get(STAGED_ENV, "") == "1"
+STAGED = ("fused_merge", "argmax", "skinny_gemm")
+
+
+def staged_kernels_on(name: str) -> bool:
+    """Whether staged kernel `name` (one of STAGED) is on: ``GRAPHPOOL_STAGED_KERNELS=1`` turns on all of
+    them, a comma-separated list of names only those (so a benchmark can compare one at a time)."""
+    if name not in STAGED:
+        raise ValueError(f"unknown staged kernel {name!r}; staged: {', '.join(STAGED)}")
+    value = os.environ.get(STAGED_ENV, "")
+    return value == "1" or name in value.split(",")

@@ -77,8 +77,8 @@ class SwiGLU(nn.Module):
     ) -> None:
         super().__init__()
         size = config.intermediate_size
-        self.gate_up_proj = ColumnLinear(config.hidden_size, (size, size), False, device, dtype)
-        self.down_proj = RowLinear(size, config.hidden_size, False, device, dtype)
+        self.gate_up_proj = ColumnLinear(config.hidden_size, (size, size), False, device, dtype, ops.linear)
+        self.down_proj = RowLinear(size, config.hidden_size, False, device, dtype, ops.linear)
         self.ops = ops
 
     def forward(self, x: torch.Tensor, reduce: bool = True) -> torch.Tensor:

@@ -9,17 +9,30 @@ With one rank (`tp` is `SINGLE`) every collective is the identity.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
 from graphpool.model.tp_group import SINGLE, TPGroup
 
+LinearFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
+
 
 class _Linear(nn.Module):
+    """`linear` computes ``x @ weight.T + bias`` (`ModelOps.linear`: torch's, or the few-row Triton kernel)."""
+
     def __init__(
-        self, in_features: int, out_features: int, bias: bool, device: torch.device, dtype: torch.dtype
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool,
+        device: torch.device,
+        dtype: torch.dtype,
+        linear: LinearFn = nn.functional.linear,
     ) -> None:
         super().__init__()
+        self.linear = linear
         # NOTE: uninitialised on purpose: the loader (or random init) fills every parameter on the device.
         self.weight = nn.Parameter(
             torch.empty(out_features, in_features, device=device, dtype=dtype), requires_grad=False
@@ -31,7 +44,7 @@ class _Linear(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return nn.functional.linear(x, self.weight, self.bias)
+        return self.linear(x, self.weight, self.bias)
 
 
 class ColumnLinear(_Linear):
@@ -44,8 +57,9 @@ class ColumnLinear(_Linear):
         bias: bool,
         device: torch.device,
         dtype: torch.dtype,
+        linear: LinearFn = nn.functional.linear,
     ) -> None:
-        super().__init__(in_features, sum(sizes), bias, device, dtype)
+        super().__init__(in_features, sum(sizes), bias, device, dtype, linear)
         self.sizes = sizes
 
     def shard_slice(self, index: int) -> slice:

@@ -42,8 +42,9 @@ class LlamaAttention(nn.Module):
             config.attention_bias,
             device,
             dtype,
+            ops.linear,
         )
-        self.o_proj = RowLinear(config.q_size, config.hidden_size, False, device, dtype)
+        self.o_proj = RowLinear(config.q_size, config.hidden_size, False, device, dtype, ops.linear)
         self.rotary = rotary
         self.ops = ops
 
@@ -219,7 +220,7 @@ class LlamaModel(nn.Module):
     def compute_logits(self, hidden: torch.Tensor, upcast: bool = True) -> torch.Tensor:
         """hidden [T, hidden] -> logits [T, vocab]: float32, or the model's dtype with ``upcast=False`` (a
         captured decode graph then holds a third of the logits bytes: 2 bytes a row entry instead of 2 + 4)."""
-        logits = nn.functional.linear(hidden, self.lm_head_weight)
+        logits = self.ops.linear(hidden, self.lm_head_weight, None)
         if self.tp.world_size > 1:  # this rank's vocab rows -> all of them (the last shard is zero-padded)
             logits = self.tp.gather_last_dim(logits)[:, : self.config.vocab_size]
         return logits.float() if upcast else logits

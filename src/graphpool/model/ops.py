@@ -2,7 +2,7 @@
 
 Backend "torch" is the reference (CPU and GPU, graph-capturable). Backend "triton" uses, on CUDA, the Triton
 paged decode attention plus fused residual-add+RMSNorm, rotary+KV-write and SwiGLU silu*mul kernels: fewer
-kernels per step. Both follow the same numerics contract (norm statistics in float32, rotary in float32 over
+kernels per step (and, staged, a Triton GEMV for linear layers over at most four rows). Both follow the same numerics contract (norm statistics in float32, rotary in float32 over
 the same cache, silu rounded to the activation dtype before the product).
 """
 
@@ -38,6 +38,7 @@ class ModelOps:
     add_rms_norm: Callable[[Tensor, Tensor, Tensor, float], tuple[Tensor, Tensor]]
     rotary_and_write_kv: Callable[..., tuple[Tensor, Tensor]]
     silu_mul: Callable[[Tensor], Tensor]  # the gate/up projection's [T, 2I] -> silu(gate) * up [T, I]
+    linear: Callable[[Tensor, Tensor, Tensor | None], Tensor]  # x @ w.T + b, every projection and the LM head
 
 
 TORCH_OPS = ModelOps(
@@ -47,6 +48,7 @@ TORCH_OPS = ModelOps(
     add_rms_norm_torch,
     rotary_and_write_kv_torch,
     silu_mul_torch,
+    torch.nn.functional.linear,
 )
 
 
@@ -55,10 +57,16 @@ def kernel_ops() -> ModelOps:
     from graphpool.kernels.decode_attention import paged_decode_attention
     from graphpool.kernels.norm_rope import add_rms_norm, apply_rotary_and_write_kv, rms_norm
     from graphpool.kernels.silu_mul import silu_mul
+    from graphpool.kernels.skinny_gemm import linear
 
     return ModelOps(
-        "triton", paged_decode_attention, rms_norm, add_rms_norm, apply_rotary_and_write_kv,
+        "triton",
+        paged_decode_attention,
+        rms_norm,
+        add_rms_norm,
+        apply_rotary_and_write_kv,
         silu_mul,
+        linear,
     )
 
 
