@@ -44,20 +44,22 @@ def test_decode_attention_kernels_compile(direct: bool, fused: bool) -> None:
 
     constexprs = dict(
         GROUP=4, HEAD_DIM=128, BLOCK_SIZE=16, BLOCK_G=16, BLOCK_D=128, BLOCK_N=64,
-        DIRECT=direct, DOT_PRECISION="tf32", FUSED_MERGE=fused, BLOCK_S=16,
+        DIRECT=direct, DOT_PRECISION="tf32", FUSED_MERGE=fused, BLOCK_S=16, PDL_TRIGGER=direct,
     )  # fmt: skip
     kernel = _compile(da._decode_split_kernel, types, constexprs)
     assert "mma" in kernel.asm["ptx"]  # the q.k and p.v products run on tensor cores
     if fused:  # the last split's merge: an acquire-release atomic on the counter, the partials read past L1
         ptx = kernel.asm["ptx"]
-        assert "atom" in ptx and ".acq_rel" in ptx and ".cg" in ptx, [ln for ln in ptx.splitlines() if "atom" in ln]
+        assert "atom" in ptx and ".acq_rel" in ptx and ".cg" in ptx, [
+            ln for ln in ptx.splitlines() if "atom" in ln
+        ]
     if not direct and not fused:
         _compile(
             da._decode_merge_kernel,
             lambda n: {"po_ptr": "*fp32", "plse_ptr": "*fp32", "lens_ptr": "*i32", "out_ptr": "*bf16"}.get(
                 n, "i32"
             ),
-            dict(HEAD_DIM=128, BLOCK_S=16, BLOCK_D=128),
+            dict(HEAD_DIM=128, BLOCK_S=16, BLOCK_D=128, PDL_TRIGGER=True),
         )
 
 
@@ -67,7 +69,7 @@ def test_norm_and_rotary_kernels_compile() -> None:
     _compile(
         nr._rms_norm_kernel,
         lambda n: "*bf16" if n.endswith("_ptr") else ("fp32" if n == "eps" else "i32"),
-        dict(HAS_RESIDUAL=True, BLOCK=4096),
+        dict(HAS_RESIDUAL=True, BLOCK=4096, PDL_TRIGGER=True),
         num_warps=8,
     )
 
@@ -95,12 +97,31 @@ def test_argmax_kernels_compile() -> None:
     _compile(am._rows_argmax_kernel, lambda n: rows_types.get(n, "i32"), dict(BLOCKS=128))
 
 
-@pytest.mark.parametrize(("block_m", "has_bias"), [(1, False), (4, True)])
-def test_skinny_gemm_kernel_compiles(block_m: int, has_bias: bool) -> None:
-    from graphpool.kernels import _triton_skinny_gemm as sg
+@pytest.mark.parametrize(("has_bias", "pdl"), [(False, False), (True, True)])
+def test_gemv_kernel_compiles(has_bias: bool, pdl: bool) -> None:
+    """The one-row GEMV; with PDL its first weight tile is loaded before griddepcontrol.wait, x after it."""
+    from graphpool.kernels import _triton_gemv as gv
 
     def types(name: str) -> str:
         return {"x_ptr": "*bf16", "w_ptr": "*bf16", "b_ptr": "*bf16", "y_ptr": "*bf16"}.get(name, "i32")
 
-    constexprs = dict(K=2048, BLOCK_M=block_m, BLOCK_N=sg.BLOCK_N, BLOCK_K=sg.MAX_BLOCK_K, HAS_BIAS=has_bias)
-    _compile(sg._skinny_gemm_kernel, types, constexprs, num_warps=sg.NUM_WARPS)
+    constexprs = dict(K=2048, BLOCK_N=gv.BLOCK_N, BLOCK_K=gv.MAX_BLOCK_K, HAS_BIAS=has_bias, PDL=pdl)
+    ptx = _compile(gv._gemv_kernel, types, constexprs, num_warps=gv.NUM_WARPS).asm["ptx"]
+    assert ("griddepcontrol.wait" in ptx) == pdl
+    if pdl:
+        before, after = ptx.split("griddepcontrol.wait", 1)
+        assert "ld.global" in before and "ld.global" in after
+
+
+def test_pdl_trigger_compiles_in_only_when_on() -> None:
+    from graphpool.kernels import _triton_norm_rope as nr
+
+    def ptx(on: bool) -> str:
+        return _compile(
+            nr._rms_norm_kernel,
+            lambda n: "*bf16" if n.endswith("_ptr") else ("fp32" if n == "eps" else "i32"),
+            dict(HAS_RESIDUAL=False, BLOCK=2048, PDL_TRIGGER=on),
+        ).asm["ptx"]
+
+    assert "griddepcontrol.launch_dependents" in ptx(True)
+    assert "griddepcontrol" not in ptx(False)

@@ -1,69 +1,114 @@
-"""Time the few-row linear kernel (kernels/skinny_gemm) against cuBLAS at decode projection shapes.
+"""Time the one-row GEMV (kernels/gemv) against cuBLAS the way a decode step at batch size 1 runs it.
 
-Run on a GPU: ``python -m graphpool.bench.gemm_kernel [--rows 1 2 4] [--shapes llama3.2-1b llama3-8b]``.
-Each timing replays, inside one CUDA graph, one call per copy of the weight over enough copies to exceed
-the L2 cache many times, so every call streams its weight from HBM as in a real decode step (a single
-weight replayed alone would stay in the H200's 50 MB L2). The floor is the weight's bytes / the copy
-bandwidth measured in the same run.
+Run on a GPU: ``python -m graphpool.bench.gemm_kernel [--models llama3.2-1b llama3-8b] [--layers 16]``.
+Per model, ``--layers`` decoder layers' projections with the kernels between them that a layer has (RMSNorm
+-> qkv -> o -> residual add + RMSNorm -> gate_up -> SwiGLU -> down; the attention left out), each fed by the
+one before, every weight distinct (so each is streamed from HBM, not the L2), captured in one CUDA graph and
+replayed: cuBLAS, the GEMV, and the GEMV with programmatic dependent launch. The floor is the weights' bytes /
+the copy bandwidth measured in the same run. Medians of ``--reps`` replays.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import os
+import statistics
 
 import torch
 
 from graphpool.bench.common import measure_hbm_bandwidth
+from graphpool.kernels.staging import STAGED_ENV
 
-SHAPES = {  # name: {projection: (out_features, in_features)}
-    "llama3.2-1b": {"qkv": (3072, 2048), "o": (2048, 2048), "gate_up": (16384, 2048), "down": (2048, 8192),
-                    "lm_head": (128256, 2048)},
-    "llama3-8b": {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336),
-                  "lm_head": (128256, 4096)},
-}  # fmt: skip
-STREAM_BYTES = 1 << 30  # weight copies per timing: at least this many bytes (20x the H200's L2)
+MODELS = {  # name: (hidden, q + 2 kv width, intermediate)
+    "llama3.2-1b": (2048, 3072, 8192),
+    "llama3-8b": (4096, 6144, 14336),
+}
+MODES = {"cublas": "", "gemv": "gemv", "gemv+pdl": "gemv,pdl"}  # mode: GRAPHPOOL_STAGED_KERNELS
 
 
-def time_per_call(fn, weights: list[torch.Tensor], x: torch.Tensor) -> float:
-    """Microseconds per call, graph-replayed over every copy of the weight in turn."""
-    from triton.testing import do_bench_cudagraph
+def make_layers(hidden: int, qkv: int, inter: int, layers: int) -> list[dict[str, torch.Tensor]]:
+    def w(n: int, k: int) -> torch.Tensor:
+        return (torch.randn(n, k, device="cuda") / k**0.5).to(torch.bfloat16)
 
-    def all_copies() -> None:
-        for w in weights:
-            fn(x, w)
+    return [
+        {"norm": torch.ones(hidden, device="cuda", dtype=torch.bfloat16), "qkv": w(qkv, hidden),
+         "o": w(hidden, hidden), "gate_up": w(2 * inter, hidden), "down": w(hidden, inter)}
+        for _ in range(layers)
+    ]  # fmt: skip
 
-    return do_bench_cudagraph(all_copies, rep=50) * 1e3 / len(weights)
+
+def step(layers: list[dict[str, torch.Tensor]], x: torch.Tensor) -> torch.Tensor:
+    from graphpool.kernels.gemv import linear
+    from graphpool.kernels.norm_rope import add_rms_norm, rms_norm
+    from graphpool.kernels.silu_mul import silu_mul
+
+    hidden = x.shape[-1]
+    h, residual = rms_norm(x, layers[0]["norm"], 1e-5), x
+    for layer in layers:
+        attn = linear(linear(h, layer["qkv"])[:, :hidden], layer["o"])
+        h, residual = add_rms_norm(attn, residual, layer["norm"], 1e-5)
+        h, residual = add_rms_norm(linear(silu_mul(linear(h, layer["gate_up"])), layer["down"]), residual,
+                                   layer["norm"], 1e-5)  # fmt: skip
+    return h
+
+
+def replay_us(fn, reps: int) -> float:
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return statistics.median(times)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
-    parser.add_argument("--rows", nargs="+", type=int, default=[1, 2, 4])
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--layers", type=int, default=16)
+    parser.add_argument("--reps", type=int, default=50)
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("bench gemm_kernel needs a CUDA GPU")
-    from graphpool.kernels._triton_skinny_gemm import skinny_linear_triton
-
+    saved = os.environ.get(STAGED_ENV)
     torch.manual_seed(0)
     bw = measure_hbm_bandwidth(torch.device("cuda"), nbytes=1 << 30)
     print(f"# {torch.cuda.get_device_name()}  torch {torch.__version__}  copy bandwidth {bw / 1e12:.2f} TB/s  "
-          f"(bf16; graph-replayed, weights streamed from HBM)")  # fmt: skip
-    print(f"{'shape':<12} {'proj':<8} {'rows':>4} {'MiB':>7} {'floor_us':>8} {'cublas_us':>9} {'skinny_us':>9} "
-          f"{'cublas/skinny':>13} {'skinny_x_floor':>14}")  # fmt: skip
-    for name in args.shapes:
-        for proj, (n, k) in SHAPES[name].items():
-            nbytes = n * k * 2
-            weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5
-                       for _ in range(max(2, -(-STREAM_BYTES // nbytes)))]  # fmt: skip
+          f"bf16, batch size 1, {args.layers} layers, median of {args.reps} graph replays")  # fmt: skip
+    print(f"{'model':<12} {'mode':<9} {'weights_MiB':>11} {'floor_us':>8} {'step_us':>8} {'x_floor':>7} "
+          f"{'cublas/mode':>11}")  # fmt: skip
+    try:
+        for name in args.models:
+            hidden, qkv, inter = MODELS[name]
+            layers = make_layers(hidden, qkv, inter, args.layers)
+            nbytes = sum(t.numel() * t.element_size() for layer in layers for t in layer.values())
             floor = nbytes / bw * 1e6
-            for rows in args.rows:
-                x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
-                cublas = time_per_call(lambda a, w: torch.nn.functional.linear(a, w), weights, x)
-                skinny = time_per_call(lambda a, w: skinny_linear_triton(a, w), weights, x)
-                print(f"{name:<12} {proj:<8} {rows:>4} {nbytes / 2**20:>7.1f} {floor:>8.1f} {cublas:>9.1f} "
-                      f"{skinny:>9.1f} {cublas / skinny:>13.2f} {skinny / floor:>14.2f}", flush=True)  # fmt: skip
-            del weights
+            x = torch.randn(1, hidden, device="cuda", dtype=torch.bfloat16)
+            base = None
+            for mode, staged in MODES.items():
+                os.environ[STAGED_ENV] = staged
+                t = replay_us(functools.partial(step, layers, x), args.reps)
+                base = base or t
+                print(f"{name:<12} {mode:<9} {nbytes / 2**20:>11.0f} {floor:>8.1f} {t:>8.1f} {t / floor:>7.2f} "
+                      f"{base / t:>11.2f}", flush=True)  # fmt: skip
+            del layers
             torch.cuda.empty_cache()
+    finally:
+        if saved is None:
+            os.environ.pop(STAGED_ENV, None)
+        else:
+            os.environ[STAGED_ENV] = saved
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from graphpool.kernels.decode_attention import _check_inputs, effective_len_bound
+from graphpool.kernels.pdl import pdl_on, pdl_trigger
 from graphpool.kernels.staging import staged_kernels_on
 
 # NOTE: these shape the grid, not correctness; graphpool.bench.attention_kernel is where to tune them.
@@ -55,16 +56,36 @@ def choose_split_len(num_kv_heads: int, len_bound: int, num_sms: int, block_n: i
 
 
 @triton.jit
-def _merge_one_head(po_ptr, plse_ptr, out_ptr, b, h, n_valid,
-                    stride_pob, stride_poh, stride_pos, stride_lb, stride_lh, stride_ob, stride_oh,
-                    HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, CACHE: tl.constexpr):
+def _merge_one_head(
+    po_ptr,
+    plse_ptr,
+    out_ptr,
+    b,
+    h,
+    n_valid,
+    stride_pob,
+    stride_poh,
+    stride_pos,
+    stride_lb,
+    stride_lh,
+    stride_ob,
+    stride_oh,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    CACHE: tl.constexpr,
+):
     """out[b, h] from the first n_valid splits' partial outputs and log-sum-exps (one query head)."""
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
     s_mask = offs_s < n_valid
     d_mask = offs_d < HEAD_DIM
-    lse = tl.load(plse_ptr + b * stride_lb + h * stride_lh + offs_s, mask=s_mask, other=float("-inf"),
-                  cache_modifier=CACHE)
+    lse = tl.load(
+        plse_ptr + b * stride_lb + h * stride_lh + offs_s,
+        mask=s_mask,
+        other=float("-inf"),
+        cache_modifier=CACHE,
+    )
     m = tl.max(lse, 0)
     w = tl.where(s_mask, tl.exp2(lse - m), 0.0)  # [S]
     o = tl.load(
@@ -93,7 +114,9 @@ def _decode_split_kernel(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
     DIRECT: tl.constexpr, DOT_PRECISION: tl.constexpr, FUSED_MERGE: tl.constexpr, BLOCK_S: tl.constexpr,
+    PDL_TRIGGER: tl.constexpr,
 ):  # fmt: skip
+    pdl_trigger(PDL_TRIGGER)
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -112,8 +135,11 @@ def _decode_split_kernel(
         if ctx == 0:
             if split == 0:
                 zeros = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-                tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
-                         zeros.to(out_ptr.dtype.element_ty), mask=g_mask[:, None] & d_mask[None, :])
+                tl.store(
+                    out_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
+                    zeros.to(out_ptr.dtype.element_ty),
+                    mask=g_mask[:, None] & d_mask[None, :],
+                )
             return
     if not DIRECT:  # noqa: SIM102 (a constexpr test, resolved at compile time)
         # NOTE: an empty split writes nothing; the merge never reads it.
@@ -184,9 +210,25 @@ def _decode_split_kernel(
             if count == n_valid - 1:
                 tl.debug_barrier()
                 for g in tl.static_range(GROUP):
-                    _merge_one_head(po_ptr, plse_ptr, out_ptr, b, kvh * GROUP + g, n_valid,
-                                    stride_pob, stride_poh, stride_pos, stride_lb, stride_lh, stride_ob, stride_oh,
-                                    HEAD_DIM, BLOCK_S, BLOCK_D, ".cg")
+                    _merge_one_head(
+                        po_ptr,
+                        plse_ptr,
+                        out_ptr,
+                        b,
+                        kvh * GROUP + g,
+                        n_valid,
+                        stride_pob,
+                        stride_poh,
+                        stride_pos,
+                        stride_lb,
+                        stride_lh,
+                        stride_ob,
+                        stride_oh,
+                        HEAD_DIM,
+                        BLOCK_S,
+                        BLOCK_D,
+                        ".cg",
+                    )
                 tl.store(locks_ptr + b * tl.num_programs(1) + kvh, 0)
 
 
@@ -197,14 +239,32 @@ def _decode_merge_kernel(
     stride_pob, stride_poh, stride_pos,
     stride_lb, stride_lh,
     stride_ob, stride_oh,
-    HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, PDL_TRIGGER: tl.constexpr,
 ):  # fmt: skip
+    pdl_trigger(PDL_TRIGGER)
     b = tl.program_id(0)
     h = tl.program_id(1)
     ctx = tl.load(lens_ptr + b)
     n_valid = tl.minimum(tl.cdiv(ctx, split_len), num_splits)
-    _merge_one_head(po_ptr, plse_ptr, out_ptr, b, h, n_valid, stride_pob, stride_poh, stride_pos, stride_lb,
-                    stride_lh, stride_ob, stride_oh, HEAD_DIM, BLOCK_S, BLOCK_D, "")
+    _merge_one_head(
+        po_ptr,
+        plse_ptr,
+        out_ptr,
+        b,
+        h,
+        n_valid,
+        stride_pob,
+        stride_poh,
+        stride_pos,
+        stride_lb,
+        stride_lh,
+        stride_ob,
+        stride_oh,
+        HEAD_DIM,
+        BLOCK_S,
+        BLOCK_D,
+        "",
+    )
 
 
 # NOTE: the fused merge's counters, one per (row, kv head), per device: zeros at rest (each launch puts its own
@@ -281,6 +341,7 @@ def paged_decode_attention_triton(
         fused_merge = staged_kernels_on("fused_merge")
     locks = merge_locks(q.device, bs * num_kv_heads) if fused_merge and not direct else None
     fused = locks is not None
+    pdl = pdl_on()
     _decode_split_kernel[(bs, num_kv_heads, num_splits)](
         q, k_cache, v_cache, block_tables, context_lens, out, part_out, part_lse, locks if fused else part_lse,
         scale * math.log2(math.e), split_len, num_splits,
@@ -294,7 +355,7 @@ def paged_decode_attention_triton(
         GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
         BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d, BLOCK_N=block_n,
         DIRECT=direct, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        FUSED_MERGE=fused, BLOCK_S=triton.next_power_of_2(num_splits),
+        FUSED_MERGE=fused, BLOCK_S=triton.next_power_of_2(num_splits), PDL_TRIGGER=pdl,
         num_warps=num_warps, **stages,
     )  # fmt: skip
     if not direct and not fused:
@@ -305,7 +366,7 @@ def paged_decode_attention_triton(
             part_lse.stride(0), part_lse.stride(1),
             out.stride(0), out.stride(1),
             HEAD_DIM=head_dim,
-            BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d,
+            BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d, PDL_TRIGGER=pdl,
             num_warps=4,
         )  # fmt: skip
     return out

@@ -10,14 +10,17 @@ import torch
 import triton
 import triton.language as tl
 
+from graphpool.kernels.pdl import pdl_on, pdl_trigger
+
 
 @triton.jit
 def _rms_norm_kernel(
     x_ptr, r_ptr, w_ptr, out_ptr, rout_ptr,
     stride_x, stride_r, stride_o, stride_ro,
     n_cols, eps,
-    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, PDL_TRIGGER: tl.constexpr,
 ):  # fmt: skip
+    pdl_trigger(PDL_TRIGGER)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -58,7 +61,7 @@ def rms_norm_triton(
             x2.stride(0), r2.stride(0) if r2 is not None else 0, out.stride(0),
             new_residual.stride(0) if new_residual is not None else 0,
             hidden, eps,
-            HAS_RESIDUAL=residual is not None, BLOCK=block,
+            HAS_RESIDUAL=residual is not None, BLOCK=block, PDL_TRIGGER=pdl_on(),
             num_warps=min(16, max(1, block // 512)),
         )  # fmt: skip
     out = out.view(x.shape)

@@ -12,13 +12,23 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+from graphpool.kernels.pdl import pdl_on, pdl_trigger
+
 MAX_BLOCK = 1024  # outputs per program; 8 per thread at 4 warps (16-byte loads in bf16)
 
 
 @triton.jit
 def _silu_mul_kernel(
-    x_ptr, out_ptr, stride_x, stride_o, n_cols, BLOCK: tl.constexpr, LIBDEVICE_EXP: tl.constexpr
+    x_ptr,
+    out_ptr,
+    stride_x,
+    stride_o,
+    n_cols,
+    BLOCK: tl.constexpr,
+    LIBDEVICE_EXP: tl.constexpr,
+    PDL_TRIGGER: tl.constexpr,
 ):
+    pdl_trigger(PDL_TRIGGER)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -50,6 +60,7 @@ def silu_mul_triton(x: torch.Tensor, *, block: int | None = None, num_warps: int
     if rows > 0 and inter > 0:
         _silu_mul_kernel[(rows, triton.cdiv(inter, block))](
             x2, out, x2.stride(0), out.stride(0), inter,
-            BLOCK=block, LIBDEVICE_EXP=not triton.knobs.runtime.interpret, num_warps=num_warps,
+            BLOCK=block, LIBDEVICE_EXP=not triton.knobs.runtime.interpret, PDL_TRIGGER=pdl_on(),
+            num_warps=num_warps,
         )  # fmt: skip
     return out.view(*x.shape[:-1], inter)

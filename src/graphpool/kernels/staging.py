@@ -1,6 +1,6 @@
 """Staged kernels: written and tested on the CPU first (Triton interpreter, sm_90 compile), and off until the
 project's GPU suite has passed them and the H200's numbers say they pay; ``GRAPHPOOL_STAGED_KERNELS=1`` turns
-them all on, ``GRAPHPOOL_STAGED_KERNELS=skinny_gemm,argmax`` some (their GPU tests call them directly). Staged now: the decode attention's fused merge (the last split of each (sequence, kv
+them all on, ``GRAPHPOOL_STAGED_KERNELS=gemv,pdl`` some (their GPU tests call them directly). Staged now: the decode attention's fused merge (the last split of each (sequence, kv
 head) merges them: one attention kernel per layer instead of two; `_triton_decode_attention.py`; on the H200
 in session 18 its graph replay was 1-2% slower than the two kernels': the launches it saves do not pay for
 its longer kernel), and the sampler's row argmax (two Triton launches in place of torch's argmax: 3.7 against
@@ -16,7 +16,7 @@ import os
 STAGED_ENV = "GRAPHPOOL_STAGED_KERNELS"
 
 
-STAGED = ("fused_merge", "argmax", "skinny_gemm")
+STAGED = ("fused_merge", "argmax", "gemv", "pdl")
 
 
 def staged_kernels_on(name: str) -> bool:

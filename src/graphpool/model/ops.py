@@ -2,7 +2,7 @@
 
 Backend "torch" is the reference (CPU and GPU, graph-capturable). Backend "triton" uses, on CUDA, the Triton
 paged decode attention plus fused residual-add+RMSNorm, rotary+KV-write and SwiGLU silu*mul kernels: fewer
-kernels per step (and, staged, a Triton GEMV for linear layers over at most four rows). Both follow the same numerics contract (norm statistics in float32, rotary in float32 over
+kernels per step (and, staged, a Triton GEMV for the linear layers of a one-row step). Both follow the same numerics contract (norm statistics in float32, rotary in float32 over
 the same cache, silu rounded to the activation dtype before the product).
 """
 
@@ -55,9 +55,9 @@ TORCH_OPS = ModelOps(
 def kernel_ops() -> ModelOps:
     """The `graphpool.kernels` entry points (Triton on CUDA tensors, their torch references elsewhere)."""
     from graphpool.kernels.decode_attention import paged_decode_attention
+    from graphpool.kernels.gemv import linear
     from graphpool.kernels.norm_rope import add_rms_norm, apply_rotary_and_write_kv, rms_norm
     from graphpool.kernels.silu_mul import silu_mul
-    from graphpool.kernels.skinny_gemm import linear
 
     return ModelOps(
         "triton",

@@ -1,0 +1,47 @@
+"""The model's linear layers: ``nn.functional.linear``, or a Triton GEMV when the input is one row.
+
+A decode step at batch size 1 multiplies one row by every weight once: bound by the weight's read, where
+cuBLAS's tiles (made for larger M) leave bandwidth unused. On the H200 (`graphpool.bench.gemm_kernel`: 16
+layers of llama3.2-1b's four projections, each fed by the one before, in one CUDA graph) cuBLAS took 713 us,
+this kernel 599 us and, launched with programmatic dependent launch (`kernels/pdl.py`), 551 us; the weights'
+floor is 460 us. Used on CUDA for a bf16/fp16 input of one row and a weight with unit inner stride;
+everything else (prefill, larger batches, fp32, CPU) is ``nn.functional.linear``. fp32 stays on cuBLAS on
+purpose: it is the dtype of the exact-equality tests, and the kernel sums in another order. Numerics: fp32
+accumulation, one rounding to the output dtype (a bias added before it), as cuBLAS; the order of the sums
+differs, so results agree with cuBLAS to a rounding or two, not bitwise.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from graphpool.kernels._dispatch import triton_impl
+from graphpool.kernels.staging import staged_kernels_on
+
+_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def uses_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether `linear` takes the Triton GEMV for these operands (host-side facts only: capturable)."""
+    return (
+        x.is_cuda
+        and x.numel() == x.shape[-1]
+        and x.dtype in _DTYPES
+        and weight.dtype == x.dtype
+        and weight.dim() == 2
+        and weight.shape[1] == x.shape[-1]
+        and weight.stride(1) == 1
+        and staged_kernels_on("gemv")
+    )
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``nn.functional.linear(x, weight, bias)``; on CUDA with one input row, one Triton GEMV."""
+    if uses_gemv(x, weight):
+        impl = triton_impl("_triton_gemv")
+        if impl is not None:
+            from graphpool.kernels.pdl import pdl_on
+
+            return impl.gemv_triton(x, weight, bias, pdl=pdl_on())
+    return nn.functional.linear(x, weight, bias)

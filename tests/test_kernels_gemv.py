@@ -1,0 +1,84 @@
+"""The staged one-row GEMV (kernels/gemv.py): ``w @ x + b`` from the Triton kernel in the interpreter against
+float64 (K no multiple of the tile, N no multiple of BLOCK_N, a bias, a strided row, a leading batch shape);
+the dispatch (which operands take the kernel) and the staged switch; its sm_90 compile (and PDL's
+griddepcontrol placement) is in test_kernels_compile_sm90.py; the H200 tests in tests/gpu/test_kernels_gemv_gpu.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from graphpool.kernels.gemv import linear, uses_gemv
+from graphpool.kernels.pdl import pdl_on
+from graphpool.kernels.staging import STAGED_ENV, staged_kernels_on
+from test_kernels_decode_attention import run_in_triton_interpreter
+
+_SCRIPT = """
+from graphpool.kernels._triton_gemv import gemv_triton
+
+gen = torch.Generator().manual_seed(0)
+errors = []
+for dtype in (torch.float32, torch.float16):
+    for n, k, block_n, block_k, bias in ((70, 300, 8, 128, False), (64, 256, 8, 64, True), (9, 40, 4, 16, True),
+                                         (33, 1000, 16, 512, False)):
+        x = torch.randn(1, 2 * k, generator=gen).to(dtype)[:, ::2]  # a strided row: copied first
+        w = (torch.randn(n, k, generator=gen) / k**0.5).to(dtype)
+        b = torch.randn(n, generator=gen).to(dtype) if bias else None
+        y = gemv_triton(x, w, b, block_n=block_n, block_k=block_k, num_stages=1)
+        ref = x.double() @ w.double().T + (b.double() if bias else 0.0)
+        ok = y.shape == (1, n) and y.dtype == dtype
+        errors.append(float((y.double() - ref).abs().max() / ref.abs().max()) if ok else 1.0)
+    y3 = gemv_triton(torch.randn(1, 1, 24).to(dtype), torch.randn(5, 24).to(dtype))
+    errors.append(0.0 if y3.shape == (1, 1, 5) else 1.0)
+print(json.dumps(errors))
+"""
+
+
+def test_gemv_matches_float64_in_the_interpreter() -> None:
+    errors = run_in_triton_interpreter(_SCRIPT)
+    assert len(errors) == 10
+    assert max(errors[:4]) < 1e-5  # fp32
+    assert max(errors[5:9]) < 1e-2  # fp16 output rounding
+    assert errors[4] == errors[9] == 0.0
+
+
+def test_staged_switch_names_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(STAGED_ENV, raising=False)
+    assert not staged_kernels_on("gemv") and not pdl_on()
+    monkeypatch.setenv(STAGED_ENV, "argmax,gemv")
+    assert staged_kernels_on("gemv") and staged_kernels_on("argmax")
+    assert not staged_kernels_on("fused_merge") and not staged_kernels_on("pdl")
+    monkeypatch.setenv(STAGED_ENV, "1")
+    assert staged_kernels_on("fused_merge") and staged_kernels_on("pdl")
+    with pytest.raises(ValueError, match="unknown staged kernel"):
+        staged_kernels_on("gemm")
+
+
+def test_dispatch_is_torch_off_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(STAGED_ENV, "gemv")
+    x, w, b = torch.randn(1, 16), torch.randn(8, 16), torch.randn(8)
+    assert not uses_gemv(x, w)
+    assert torch.equal(linear(x, w, b), torch.nn.functional.linear(x, w, b))
+
+
+def test_dispatch_rules(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Which operands would take the kernel on CUDA (is_cuda faked: the rules are host-side facts)."""
+    monkeypatch.setenv(STAGED_ENV, "gemv")
+
+    class FakeCuda(torch.Tensor):
+        @property
+        def is_cuda(self) -> bool:  # type: ignore[override]
+            return True
+
+    def cuda_like(t: torch.Tensor) -> torch.Tensor:
+        return t.as_subclass(FakeCuda)
+
+    w = torch.randn(8, 16, dtype=torch.bfloat16)
+    assert uses_gemv(cuda_like(torch.randn(1, 16, dtype=torch.bfloat16)), w)
+    assert uses_gemv(cuda_like(torch.randn(1, 1, 16, dtype=torch.bfloat16)), w)
+    assert not uses_gemv(cuda_like(torch.randn(2, 16, dtype=torch.bfloat16)), w)
+    assert not uses_gemv(cuda_like(torch.randn(1, 16)), w.float())  # fp32 stays on cuBLAS
+    assert not uses_gemv(cuda_like(torch.randn(1, 16, dtype=torch.bfloat16)), w.T.contiguous().T)
+    assert not uses_gemv(cuda_like(torch.randn(1, 8, dtype=torch.bfloat16)), w)  # K mismatch: torch's error
+    monkeypatch.setenv(STAGED_ENV, "")
+    assert not uses_gemv(cuda_like(torch.randn(1, 16, dtype=torch.bfloat16)), w)
