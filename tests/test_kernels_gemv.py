@@ -1,6 +1,6 @@
-"""The staged one-row GEMV (kernels/gemv.py): ``w @ x + b`` from the Triton kernel in the interpreter against
+"""The one-row GEMV (kernels/gemv.py): ``w @ x + b`` from the Triton kernel in the interpreter against
 float64 (K no multiple of the tile, N no multiple of BLOCK_N, a bias, a strided row, a leading batch shape);
-the dispatch (which operands take the kernel) and the staged switch; its sm_90 compile (and PDL's
+the dispatch (which operands take the kernel) and the kernel switches; its sm_90 compile (and PDL's
 griddepcontrol placement) is in test_kernels_compile_sm90.py; the H200 tests in tests/gpu/test_kernels_gemv_gpu.py."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch
 
 from graphpool.kernels.gemv import linear, uses_gemv
 from graphpool.kernels.pdl import pdl_on
-from graphpool.kernels.staging import STAGED_ENV, staged_kernels_on
+from graphpool.kernels.staging import OFF_ENV, STAGED_ENV, kernel_on, staged_kernels_on
 from test_kernels_decode_attention import run_in_triton_interpreter
 
 _SCRIPT = """
@@ -42,20 +42,28 @@ def test_gemv_matches_float64_in_the_interpreter() -> None:
     assert errors[4] == errors[9] == 0.0
 
 
-def test_staged_switch_names_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_switches_name_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(OFF_ENV, raising=False)
     monkeypatch.delenv(STAGED_ENV, raising=False)
-    assert not staged_kernels_on("gemv") and not pdl_on()
-    monkeypatch.setenv(STAGED_ENV, "argmax,gemv")
-    assert staged_kernels_on("gemv") and staged_kernels_on("argmax")
-    assert not staged_kernels_on("fused_merge") and not staged_kernels_on("pdl")
+    assert kernel_on("gemv") and kernel_on("pdl")  # on by default
+    assert not pdl_on(torch.device("cpu"))  # never off CUDA
+    monkeypatch.setenv(OFF_ENV, "pdl")
+    assert kernel_on("gemv") and not kernel_on("pdl")
+    monkeypatch.setenv(OFF_ENV, "gemv,pdl")
+    assert not kernel_on("gemv")
+    with pytest.raises(ValueError, match="unknown kernel switch"):
+        kernel_on("gemm")
+    assert not staged_kernels_on("argmax")
+    monkeypatch.setenv(STAGED_ENV, "argmax")
+    assert staged_kernels_on("argmax") and not staged_kernels_on("fused_merge")
     monkeypatch.setenv(STAGED_ENV, "1")
-    assert staged_kernels_on("fused_merge") and staged_kernels_on("pdl")
+    assert staged_kernels_on("fused_merge")
     with pytest.raises(ValueError, match="unknown staged kernel"):
-        staged_kernels_on("gemm")
+        staged_kernels_on("gemv")
 
 
 def test_dispatch_is_torch_off_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(STAGED_ENV, "gemv")
+    monkeypatch.delenv(OFF_ENV, raising=False)
     x, w, b = torch.randn(1, 16), torch.randn(8, 16), torch.randn(8)
     assert not uses_gemv(x, w)
     assert torch.equal(linear(x, w, b), torch.nn.functional.linear(x, w, b))
@@ -63,7 +71,7 @@ def test_dispatch_is_torch_off_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_dispatch_rules(monkeypatch: pytest.MonkeyPatch) -> None:
     """Which operands would take the kernel on CUDA (is_cuda faked: the rules are host-side facts)."""
-    monkeypatch.setenv(STAGED_ENV, "gemv")
+    monkeypatch.delenv(OFF_ENV, raising=False)
 
     class FakeCuda(torch.Tensor):
         @property
@@ -80,5 +88,5 @@ def test_dispatch_rules(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not uses_gemv(cuda_like(torch.randn(1, 16)), w.float())  # fp32 stays on cuBLAS
     assert not uses_gemv(cuda_like(torch.randn(1, 16, dtype=torch.bfloat16)), w.T.contiguous().T)
     assert not uses_gemv(cuda_like(torch.randn(1, 8, dtype=torch.bfloat16)), w)  # K mismatch: torch's error
-    monkeypatch.setenv(STAGED_ENV, "")
+    monkeypatch.setenv(OFF_ENV, "gemv")
     assert not uses_gemv(cuda_like(torch.randn(1, 16, dtype=torch.bfloat16)), w)

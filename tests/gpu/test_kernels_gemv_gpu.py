@@ -1,4 +1,4 @@
-"""The staged one-row GEMV (kernels/gemv.py) and programmatic dependent launch (kernels/pdl.py) on the GPU:
+"""The one-row GEMV (kernels/gemv.py) and programmatic dependent launch (kernels/pdl.py) on the GPU:
 the GEMV against float64 at the projections' shapes of llama3.2-1b and llama3-8b (no worse than cuBLAS's own
 error by more than an output rounding); a chain of norm -> GEMV -> SwiGLU -> GEMV layers captured in a CUDA
 graph gives the same bits with and without PDL (a GEMV reading x before the kernel ahead of it finished would
@@ -18,7 +18,7 @@ from test_engine_gpu import MAX_MODEL_LEN, PRESET, Record, compare, run
 from graphpool.engine.config import EngineConfig
 from graphpool.engine.engine import LLMEngine
 from graphpool.engine.sampling_params import SamplingParams
-from graphpool.kernels.staging import STAGED_ENV
+from graphpool.kernels.staging import OFF_ENV
 from graphpool.model.llama import LlamaModel
 from graphpool.model.loader import model_source
 from graphpool.model.ops import kernel_ops
@@ -92,12 +92,12 @@ def test_pdl_chain_gives_the_bits_of_plain_launches(monkeypatch: pytest.MonkeyPa
     ]  # fmt: skip
     x = torch.randn(1, hidden, device="cuda", generator=gen).bfloat16()
     results = {}
-    for staged in ("gemv", "gemv,pdl"):
-        monkeypatch.setenv(STAGED_ENV, staged)
-        results[staged] = _graph_outputs(lambda: _chain(layers, x))
-    monkeypatch.delenv(STAGED_ENV)
+    for off in ("pdl", ""):
+        monkeypatch.setenv(OFF_ENV, off)
+        results[off] = _graph_outputs(lambda: _chain(layers, x))
+    monkeypatch.setenv(OFF_ENV, "gemv,pdl")
     cublas = _chain(layers, x)
-    (plain_eager, plain_graph), (pdl_eager, pdl_graph) = results["gemv"], results["gemv,pdl"]
+    (plain_eager, plain_graph), (pdl_eager, pdl_graph) = results["pdl"], results[""]
     for name, got in (("plain graph", plain_graph), ("pdl eager", pdl_eager), ("pdl graph", pdl_graph)):
         assert all(torch.equal(a, b) for a, b in zip(got, plain_eager, strict=True)), name
     # NOTE: reported, not bounded: through 24 norms the two summation orders drift apart; each GEMV's own
@@ -147,10 +147,10 @@ def test_engine_with_the_gemv_matches_cublas(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setattr(
         _triton_gemv, "gemv_triton", lambda *a, **kw: calls.append(kw["pdl"]) or launch(*a, **kw)
     )
-    monkeypatch.delenv(STAGED_ENV, raising=False)
+    monkeypatch.setenv(OFF_ENV, "gemv,pdl")
     ref = run(_engine(loaded, graph_miss_policy="capture"), _work(0))
     assert not calls
-    monkeypatch.setenv(STAGED_ENV, "gemv,pdl")
+    monkeypatch.delenv(OFF_ENV)
     got: Record = run(_engine(loaded, graph_miss_policy="capture"), _work(0), forced=ref)
     assert got.graph_steps > 50 and calls and all(calls)
     compare(ref, got, tie=0.3, logit_tol=0.3, min_agree=0.93)

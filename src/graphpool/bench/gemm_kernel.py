@@ -18,13 +18,13 @@ import statistics
 import torch
 
 from graphpool.bench.common import measure_hbm_bandwidth
-from graphpool.kernels.staging import STAGED_ENV
+from graphpool.kernels.staging import OFF_ENV
 
 MODELS = {  # name: (hidden, q + 2 kv width, intermediate)
     "llama3.2-1b": (2048, 3072, 8192),
     "llama3-8b": (4096, 6144, 14336),
 }
-MODES = {"cublas": "", "gemv": "gemv", "gemv+pdl": "gemv,pdl"}  # mode: GRAPHPOOL_STAGED_KERNELS
+MODES = {"cublas": "gemv,pdl", "gemv": "pdl", "gemv+pdl": ""}  # mode: GRAPHPOOL_KERNELS_OFF
 
 
 def make_layers(hidden: int, qkv: int, inter: int, layers: int) -> list[dict[str, torch.Tensor]]:
@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("bench gemm_kernel needs a CUDA GPU")
-    saved = os.environ.get(STAGED_ENV)
+    saved = os.environ.get(OFF_ENV)
     torch.manual_seed(0)
     bw = measure_hbm_bandwidth(torch.device("cuda"), nbytes=1 << 30)
     print(f"# {torch.cuda.get_device_name()}  torch {torch.__version__}  copy bandwidth {bw / 1e12:.2f} TB/s  "
@@ -96,8 +96,8 @@ def main(argv: list[str] | None = None) -> None:
             floor = nbytes / bw * 1e6
             x = torch.randn(1, hidden, device="cuda", dtype=torch.bfloat16)
             base = None
-            for mode, staged in MODES.items():
-                os.environ[STAGED_ENV] = staged
+            for mode, off in MODES.items():
+                os.environ[OFF_ENV] = off
                 t = replay_us(functools.partial(step, layers, x), args.reps)
                 base = base or t
                 print(f"{name:<12} {mode:<9} {nbytes / 2**20:>11.0f} {floor:>8.1f} {t:>8.1f} {t / floor:>7.2f} "
@@ -106,9 +106,9 @@ def main(argv: list[str] | None = None) -> None:
             torch.cuda.empty_cache()
     finally:
         if saved is None:
-            os.environ.pop(STAGED_ENV, None)
+            os.environ.pop(OFF_ENV, None)
         else:
-            os.environ[STAGED_ENV] = saved
+            os.environ[OFF_ENV] = saved
 
 
 if __name__ == "__main__":

@@ -341,7 +341,7 @@ def paged_decode_attention_triton(
         fused_merge = staged_kernels_on("fused_merge")
     locks = merge_locks(q.device, bs * num_kv_heads) if fused_merge and not direct else None
     fused = locks is not None
-    pdl = pdl_on()
+    pdl = pdl_on(q.device)
     _decode_split_kernel[(bs, num_kv_heads, num_splits)](
         q, k_cache, v_cache, block_tables, context_lens, out, part_out, part_lse, locks if fused else part_lse,
         scale * math.log2(math.e), split_len, num_splits,

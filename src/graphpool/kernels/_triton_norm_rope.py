@@ -61,7 +61,7 @@ def rms_norm_triton(
             x2.stride(0), r2.stride(0) if r2 is not None else 0, out.stride(0),
             new_residual.stride(0) if new_residual is not None else 0,
             hidden, eps,
-            HAS_RESIDUAL=residual is not None, BLOCK=block, PDL_TRIGGER=pdl_on(),
+            HAS_RESIDUAL=residual is not None, BLOCK=block, PDL_TRIGGER=pdl_on(x.device),
             num_warps=min(16, max(1, block // 512)),
         )  # fmt: skip
     out = out.view(x.shape)

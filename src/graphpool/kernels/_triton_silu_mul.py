@@ -60,7 +60,7 @@ def silu_mul_triton(x: torch.Tensor, *, block: int | None = None, num_warps: int
     if rows > 0 and inter > 0:
         _silu_mul_kernel[(rows, triton.cdiv(inter, block))](
             x2, out, x2.stride(0), out.stride(0), inter,
-            BLOCK=block, LIBDEVICE_EXP=not triton.knobs.runtime.interpret, PDL_TRIGGER=pdl_on(),
+            BLOCK=block, LIBDEVICE_EXP=not triton.knobs.runtime.interpret, PDL_TRIGGER=pdl_on(x.device),
             num_warps=num_warps,
         )  # fmt: skip
     return out.view(*x.shape[:-1], inter)

@@ -5,22 +5,34 @@ program of that one has called ``griddepcontrol.launch_dependents`` (or exited);
 ``griddepcontrol.wait`` before it reads what that kernel wrote. graphpool launches only its one-row GEMV
 (`_triton_gemv`) that way: it loads its first weight tile before the wait, so the weight stream starts
 while the norm, attention or SwiGLU kernel before it finishes. Those kernels call the trigger first thing
-(`PDL_TRIGGER`): without a PDL launch after them it does nothing. Staged (``GRAPHPOOL_STAGED_KERNELS=pdl``)
-until the GPU suite has run with it; the interpreter has no griddepcontrol, so it is never on there.
+(`PDL_TRIGGER`): without a PDL launch after them it does nothing. On by default on sm_90+ since the H200 GPU
+suite passed with it (session 19); ``GRAPHPOOL_KERNELS_OFF=pdl`` turns it off. The interpreter has no
+griddepcontrol, so it is never on there.
 """
 
 from __future__ import annotations
 
+import functools
+
+import torch
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents
 
-from graphpool.kernels.staging import staged_kernels_on
+from graphpool.kernels.staging import kernel_on
 
 
-def pdl_on() -> bool:
-    """Whether launches use PDL now (a host-side fact; a kernel compiled either way is cached by triton)."""
-    return staged_kernels_on("pdl") and not triton.knobs.runtime.interpret
+@functools.cache
+def _sm90_or_later(index: int) -> bool:
+    return torch.cuda.get_device_capability(index)[0] >= 9
+
+
+def pdl_on(device: torch.device) -> bool:
+    """Whether launches on `device` use PDL: a Hopper or later GPU (griddepcontrol is sm_90 PTX), not the
+    interpreter, not switched off (``GRAPHPOOL_KERNELS_OFF=pdl``). Host-side facts only: capturable."""
+    if device.type != "cuda" or triton.knobs.runtime.interpret or not kernel_on("pdl"):
+        return False
+    return _sm90_or_later(device.index if device.index is not None else torch.cuda.current_device())
 
 
 @triton.jit

@@ -1,12 +1,14 @@
 """Staged kernels: written and tested on the CPU first (Triton interpreter, sm_90 compile), and off until the
 project's GPU suite has passed them and the H200's numbers say they pay; ``GRAPHPOOL_STAGED_KERNELS=1`` turns
-them all on, ``GRAPHPOOL_STAGED_KERNELS=gemv,pdl`` some (their GPU tests call them directly). Staged now: the decode attention's fused merge (the last split of each (sequence, kv
+them all on, ``GRAPHPOOL_STAGED_KERNELS=argmax`` some (their GPU tests call them directly). Staged now: the decode attention's fused merge (the last split of each (sequence, kv
 head) merges them: one attention kernel per layer instead of two; `_triton_decode_attention.py`; on the H200
 in session 18 its graph replay was 1-2% slower than the two kernels': the launches it saves do not pay for
 its longer kernel), and the sampler's row argmax (two Triton launches in place of torch's argmax: 3.7 against
 38 us of device time at 1B bs 1 on the H200, but back-to-back calls take 88 us each against torch's 28: the
 launches' host cost; `kernels/argmax.py`). Both pass the whole GPU suite with this variable set (session 18). Left staging after the H200 suite passed them (session 16): the fused
-SwiGLU silu*mul (`kernels/silu_mul.py`) and the varlen prefill attention (`model/attn_ops`).
+SwiGLU silu*mul (`kernels/silu_mul.py`) and the varlen prefill attention (`model/attn_ops`); (session 19) the
+one-row GEMV (`kernels/gemv.py`) and programmatic dependent launch (`kernels/pdl.py`), which stay switchable
+off (``GRAPHPOOL_KERNELS_OFF=gemv,pdl``) for benchmarks' side-by-side runs.
 """
 
 from __future__ import annotations
@@ -16,7 +18,10 @@ import os
 STAGED_ENV = "GRAPHPOOL_STAGED_KERNELS"
 
 
-STAGED = ("fused_merge", "argmax", "gemv", "pdl")
+STAGED = ("fused_merge", "argmax")
+# NOTE: out of staging, on by default; listed here so a benchmark (or a user who suspects one) can turn them off
+DEFAULT_ON = ("gemv", "pdl")
+OFF_ENV = "GRAPHPOOL_KERNELS_OFF"
 
 
 def staged_kernels_on(name: str) -> bool:
@@ -26,3 +31,11 @@ def staged_kernels_on(name: str) -> bool:
         raise ValueError(f"unknown staged kernel {name!r}; staged: {', '.join(STAGED)}")
     value = os.environ.get(STAGED_ENV, "")
     return value == "1" or name in value.split(",")
+
+
+def kernel_on(name: str) -> bool:
+    """Whether default-on kernel `name` (one of DEFAULT_ON) is on: unless ``GRAPHPOOL_KERNELS_OFF`` (a
+    comma-separated list of names) names it."""
+    if name not in DEFAULT_ON:
+        raise ValueError(f"unknown kernel switch {name!r}; switches: {', '.join(DEFAULT_ON)}")
+    return name not in os.environ.get(OFF_ENV, "").split(",")

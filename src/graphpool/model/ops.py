@@ -2,7 +2,7 @@
 
 Backend "torch" is the reference (CPU and GPU, graph-capturable). Backend "triton" uses, on CUDA, the Triton
 paged decode attention plus fused residual-add+RMSNorm, rotary+KV-write and SwiGLU silu*mul kernels: fewer
-kernels per step (and, staged, a Triton GEMV for the linear layers of a one-row step). Both follow the same numerics contract (norm statistics in float32, rotary in float32 over
+kernels per step, and a Triton GEMV for the linear layers of a one-row step. Both follow the same numerics contract (norm statistics in float32, rotary in float32 over
 the same cache, silu rounded to the activation dtype before the product).
 """
 
