@@ -62,10 +62,7 @@ def argmax_rows_triton(x: torch.Tensor, *, block: int = BLOCK) -> torch.Tensor:
     vals = torch.empty((bs, n_blocks), dtype=torch.float32, device=x.device)
     idxs = torch.empty((bs, n_blocks), dtype=torch.int64, device=x.device)
     nans = torch.empty((bs, n_blocks), dtype=torch.int64, device=x.device)
-    _block_argmax_kernel[(bs, n_blocks)](
-        x, vals, idxs, nans, x.stride(0), n, n_blocks, BLOCK=block, num_warps=4
-    )
-    _rows_argmax_kernel[(bs,)](
-        vals, idxs, nans, out, n_blocks, BLOCKS=triton.next_power_of_2(n_blocks), num_warps=4
-    )
+    _block_argmax_kernel[(bs, n_blocks)](x, vals, idxs, nans, x.stride(0), n, n_blocks, BLOCK=block, num_warps=4)
+    _rows_argmax_kernel[(bs,)](vals, idxs, nans, out, n_blocks, BLOCKS=triton.next_power_of_2(n_blocks),
+                               num_warps=4)
     return out

@@ -56,36 +56,16 @@ def choose_split_len(num_kv_heads: int, len_bound: int, num_sms: int, block_n: i
 
 
 @triton.jit
-def _merge_one_head(
-    po_ptr,
-    plse_ptr,
-    out_ptr,
-    b,
-    h,
-    n_valid,
-    stride_pob,
-    stride_poh,
-    stride_pos,
-    stride_lb,
-    stride_lh,
-    stride_ob,
-    stride_oh,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_S: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    CACHE: tl.constexpr,
-):
+def _merge_one_head(po_ptr, plse_ptr, out_ptr, b, h, n_valid,
+                    stride_pob, stride_poh, stride_pos, stride_lb, stride_lh, stride_ob, stride_oh,
+                    HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, CACHE: tl.constexpr):
     """out[b, h] from the first n_valid splits' partial outputs and log-sum-exps (one query head)."""
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
     s_mask = offs_s < n_valid
     d_mask = offs_d < HEAD_DIM
-    lse = tl.load(
-        plse_ptr + b * stride_lb + h * stride_lh + offs_s,
-        mask=s_mask,
-        other=float("-inf"),
-        cache_modifier=CACHE,
-    )
+    lse = tl.load(plse_ptr + b * stride_lb + h * stride_lh + offs_s, mask=s_mask, other=float("-inf"),
+                  cache_modifier=CACHE)
     m = tl.max(lse, 0)
     w = tl.where(s_mask, tl.exp2(lse - m), 0.0)  # [S]
     o = tl.load(
@@ -135,11 +115,8 @@ def _decode_split_kernel(
         if ctx == 0:
             if split == 0:
                 zeros = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-                tl.store(
-                    out_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
-                    zeros.to(out_ptr.dtype.element_ty),
-                    mask=g_mask[:, None] & d_mask[None, :],
-                )
+                tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
+                         zeros.to(out_ptr.dtype.element_ty), mask=g_mask[:, None] & d_mask[None, :])
             return
     if not DIRECT:  # noqa: SIM102 (a constexpr test, resolved at compile time)
         # NOTE: an empty split writes nothing; the merge never reads it.
@@ -210,25 +187,9 @@ def _decode_split_kernel(
             if count == n_valid - 1:
                 tl.debug_barrier()
                 for g in tl.static_range(GROUP):
-                    _merge_one_head(
-                        po_ptr,
-                        plse_ptr,
-                        out_ptr,
-                        b,
-                        kvh * GROUP + g,
-                        n_valid,
-                        stride_pob,
-                        stride_poh,
-                        stride_pos,
-                        stride_lb,
-                        stride_lh,
-                        stride_ob,
-                        stride_oh,
-                        HEAD_DIM,
-                        BLOCK_S,
-                        BLOCK_D,
-                        ".cg",
-                    )
+                    _merge_one_head(po_ptr, plse_ptr, out_ptr, b, kvh * GROUP + g, n_valid,
+                                    stride_pob, stride_poh, stride_pos, stride_lb, stride_lh, stride_ob, stride_oh,
+                                    HEAD_DIM, BLOCK_S, BLOCK_D, ".cg")
                 tl.store(locks_ptr + b * tl.num_programs(1) + kvh, 0)
 
 
@@ -246,25 +207,8 @@ def _decode_merge_kernel(
     h = tl.program_id(1)
     ctx = tl.load(lens_ptr + b)
     n_valid = tl.minimum(tl.cdiv(ctx, split_len), num_splits)
-    _merge_one_head(
-        po_ptr,
-        plse_ptr,
-        out_ptr,
-        b,
-        h,
-        n_valid,
-        stride_pob,
-        stride_poh,
-        stride_pos,
-        stride_lb,
-        stride_lh,
-        stride_ob,
-        stride_oh,
-        HEAD_DIM,
-        BLOCK_S,
-        BLOCK_D,
-        "",
-    )
+    _merge_one_head(po_ptr, plse_ptr, out_ptr, b, h, n_valid, stride_pob, stride_poh, stride_pos, stride_lb,
+                    stride_lh, stride_ob, stride_oh, HEAD_DIM, BLOCK_S, BLOCK_D, "")
 
 
 # NOTE: the fused merge's counters, one per (row, kv head), per device: zeros at rest (each launch puts its own

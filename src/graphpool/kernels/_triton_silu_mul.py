@@ -19,15 +19,9 @@ MAX_BLOCK = 1024  # outputs per program; 8 per thread at 4 warps (16-byte loads 
 
 @triton.jit
 def _silu_mul_kernel(
-    x_ptr,
-    out_ptr,
-    stride_x,
-    stride_o,
-    n_cols,
-    BLOCK: tl.constexpr,
-    LIBDEVICE_EXP: tl.constexpr,
-    PDL_TRIGGER: tl.constexpr,
-):
+    x_ptr, out_ptr, stride_x, stride_o, n_cols,
+    BLOCK: tl.constexpr, LIBDEVICE_EXP: tl.constexpr, PDL_TRIGGER: tl.constexpr,
+):  # fmt: skip
     pdl_trigger(PDL_TRIGGER)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
