@@ -14,6 +14,7 @@ import argparse
 import functools
 import os
 import statistics
+import sys
 
 import torch
 
@@ -84,6 +85,7 @@ def main(argv: list[str] | None = None) -> None:
     saved = os.environ.get(OFF_ENV)
     torch.manual_seed(0)
     bw = measure_hbm_bandwidth(torch.device("cuda"), nbytes=1 << 30)
+    print(f"# command: python -m graphpool.bench.gemm_kernel {' '.join(sys.argv[1:] if argv is None else argv)}")
     print(f"# {torch.cuda.get_device_name()}  torch {torch.__version__}  copy bandwidth {bw / 1e12:.2f} TB/s  "
           f"bf16, batch size 1, {args.layers} layers, median of {args.reps} graph replays")  # fmt: skip
     print(f"{'model':<12} {'mode':<9} {'weights_MiB':>11} {'floor_us':>8} {'step_us':>8} {'x_floor':>7} "
