@@ -45,6 +45,7 @@ def test_decode_attention_kernels_compile(direct: bool, fused: bool) -> None:
     constexprs = dict(
         GROUP=4, HEAD_DIM=128, BLOCK_SIZE=16, BLOCK_G=16, BLOCK_D=128, BLOCK_N=64,
         DIRECT=direct, DOT_PRECISION="tf32", FUSED_MERGE=fused, BLOCK_S=16, PDL_TRIGGER=direct,
+        PDL_WAIT=fused,
     )  # fmt: skip
     kernel = _compile(da._decode_split_kernel, types, constexprs)
     assert "mma" in kernel.asm["ptx"]  # the q.k and p.v products run on tensor cores
@@ -59,7 +60,7 @@ def test_decode_attention_kernels_compile(direct: bool, fused: bool) -> None:
             lambda n: {"po_ptr": "*fp32", "plse_ptr": "*fp32", "lens_ptr": "*i32", "out_ptr": "*bf16"}.get(
                 n, "i32"
             ),
-            dict(HEAD_DIM=128, BLOCK_S=16, BLOCK_D=128, PDL_TRIGGER=True),
+            dict(HEAD_DIM=128, BLOCK_S=16, BLOCK_D=128, PDL_TRIGGER=True, PDL_WAIT=False),
         )
 
 
@@ -69,7 +70,7 @@ def test_norm_and_rotary_kernels_compile() -> None:
     _compile(
         nr._rms_norm_kernel,
         lambda n: "*bf16" if n.endswith("_ptr") else ("fp32" if n == "eps" else "i32"),
-        dict(HAS_RESIDUAL=True, BLOCK=4096, PDL_TRIGGER=True),
+        dict(HAS_RESIDUAL=True, BLOCK=4096, PDL_TRIGGER=True, PDL_WAIT=False),
         num_warps=8,
     )
 
@@ -81,7 +82,8 @@ def test_norm_and_rotary_kernels_compile() -> None:
         return "*bf16" if name.endswith("_ptr") else "i32"
 
     constexprs = dict(
-        HQ=32, HKV=8, HALF=64, BLOCK_HQ=32, BLOCK_HKV=8, BLOCK_HALF=64, BLOCK_SIZE=16, WRITE_KV=True
+        HQ=32, HKV=8, HALF=64, BLOCK_HQ=32, BLOCK_HKV=8, BLOCK_HALF=64, BLOCK_SIZE=16, WRITE_KV=True,
+        PDL_CHAIN=False,
     )
     _compile(nr._rotary_kernel, rope_types, constexprs)
 
@@ -105,7 +107,7 @@ def test_gemv_kernel_compiles(has_bias: bool, pdl: bool) -> None:
     def types(name: str) -> str:
         return {"x_ptr": "*bf16", "w_ptr": "*bf16", "b_ptr": "*bf16", "y_ptr": "*bf16"}.get(name, "i32")
 
-    constexprs = dict(K=2048, BLOCK_N=gv.BLOCK_N, BLOCK_K=gv.MAX_BLOCK_K, HAS_BIAS=has_bias, PDL=pdl)
+    constexprs = dict(K=2048, BLOCK_N=gv.BLOCK_N, BLOCK_K=gv.MAX_BLOCK_K, HAS_BIAS=has_bias, PDL=pdl, PDL_TRIGGER=pdl)
     ptx = _compile(gv._gemv_kernel, types, constexprs, num_warps=gv.NUM_WARPS).asm["ptx"]
     assert ("griddepcontrol.wait" in ptx) == pdl
     if pdl:
@@ -120,8 +122,59 @@ def test_pdl_trigger_compiles_in_only_when_on() -> None:
         return _compile(
             nr._rms_norm_kernel,
             lambda n: "*bf16" if n.endswith("_ptr") else ("fp32" if n == "eps" else "i32"),
-            dict(HAS_RESIDUAL=False, BLOCK=2048, PDL_TRIGGER=on),
+            dict(HAS_RESIDUAL=False, BLOCK=2048, PDL_TRIGGER=on, PDL_WAIT=False),
         ).asm["ptx"]
 
     assert "griddepcontrol.launch_dependents" in ptx(True)
     assert "griddepcontrol" not in ptx(False)
+
+
+def _waits_before_any_global_access(ptx: str) -> bool:
+    before = ptx.split("griddepcontrol.wait", 1)[0] if "griddepcontrol.wait" in ptx else ptx
+    return "griddepcontrol.wait" in ptx and "ld.global" not in before and "st.global" not in before
+
+
+def test_staged_pdl_chain_kernels_wait_before_touching_memory() -> None:
+    """The staged PDL chain: each kernel launched with PDL waits before its first global load or store (a
+    kernel that has not waited may run beside the one ahead of it)."""
+    from graphpool.kernels import _triton_decode_attention as da
+    from graphpool.kernels import _triton_norm_rope as nr
+    from graphpool.kernels import _triton_silu_mul as sm
+
+    norm = _compile(
+        nr._rms_norm_kernel,
+        lambda n: "*bf16" if n.endswith("_ptr") else ("fp32" if n == "eps" else "i32"),
+        dict(HAS_RESIDUAL=True, BLOCK=2048, PDL_TRIGGER=True, PDL_WAIT=True),
+    )
+
+    def rope_types(name: str) -> str:
+        if name in ("pos_ptr", "slot_ptr"):
+            return "*i64"
+        if name in ("cos_ptr", "sin_ptr"):
+            return "*fp32"
+        return "*bf16" if name.endswith("_ptr") else "i32"
+
+    rope = _compile(nr._rotary_kernel, rope_types, dict(HQ=32, HKV=8, HALF=32, BLOCK_HQ=32, BLOCK_HKV=8,
+                                                         BLOCK_HALF=32, BLOCK_SIZE=16, WRITE_KV=True, PDL_CHAIN=True))
+    silu = _compile(sm._silu_mul_kernel, lambda n: "*bf16" if n.endswith("_ptr") else "i32",
+                    dict(BLOCK=1024, LIBDEVICE_EXP=True, PDL_TRIGGER=True, PDL_WAIT=True))
+
+    def attn_types(name: str) -> str:
+        if name in ("q_ptr", "k_ptr", "v_ptr", "out_ptr"):
+            return "*bf16"
+        if name in ("bt_ptr", "lens_ptr", "locks_ptr"):
+            return "*i32"
+        if name in ("po_ptr", "plse_ptr"):
+            return "*fp32"
+        return "fp32" if name == "scale_log2" else "i32"
+
+    split = _compile(da._decode_split_kernel, attn_types, dict(
+        GROUP=4, HEAD_DIM=64, BLOCK_SIZE=16, BLOCK_G=16, BLOCK_D=64, BLOCK_N=64, DIRECT=False,
+        DOT_PRECISION="tf32", FUSED_MERGE=False, BLOCK_S=16, PDL_TRIGGER=True, PDL_WAIT=True))
+    merge = _compile(da._decode_merge_kernel,
+                     lambda n: {"po_ptr": "*fp32", "plse_ptr": "*fp32", "lens_ptr": "*i32", "out_ptr": "*bf16"}.get(n, "i32"),
+                     dict(HEAD_DIM=64, BLOCK_S=16, BLOCK_D=64, PDL_TRIGGER=True, PDL_WAIT=True))
+    for name, kernel in (("norm", norm), ("rotary", rope), ("silu", silu), ("split", split), ("merge", merge)):
+        ptx = kernel.asm["ptx"]
+        assert _waits_before_any_global_access(ptx), name
+        assert "griddepcontrol.launch_dependents" in ptx, name

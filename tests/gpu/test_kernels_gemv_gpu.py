@@ -18,7 +18,7 @@ from test_engine_gpu import MAX_MODEL_LEN, PRESET, Record, compare, run
 from graphpool.engine.config import EngineConfig
 from graphpool.engine.engine import LLMEngine
 from graphpool.engine.sampling_params import SamplingParams
-from graphpool.kernels.staging import OFF_ENV
+from graphpool.kernels.staging import OFF_ENV, STAGED_ENV
 from graphpool.model.llama import LlamaModel
 from graphpool.model.loader import model_source
 from graphpool.model.ops import kernel_ops
@@ -91,15 +91,24 @@ def test_pdl_chain_gives_the_bits_of_plain_launches(monkeypatch: pytest.MonkeyPa
         for _ in range(24)
     ]  # fmt: skip
     x = torch.randn(1, hidden, device="cuda", generator=gen).bfloat16()
+    modes = {
+        "plain": ("pdl", ""),
+        "pdl": ("", ""),
+        "pdl_chain": ("", "pdl_chain"),
+    }  # (kernels off, staged on)
     results = {}
-    for off in ("pdl", ""):
+    for mode, (off, staged) in modes.items():
         monkeypatch.setenv(OFF_ENV, off)
-        results[off] = _graph_outputs(lambda: _chain(layers, x))
+        monkeypatch.setenv(STAGED_ENV, staged)
+        results[mode] = _graph_outputs(lambda: _chain(layers, x))
     monkeypatch.setenv(OFF_ENV, "gemv,pdl")
+    monkeypatch.delenv(STAGED_ENV)
     cublas = _chain(layers, x)
-    (plain_eager, plain_graph), (pdl_eager, pdl_graph) = results["pdl"], results[""]
-    for name, got in (("plain graph", plain_graph), ("pdl eager", pdl_eager), ("pdl graph", pdl_graph)):
-        assert all(torch.equal(a, b) for a, b in zip(got, plain_eager, strict=True)), name
+    plain_eager = results["plain"][0]
+    for mode, (eager, graph) in results.items():
+        for kind, got in (("eager", eager), ("graph", graph)):
+            assert all(torch.equal(a, b) for a, b in zip(got, plain_eager, strict=True)), (mode, kind)
+    pdl_graph = results["pdl"][1]
     # NOTE: reported, not bounded: through 24 norms the two summation orders drift apart; each GEMV's own
     # error is bounded by the test above
     drift = [

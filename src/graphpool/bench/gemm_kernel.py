@@ -4,8 +4,9 @@ Run on a GPU: ``python -m graphpool.bench.gemm_kernel [--models llama3.2-1b llam
 Per model, ``--layers`` decoder layers' projections with the kernels between them that a layer has (RMSNorm
 -> qkv -> o -> residual add + RMSNorm -> gate_up -> SwiGLU -> down; the attention left out), each fed by the
 one before, every weight distinct (so each is streamed from HBM, not the L2), captured in one CUDA graph and
-replayed: cuBLAS, the GEMV, and the GEMV with programmatic dependent launch. The floor is the weights' bytes /
-the copy bandwidth measured in the same run. Medians of ``--reps`` replays.
+replayed: cuBLAS, the GEMV, the GEMV with programmatic dependent launch, and (staged) every kernel so
+launched. The floor is the weights' bytes / the copy bandwidth measured in the same run. Medians of
+``--reps`` replays.
 """
 
 from __future__ import annotations
@@ -19,13 +20,14 @@ import sys
 import torch
 
 from graphpool.bench.common import measure_hbm_bandwidth
-from graphpool.kernels.staging import OFF_ENV
+from graphpool.kernels.staging import OFF_ENV, STAGED_ENV
 
 MODELS = {  # name: (hidden, q + 2 kv width, intermediate)
     "llama3.2-1b": (2048, 3072, 8192),
     "llama3-8b": (4096, 6144, 14336),
 }
-MODES = {"cublas": "gemv,pdl", "gemv": "pdl", "gemv+pdl": ""}  # mode: GRAPHPOOL_KERNELS_OFF
+# mode: (GRAPHPOOL_KERNELS_OFF, GRAPHPOOL_STAGED_KERNELS); "chain": the staged PDL chain (kernels/pdl.py)
+MODES = {"cublas": ("gemv,pdl", ""), "gemv": ("pdl", ""), "gemv+pdl": ("", ""), "chain": ("", "pdl_chain")}
 
 
 def make_layers(hidden: int, qkv: int, inter: int, layers: int) -> list[dict[str, torch.Tensor]]:
@@ -82,10 +84,12 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("bench gemm_kernel needs a CUDA GPU")
-    saved = os.environ.get(OFF_ENV)
+    saved = {name: os.environ.get(name) for name in (OFF_ENV, STAGED_ENV)}
     torch.manual_seed(0)
     bw = measure_hbm_bandwidth(torch.device("cuda"), nbytes=1 << 30)
-    print(f"# command: python -m graphpool.bench.gemm_kernel {' '.join(sys.argv[1:] if argv is None else argv)}")
+    print(
+        f"# command: python -m graphpool.bench.gemm_kernel {' '.join(sys.argv[1:] if argv is None else argv)}"
+    )
     print(f"# {torch.cuda.get_device_name()}  torch {torch.__version__}  copy bandwidth {bw / 1e12:.2f} TB/s  "
           f"bf16, batch size 1, {args.layers} layers, median of {args.reps} graph replays")  # fmt: skip
     print(f"{'model':<12} {'mode':<9} {'weights_MiB':>11} {'floor_us':>8} {'step_us':>8} {'x_floor':>7} "
@@ -98,8 +102,8 @@ def main(argv: list[str] | None = None) -> None:
             floor = nbytes / bw * 1e6
             x = torch.randn(1, hidden, device="cuda", dtype=torch.bfloat16)
             base = None
-            for mode, off in MODES.items():
-                os.environ[OFF_ENV] = off
+            for mode, (off, staged) in MODES.items():
+                os.environ[OFF_ENV], os.environ[STAGED_ENV] = off, staged
                 t = replay_us(functools.partial(step, layers, x), args.reps)
                 base = base or t
                 print(f"{name:<12} {mode:<9} {nbytes / 2**20:>11.0f} {floor:>8.1f} {t:>8.1f} {t / floor:>7.2f} "
@@ -107,10 +111,11 @@ def main(argv: list[str] | None = None) -> None:
             del layers
             torch.cuda.empty_cache()
     finally:
-        if saved is None:
-            os.environ.pop(OFF_ENV, None)
-        else:
-            os.environ[OFF_ENV] = saved
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from graphpool.kernels.decode_attention import _check_inputs, effective_len_bound
-from graphpool.kernels.pdl import pdl_on, pdl_trigger
+from graphpool.kernels.pdl import pdl_chain_on, pdl_on, pdl_trigger, pdl_wait
 from graphpool.kernels.staging import staged_kernels_on
 
 # NOTE: these shape the grid, not correctness; graphpool.bench.attention_kernel is where to tune them.
@@ -94,9 +94,10 @@ def _decode_split_kernel(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
     DIRECT: tl.constexpr, DOT_PRECISION: tl.constexpr, FUSED_MERGE: tl.constexpr, BLOCK_S: tl.constexpr,
-    PDL_TRIGGER: tl.constexpr,
+    PDL_TRIGGER: tl.constexpr, PDL_WAIT: tl.constexpr,
 ):  # fmt: skip
     pdl_trigger(PDL_TRIGGER)
+    pdl_wait(PDL_WAIT)
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -201,8 +202,10 @@ def _decode_merge_kernel(
     stride_lb, stride_lh,
     stride_ob, stride_oh,
     HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, PDL_TRIGGER: tl.constexpr,
+    PDL_WAIT: tl.constexpr,
 ):  # fmt: skip
     pdl_trigger(PDL_TRIGGER)
+    pdl_wait(PDL_WAIT)
     b = tl.program_id(0)
     h = tl.program_id(1)
     ctx = tl.load(lens_ptr + b)
@@ -286,6 +289,7 @@ def paged_decode_attention_triton(
     locks = merge_locks(q.device, bs * num_kv_heads) if fused_merge and not direct else None
     fused = locks is not None
     pdl = pdl_on(q.device)
+    chain = pdl_chain_on(q.device)
     _decode_split_kernel[(bs, num_kv_heads, num_splits)](
         q, k_cache, v_cache, block_tables, context_lens, out, part_out, part_lse, locks if fused else part_lse,
         scale * math.log2(math.e), split_len, num_splits,
@@ -299,8 +303,8 @@ def paged_decode_attention_triton(
         GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
         BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d, BLOCK_N=block_n,
         DIRECT=direct, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        FUSED_MERGE=fused, BLOCK_S=triton.next_power_of_2(num_splits), PDL_TRIGGER=pdl,
-        num_warps=num_warps, **stages,
+        FUSED_MERGE=fused, BLOCK_S=triton.next_power_of_2(num_splits), PDL_TRIGGER=pdl, PDL_WAIT=chain,
+        num_warps=num_warps, launch_pdl=chain, **stages,
     )  # fmt: skip
     if not direct and not fused:
         _decode_merge_kernel[(bs, num_heads)](
@@ -310,7 +314,7 @@ def paged_decode_attention_triton(
             part_lse.stride(0), part_lse.stride(1),
             out.stride(0), out.stride(1),
             HEAD_DIM=head_dim,
-            BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d, PDL_TRIGGER=pdl,
-            num_warps=4,
+            BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d, PDL_TRIGGER=pdl, PDL_WAIT=chain,
+            num_warps=4, launch_pdl=chain,
         )  # fmt: skip
     return out

@@ -20,6 +20,8 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
+from graphpool.kernels.pdl import pdl_trigger
+
 BLOCK_N = 8  # output features per program: N / 8 programs (256 for a 2048-wide projection)
 MAX_BLOCK_K = 1024  # weight columns per tile: 16 KB of bf16 per stage
 NUM_WARPS = 8
@@ -30,7 +32,9 @@ NUM_STAGES = 3
 def _gemv_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, N, stride_wn,
     K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr,
+    PDL_TRIGGER: tl.constexpr,
 ):  # fmt: skip
+    pdl_trigger(PDL_TRIGGER)
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
@@ -60,13 +64,15 @@ def gemv_triton(
     bias: torch.Tensor | None = None,
     *,
     pdl: bool = False,
+    trigger: bool = False,
     block_n: int = BLOCK_N,
     block_k: int | None = None,
     num_warps: int = NUM_WARPS,
     num_stages: int = NUM_STAGES,
 ) -> torch.Tensor:
-    """``x [..., K]`` holding one row -> ``[..., N]``; the keywords override the tiles (tests, benchmarks).
-    The caller checks shapes (`gemv.linear`)."""
+    """``x [..., K]`` holding one row -> ``[..., N]``; `trigger`: let a PDL-launched kernel after this one
+    start (the staged PDL chain); the other keywords override the tiles (tests, benchmarks). The caller checks
+    shapes (`gemv.linear`)."""
     n, k = weight.shape
     row = x.reshape(k)
     if row.stride(0) != 1:
@@ -77,7 +83,7 @@ def gemv_triton(
     if n > 0:
         _gemv_kernel[(triton.cdiv(n, block_n),)](
             row, weight, bias if bias is not None else weight, out, n, weight.stride(0),
-            K=k, BLOCK_N=block_n, BLOCK_K=block_k, HAS_BIAS=bias is not None, PDL=pdl,
+            K=k, BLOCK_N=block_n, BLOCK_K=block_k, HAS_BIAS=bias is not None, PDL=pdl, PDL_TRIGGER=trigger,
             num_warps=num_warps, num_stages=num_stages, launch_pdl=pdl,
         )  # fmt: skip
     return out.view(*x.shape[:-1], n)

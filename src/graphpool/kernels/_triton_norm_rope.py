@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from graphpool.kernels.pdl import pdl_on, pdl_trigger
+from graphpool.kernels.pdl import pdl_chain_on, pdl_on, pdl_trigger, pdl_wait
 
 
 @triton.jit
@@ -18,9 +18,10 @@ def _rms_norm_kernel(
     x_ptr, r_ptr, w_ptr, out_ptr, rout_ptr,
     stride_x, stride_r, stride_o, stride_ro,
     n_cols, eps,
-    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, PDL_TRIGGER: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, PDL_TRIGGER: tl.constexpr, PDL_WAIT: tl.constexpr,
 ):  # fmt: skip
     pdl_trigger(PDL_TRIGGER)
+    pdl_wait(PDL_WAIT)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -55,14 +56,15 @@ def rms_norm_triton(
     rows = x2.shape[0]
     if rows > 0:
         block = triton.next_power_of_2(hidden)
+        chain = pdl_chain_on(x.device)
         _rms_norm_kernel[(rows,)](
             x2, r2 if r2 is not None else x2, weight.contiguous(), out,
             new_residual if new_residual is not None else out,
             x2.stride(0), r2.stride(0) if r2 is not None else 0, out.stride(0),
             new_residual.stride(0) if new_residual is not None else 0,
             hidden, eps,
-            HAS_RESIDUAL=residual is not None, BLOCK=block, PDL_TRIGGER=pdl_on(x.device),
-            num_warps=min(16, max(1, block // 512)),
+            HAS_RESIDUAL=residual is not None, BLOCK=block, PDL_TRIGGER=pdl_on(x.device), PDL_WAIT=chain,
+            num_warps=min(16, max(1, block // 512)), launch_pdl=chain,
         )  # fmt: skip
     out = out.view(x.shape)
     return out, (new_residual.view(x.shape) if new_residual is not None else None)
@@ -96,7 +98,10 @@ def _rotary_kernel(
     stride_kcb, stride_kco, stride_kch, stride_vcb, stride_vco, stride_vch,
     HQ: tl.constexpr, HKV: tl.constexpr, HALF: tl.constexpr, BLOCK_HQ: tl.constexpr,
     BLOCK_HKV: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_SIZE: tl.constexpr, WRITE_KV: tl.constexpr,
+    PDL_CHAIN: tl.constexpr,
 ):  # fmt: skip
+    pdl_trigger(PDL_CHAIN)
+    pdl_wait(PDL_CHAIN)
     t = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + t).to(tl.int64)
     offs = tl.arange(0, BLOCK_HALF)
@@ -152,6 +157,7 @@ def rotary_triton(
         v, k_cache, v_cache, slots = k, k_out, k_out, positions  # placeholders, never touched
         block_size = 1
         kc_strides = vc_strides = (0, 0, 0)
+    chain = pdl_chain_on(q.device)
     _rotary_kernel[(tokens,)](
         positions, q, k, cos, sin, q_out, k_out,
         v, k_cache, v_cache, slots,
@@ -161,6 +167,6 @@ def rotary_triton(
         HQ=hq, HKV=hkv, HALF=dim // 2,
         BLOCK_HQ=triton.next_power_of_2(hq), BLOCK_HKV=triton.next_power_of_2(hkv),
         BLOCK_HALF=triton.next_power_of_2(dim // 2), BLOCK_SIZE=block_size, WRITE_KV=kv_write is not None,
-        num_warps=4,
+        PDL_CHAIN=chain, num_warps=4, launch_pdl=chain,
     )  # fmt: skip
     return q_out, k_out

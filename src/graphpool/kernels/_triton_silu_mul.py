@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from graphpool.kernels.pdl import pdl_on, pdl_trigger
+from graphpool.kernels.pdl import pdl_chain_on, pdl_on, pdl_trigger, pdl_wait
 
 MAX_BLOCK = 1024  # outputs per program; 8 per thread at 4 warps (16-byte loads in bf16)
 
@@ -20,9 +20,10 @@ MAX_BLOCK = 1024  # outputs per program; 8 per thread at 4 warps (16-byte loads 
 @triton.jit
 def _silu_mul_kernel(
     x_ptr, out_ptr, stride_x, stride_o, n_cols,
-    BLOCK: tl.constexpr, LIBDEVICE_EXP: tl.constexpr, PDL_TRIGGER: tl.constexpr,
+    BLOCK: tl.constexpr, LIBDEVICE_EXP: tl.constexpr, PDL_TRIGGER: tl.constexpr, PDL_WAIT: tl.constexpr,
 ):  # fmt: skip
     pdl_trigger(PDL_TRIGGER)
+    pdl_wait(PDL_WAIT)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -51,10 +52,11 @@ def silu_mul_triton(x: torch.Tensor, *, block: int | None = None, num_warps: int
     elif block <= 0 or block & (block - 1):
         raise ValueError(f"block must be a positive power of two, got {block}")
     rows = x2.shape[0]
+    chain = pdl_chain_on(x.device)
     if rows > 0 and inter > 0:
         _silu_mul_kernel[(rows, triton.cdiv(inter, block))](
             x2, out, x2.stride(0), out.stride(0), inter,
             BLOCK=block, LIBDEVICE_EXP=not triton.knobs.runtime.interpret, PDL_TRIGGER=pdl_on(x.device),
-            num_warps=num_warps,
+            PDL_WAIT=chain, num_warps=num_warps, launch_pdl=chain,
         )  # fmt: skip
     return out.view(*x.shape[:-1], inter)

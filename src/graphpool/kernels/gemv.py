@@ -44,7 +44,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if uses_gemv(x, weight):
         impl = triton_impl("_triton_gemv")
         if impl is not None:
-            from graphpool.kernels.pdl import pdl_on
+            from graphpool.kernels.pdl import pdl_chain_on, pdl_on
 
-            return impl.gemv_triton(x, weight, bias, pdl=pdl_on(x.device))
+            return impl.gemv_triton(x, weight, bias, pdl=pdl_on(x.device), trigger=pdl_chain_on(x.device))
     return nn.functional.linear(x, weight, bias)

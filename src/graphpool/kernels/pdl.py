@@ -8,6 +8,12 @@ while the norm, attention or SwiGLU kernel before it finishes. Those kernels cal
 (`PDL_TRIGGER`): without a PDL launch after them it does nothing. On by default on sm_90+ since the H200 GPU
 suite passed with it (session 19); ``GRAPHPOOL_KERNELS_OFF=pdl`` turns it off. The interpreter has no
 griddepcontrol, so it is never on there.
+
+Staged (``GRAPHPOOL_STAGED_KERNELS=pdl_chain``, not yet run on a GPU): the other kernels of the step (the norms,
+rotary, the attention split and merge, SwiGLU) launched with PDL too, each waiting first thing (before it
+reads or writes anything: a kernel that has not waited may run beside the one ahead of it, which may still be
+reading a buffer the allocator has handed on), and the GEMV and rotary triggering as well; so every kernel's
+launch overlaps the one ahead of it, not only the GEMV's.
 """
 
 from __future__ import annotations
@@ -17,9 +23,9 @@ import functools
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from graphpool.kernels.staging import kernel_on
+from graphpool.kernels.staging import kernel_on, staged_kernels_on
 
 
 @functools.cache
@@ -33,6 +39,19 @@ def pdl_on(device: torch.device) -> bool:
     if device.type != "cuda" or triton.knobs.runtime.interpret or not kernel_on("pdl"):
         return False
     return _sm90_or_later(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def pdl_chain_on(device: torch.device) -> bool:
+    """Whether the staged PDL chain is on for launches on `device` (see the module's docstring)."""
+    return staged_kernels_on("pdl_chain") and pdl_on(device)
+
+
+@triton.jit
+def pdl_wait(ON: tl.constexpr):
+    """Wait until the kernel ahead has completed and its writes are visible (first thing in a kernel launched
+    with PDL; compiled out when ON is False; a no-op in a kernel launched without PDL)."""
+    if ON:
+        gdc_wait()
 
 
 @triton.jit
