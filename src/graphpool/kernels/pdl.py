@@ -30,7 +30,8 @@ from graphpool.kernels.staging import kernel_on, staged_kernels_on
 
 @functools.cache
 def _sm90_or_later(index: int) -> bool:
-    return torch.cuda.get_device_capability(index)[0] >= 9
+    # NOTE: a ROCm build reports its gfx9 GPUs as capability 9.x too; griddepcontrol is NVIDIA PTX
+    return torch.version.hip is None and torch.cuda.get_device_capability(index)[0] >= 9
 
 
 def pdl_on(device: torch.device) -> bool:
