@@ -105,9 +105,12 @@ def test_gemv_kernel_compiles(has_bias: bool, pdl: bool) -> None:
     from graphpool.kernels import _triton_gemv as gv
 
     def types(name: str) -> str:
-        return {"x_ptr": "*bf16", "w_ptr": "*bf16", "b_ptr": "*bf16", "y_ptr": "*bf16"}.get(name, "i32")
+        if name == "eps":
+            return "fp32"
+        return "*bf16" if name.endswith("_ptr") else "i32"
 
-    constexprs = dict(K=2048, BLOCK_N=gv.BLOCK_N, BLOCK_K=gv.MAX_BLOCK_K, HAS_BIAS=has_bias, PDL=pdl, PDL_TRIGGER=pdl)
+    constexprs = dict(K=2048, BLOCK_N=gv.BLOCK_N, BLOCK_K=gv.MAX_BLOCK_K, HAS_BIAS=has_bias, PDL=pdl, PDL_TRIGGER=pdl,
+                      NORM=has_bias, HAS_RESIDUAL=has_bias)
     ptx = _compile(gv._gemv_kernel, types, constexprs, num_warps=gv.NUM_WARPS).asm["ptx"]
     assert ("griddepcontrol.wait" in ptx) == pdl
     if pdl:

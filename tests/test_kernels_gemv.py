@@ -34,6 +34,61 @@ print(json.dumps(errors))
 """
 
 
+_NORM_SCRIPT = """
+from graphpool.kernels._triton_gemv import norm_gemv_triton
+from graphpool.kernels.norm_rope import add_rms_norm_ref, rms_norm_ref
+
+gen = torch.Generator().manual_seed(1)
+errors = []
+for dtype in (torch.float32, torch.float16):
+    for n, k, block_k, with_residual, bias in ((40, 300, 128, True, False), (24, 256, 64, False, True),
+                                               (9, 1000, 512, True, True)):
+        x = torch.randn(1, k, generator=gen).to(dtype)
+        res = torch.randn(1, k, generator=gen).to(dtype) if with_residual else None
+        g = (torch.rand(k, generator=gen) + 0.5).to(dtype)
+        w = (torch.randn(n, k, generator=gen) / k**0.5).to(dtype)
+        b = torch.randn(n, generator=gen).to(dtype) if bias else None
+        y, new_res = norm_gemv_triton(x, res, g, 1e-5, w, b, block_n=8, block_k=block_k, num_stages=1)
+        if res is None:
+            h, want_res = rms_norm_ref(x.double(), g.double(), 1e-5), x
+        else:
+            h = add_rms_norm_ref(x.double(), res.double(), g.double(), 1e-5)[0]
+            want_res = (x + res)  # the stream after the add, rounded as torch rounds it
+        ref = h @ w.double().T + (b.double() if bias else 0.0)
+        ok = y.shape == (1, n) and y.dtype == dtype and torch.equal(new_res, want_res)
+        errors.append(float((y.double() - ref).abs().max() / ref.abs().max()) if ok else 1.0)
+print(json.dumps(errors))
+"""
+
+
+def test_norm_gemv_matches_float64_in_the_interpreter() -> None:
+    """The staged norm + GEMV: the product of the normalized row within fp32 (fp16) rounding of float64,
+    and the residual stream after the add bitwise torch's ``x + residual``."""
+    errors = run_in_triton_interpreter(_NORM_SCRIPT)
+    assert len(errors) == 6
+    assert max(errors[:3]) < 1e-5
+    assert max(errors[3:]) < 1e-2
+
+
+def test_norm_linear_off_the_kernel_is_the_norm_then_linear(monkeypatch: pytest.MonkeyPatch) -> None:
+    from graphpool.kernels.gemv import norm_linear
+    from graphpool.kernels.norm_rope import add_rms_norm, rms_norm
+
+    monkeypatch.setenv(STAGED_ENV, "norm_gemv")
+    x, res, g, w, b = (
+        torch.randn(3, 16),
+        torch.randn(3, 16),
+        torch.rand(16) + 0.5,
+        torch.randn(8, 16),
+        torch.randn(8),
+    )
+    y, s = norm_linear(x, res, g, 1e-6, w, b)
+    h, want_s = add_rms_norm(x, res, g, 1e-6)
+    assert torch.equal(y, torch.nn.functional.linear(h, w, b)) and torch.equal(s, want_s)
+    y0, s0 = norm_linear(x, None, g, 1e-6, w, None)
+    assert torch.equal(y0, torch.nn.functional.linear(rms_norm(x, g, 1e-6), w)) and s0 is x
+
+
 def test_gemv_matches_float64_in_the_interpreter() -> None:
     errors = run_in_triton_interpreter(_SCRIPT)
     assert len(errors) == 10

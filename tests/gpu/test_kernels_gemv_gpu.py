@@ -1,10 +1,11 @@
-"""The one-row GEMV (kernels/gemv.py) and programmatic dependent launch (kernels/pdl.py) on the GPU:
-the GEMV against float64 at the projections' shapes of llama3.2-1b and llama3-8b (no worse than cuBLAS's own
-error by more than an output rounding); a chain of norm -> GEMV -> SwiGLU -> GEMV layers captured in a CUDA
-graph gives the same bits with and without PDL (a GEMV reading x before the kernel ahead of it finished would
-not) and replays as it ran eagerly; inside the engine (random llama3.2-1b, bf16, one sequence at a time, so
-every decode step has one row) against cuBLAS: argmaxes agree except at near-ties, and a graph step equals an
-eager one."""
+"""The one-row GEMV (kernels/gemv.py) and programmatic dependent launch (kernels/pdl.py) on the GPU: the GEMV
+against float64 at the projections' shapes of llama3.2-1b and llama3-8b (no worse than cuBLAS's own error by
+more than an output rounding); a chain of norm -> GEMV -> SwiGLU -> GEMV layers captured in a CUDA graph gives
+the same bits with and without PDL (a GEMV reading x before the kernel ahead of it finished would not) and
+replays as it ran eagerly; inside the engine (random llama3.2-1b, bf16, one sequence at a time, so every decode
+step has one row) against cuBLAS: argmaxes agree except at near-ties, and a graph step equals an eager one.
+The staged norm + GEMV and PDL chain (written after session 19's last GPU window: not yet run): the same
+checks against the defaults."""
 
 from __future__ import annotations
 
@@ -167,4 +168,51 @@ def test_engine_with_the_gemv_matches_cublas(monkeypatch: pytest.MonkeyPatch) ->
     report("gemv engine bf16 argmax flips vs cuBLAS", f"{flips} of {len(ref.argmax)}")
     eager = run(_engine(loaded, disable_cudagraph=True), _work(1))
     graphed = run(_engine(loaded, graph_miss_policy="capture"), _work(1), forced=eager)
+    compare(eager, graphed, tie=0.3, logit_tol=0.3, min_agree=0.93)
+
+
+@pytest.mark.parametrize(("hidden", "n"), [(2048, 3072), (2048, 16384), (4096, 28672), (576, 1536)])
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_staged_norm_gemv_is_as_close_as_the_two_kernels(hidden: int, n: int, with_residual: bool) -> None:
+    """The staged norm folded into the GEMV: no further from float64 than RMSNorm kernel + GEMV (which rounds
+    the normalized row once more) plus one output rounding; the residual stream bitwise the norm kernel's."""
+    from graphpool.kernels._triton_gemv import gemv_triton, norm_gemv_triton
+    from graphpool.kernels.norm_rope import add_rms_norm, add_rms_norm_ref, rms_norm, rms_norm_ref
+
+    gen = torch.Generator(device="cuda").manual_seed(hidden + n)
+    x = torch.randn(1, hidden, device="cuda", generator=gen).bfloat16()
+    res = torch.randn(1, hidden, device="cuda", generator=gen).bfloat16() if with_residual else None
+    g = (torch.rand(hidden, device="cuda", generator=gen) + 0.5).bfloat16()
+    w = (torch.randn(n, hidden, device="cuda", generator=gen) / hidden**0.5).bfloat16()
+    for pdl in (False, True):
+        y, new_res = norm_gemv_triton(x, res, g, 1e-5, w, pdl=pdl)
+        if res is None:
+            h, want_res = rms_norm(x, g, 1e-5), x
+            exact = rms_norm_ref(x.double(), g.double(), 1e-5)
+        else:
+            h, want_res = add_rms_norm(x, res, g, 1e-5)
+            exact = add_rms_norm_ref(x.double(), res.double(), g.double(), 1e-5)[0]
+        ref = exact @ w.double().T
+        two = gemv_triton(h, w, pdl=pdl)
+        ulp = float(ref.abs().max()) * torch.finfo(torch.bfloat16).eps
+        assert torch.equal(new_res, want_res)
+        assert _max_err(y, ref) <= _max_err(two, ref) + ulp, (pdl, _max_err(y, ref), _max_err(two, ref))
+
+
+@pytest.mark.parametrize("staged", ["norm_gemv", "pdl_chain", "norm_gemv,pdl_chain"])
+def test_engine_with_staged_kernels_matches_the_defaults(
+    staged: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    loaded = _build()
+    monkeypatch.delenv(OFF_ENV, raising=False)
+    monkeypatch.delenv(STAGED_ENV, raising=False)
+    ref = run(_engine(loaded, graph_miss_policy="capture"), _work(2))
+    monkeypatch.setenv(STAGED_ENV, staged)
+    got = run(_engine(loaded, graph_miss_policy="capture"), _work(2), forced=ref)
+    assert got.graph_steps > 50
+    compare(ref, got, tie=0.3, logit_tol=0.3, min_agree=0.93)
+    flips = sum(got.argmax[k] != ref.argmax[k] for k in ref.argmax)
+    report(f"staged {staged}: engine bf16 argmax flips vs the defaults", f"{flips} of {len(ref.argmax)}")
+    eager = run(_engine(loaded, disable_cudagraph=True), _work(3))
+    graphed = run(_engine(loaded, graph_miss_policy="capture"), _work(3), forced=eager)
     compare(eager, graphed, tie=0.3, logit_tol=0.3, min_agree=0.93)

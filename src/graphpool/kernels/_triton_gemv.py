@@ -29,10 +29,26 @@ NUM_STAGES = 3
 
 
 @triton.jit
+def _gemv_input(x_ptr, r_ptr, g_ptr, rout_ptr, k, k_mask, pid, NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
+    """A tile of the product's input in fp32 (g * (x + residual) with the staged norm prologue, else x) and of
+    the row the norm's statistics come from. Program 0 stores the residual stream after the add."""
+    x = tl.load(x_ptr + k, mask=k_mask, other=0.0)
+    if HAS_RESIDUAL:
+        r = tl.load(r_ptr + k, mask=k_mask, other=0.0)
+        # NOTE: rounded to the activation dtype, as `x + residual` in torch is (and the RMSNorm kernel does).
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(x_ptr.dtype.element_ty)
+        tl.store(rout_ptr + k, x, mask=k_mask & (pid == 0))
+    s = x.to(tl.float32)
+    if NORM:
+        return s * tl.load(g_ptr + k, mask=k_mask, other=0.0).to(tl.float32), s
+    return s, s
+
+
+@triton.jit
 def _gemv_kernel(
-    x_ptr, w_ptr, b_ptr, y_ptr, N, stride_wn,
+    x_ptr, w_ptr, b_ptr, y_ptr, N, stride_wn, r_ptr, g_ptr, rout_ptr, eps,
     K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr,
-    PDL_TRIGGER: tl.constexpr,
+    PDL_TRIGGER: tl.constexpr, NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
 ):  # fmt: skip
     pdl_trigger(PDL_TRIGGER)
     pid = tl.program_id(0)
@@ -44,18 +60,48 @@ def _gemv_kernel(
     w = tl.load(rows + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
     if PDL:
         gdc_wait()  # NOTE: after the first weight tile's load, before the first read of x
-    x = tl.load(x_ptr + offs_k, mask=k_mask, other=0.0)
-    acc = w.to(tl.float32) * x.to(tl.float32)[None, :]
+    xin, s = _gemv_input(x_ptr, r_ptr, g_ptr, rout_ptr, offs_k, k_mask, pid, NORM, HAS_RESIDUAL)
+    acc = w.to(tl.float32) * xin[None, :]
+    ss = s * s
     for k0 in range(BLOCK_K, K, BLOCK_K):
         k = k0 + offs_k
         k_mask = k < K
         w = tl.load(rows + k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
-        x = tl.load(x_ptr + k, mask=k_mask, other=0.0)
-        acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
+        xin, s = _gemv_input(x_ptr, r_ptr, g_ptr, rout_ptr, k, k_mask, pid, NORM, HAS_RESIDUAL)
+        acc += w.to(tl.float32) * xin[None, :]
+        if NORM:
+            ss += s * s
     y = tl.sum(acc, 1)
+    if NORM:
+        # NOTE: rms_norm(x) @ (g * w).T = rsqrt(mean(x^2) + eps) * (x * g) @ w.T: the scale is one scalar
+        y = y * tl.rsqrt(tl.sum(ss, 0) / K + eps)
     if HAS_BIAS:
         y += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
     tl.store(y_ptr + offs_n, y.to(y_ptr.dtype.element_ty), mask=n_mask)
+
+
+def _launch(
+    row: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor,
+    norm: tuple[torch.Tensor | None, torch.Tensor, torch.Tensor, float] | None,
+    pdl: bool, trigger: bool, block_n: int, block_k: int | None, num_warps: int, num_stages: int,
+) -> None:  # fmt: skip
+    n, k = weight.shape
+    residual, g, rout, eps = norm if norm is not None else (None, row, row, 0.0)
+    if block_k is None:
+        block_k = min(MAX_BLOCK_K, triton.next_power_of_2(k))
+    if n > 0:
+        _gemv_kernel[(triton.cdiv(n, block_n),)](
+            row, weight, bias if bias is not None else weight, out, n, weight.stride(0),
+            residual if residual is not None else row, g, rout, eps,
+            K=k, BLOCK_N=block_n, BLOCK_K=block_k, HAS_BIAS=bias is not None, PDL=pdl, PDL_TRIGGER=trigger,
+            NORM=norm is not None, HAS_RESIDUAL=residual is not None,
+            num_warps=num_warps, num_stages=num_stages, launch_pdl=pdl,
+        )  # fmt: skip
+
+
+def _row(x: torch.Tensor, k: int) -> torch.Tensor:
+    row = x.reshape(k)
+    return row if row.stride(0) == 1 else row.contiguous()
 
 
 def gemv_triton(
@@ -74,16 +120,35 @@ def gemv_triton(
     start (the staged PDL chain); the other keywords override the tiles (tests, benchmarks). The caller checks
     shapes (`gemv.linear`)."""
     n, k = weight.shape
-    row = x.reshape(k)
-    if row.stride(0) != 1:
-        row = row.contiguous()
     out = torch.empty(n, dtype=x.dtype, device=x.device)
-    if block_k is None:
-        block_k = min(MAX_BLOCK_K, triton.next_power_of_2(k))
-    if n > 0:
-        _gemv_kernel[(triton.cdiv(n, block_n),)](
-            row, weight, bias if bias is not None else weight, out, n, weight.stride(0),
-            K=k, BLOCK_N=block_n, BLOCK_K=block_k, HAS_BIAS=bias is not None, PDL=pdl, PDL_TRIGGER=trigger,
-            num_warps=num_warps, num_stages=num_stages, launch_pdl=pdl,
-        )  # fmt: skip
+    _launch(_row(x, k), weight, bias, out, None, pdl, trigger, block_n, block_k, num_warps, num_stages)
     return out.view(*x.shape[:-1], n)
+
+
+def norm_gemv_triton(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    norm_weight: torch.Tensor,
+    eps: float,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    pdl: bool = False,
+    trigger: bool = False,
+    block_n: int = BLOCK_N,
+    block_k: int | None = None,
+    num_warps: int = NUM_WARPS,
+    num_stages: int = NUM_STAGES,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Staged: ``linear(rms_norm(x + residual), weight, bias)`` of one row in one kernel, and the residual
+    stream after the add (``x`` itself without a residual). Every program reads the whole row anyway, so each
+    computes the norm's statistics itself; the normalized row is never stored (nor rounded: it differs from
+    the two kernels by that rounding). The caller checks shapes (`gemv.norm_linear`)."""
+    n, k = weight.shape
+    row = _row(x, k)
+    res = _row(residual, k) if residual is not None else None
+    rout = torch.empty_like(row) if res is not None else row
+    out = torch.empty(n, dtype=x.dtype, device=x.device)
+    _launch(row, weight, bias, out, (res, norm_weight.contiguous(), rout, eps), pdl, trigger, block_n, block_k,
+            num_warps, num_stages)  # fmt: skip
+    return out.view(*x.shape[:-1], n), (rout.view(x.shape) if res is not None else x)

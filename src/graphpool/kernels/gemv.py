@@ -20,7 +20,8 @@ import torch
 from torch import nn
 
 from graphpool.kernels._dispatch import triton_impl
-from graphpool.kernels.staging import kernel_on
+from graphpool.kernels.norm_rope import add_rms_norm, rms_norm
+from graphpool.kernels.staging import kernel_on, staged_kernels_on
 
 _DTYPES = (torch.bfloat16, torch.float16)
 
@@ -48,3 +49,32 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
             return impl.gemv_triton(x, weight, bias, pdl=pdl_on(x.device), trigger=pdl_chain_on(x.device))
     return nn.functional.linear(x, weight, bias)
+
+
+def norm_linear(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    norm_weight: torch.Tensor,
+    eps: float,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``linear(rms_norm(x + residual), weight, bias)`` and the residual stream after the add (``x`` itself
+    when `residual` is None): the RMSNorm kernel then `linear`; staged (``GRAPHPOOL_STAGED_KERNELS=norm_gemv``,
+    not yet run on a GPU), where `linear` would take the GEMV, one kernel that folds the norm into it."""
+    if (
+        staged_kernels_on("norm_gemv")
+        and uses_gemv(x, weight)
+        and norm_weight.dtype == x.dtype
+        and (residual is None or (residual.dtype == x.dtype and residual.shape == x.shape))
+    ):
+        impl = triton_impl("_triton_gemv")
+        if impl is not None:
+            from graphpool.kernels.pdl import pdl_chain_on, pdl_on
+
+            return impl.norm_gemv_triton(x, residual, norm_weight, eps, weight, bias, pdl=pdl_on(x.device),
+                                         trigger=pdl_chain_on(x.device))  # fmt: skip
+    if residual is None:
+        return linear(rms_norm(x, norm_weight, eps), weight, bias), x
+    h, new_residual = add_rms_norm(x, residual, norm_weight, eps)
+    return linear(h, weight, bias), new_residual

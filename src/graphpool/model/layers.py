@@ -83,5 +83,9 @@ class SwiGLU(nn.Module):
 
     def forward(self, x: torch.Tensor, reduce: bool = True) -> torch.Tensor:
         """`reduce=False`: the output before down_proj's all-reduce (a rank's partial sum under tensor parallel)."""
-        out = self.down_proj.partial(self.ops.silu_mul(self.gate_up_proj(x)))
+        return self.from_gate_up(self.gate_up_proj(x), reduce)
+
+    def from_gate_up(self, gate_up: torch.Tensor, reduce: bool = True) -> torch.Tensor:
+        """`forward` after the gate/up projection (the decoder layer computes it with its norm)."""
+        out = self.down_proj.partial(self.ops.silu_mul(gate_up))
         return self.down_proj.tp.all_reduce(out) if reduce else out

@@ -50,7 +50,13 @@ class LlamaAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, meta: AttentionMetadata, kv_cache: KVCache, reduce: bool = True) -> torch.Tensor:
         """`reduce=False`: the output before o_proj's all-reduce (a rank's partial sum under tensor parallel)."""
-        q, k, v = self.qkv_proj(x).split(self.qkv_proj.sizes, dim=-1)
+        return self.from_qkv(self.qkv_proj(x), meta, kv_cache, reduce)
+
+    def from_qkv(
+        self, qkv: torch.Tensor, meta: AttentionMetadata, kv_cache: KVCache, reduce: bool = True
+    ) -> torch.Tensor:
+        """`forward` after the qkv projection (the decoder layer computes it with its norm: ModelOps.norm_linear)."""
+        q, k, v = qkv.split(self.qkv_proj.sizes, dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
@@ -103,12 +109,9 @@ class LlamaDecoderLayer(nn.Module):
     def attention_stage(
         self, x: torch.Tensor, residual: torch.Tensor | None, meta: AttentionMetadata, kv_cache: KVCache
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        norm1 = self.input_layernorm
-        if residual is None:
-            residual, h = x, self.ops.rms_norm(x, norm1.weight, norm1.eps)
-        else:
-            h, residual = self.ops.add_rms_norm(x, residual, norm1.weight, norm1.eps)
-        return self.self_attn(h, meta, kv_cache, reduce=False), residual
+        norm1, proj = self.input_layernorm, self.self_attn.qkv_proj
+        qkv, residual = self.ops.norm_linear(x, residual, norm1.weight, norm1.eps, proj.weight, proj.bias)
+        return self.self_attn.from_qkv(qkv, meta, kv_cache, reduce=False), residual
 
     def mlp_stage(
         self, x: torch.Tensor, residual: torch.Tensor | None, meta: AttentionMetadata | None = None,
@@ -116,9 +119,9 @@ class LlamaDecoderLayer(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if residual is None:
             raise ValueError("the MLP stage follows an attention stage: it needs the residual stream")
-        norm2 = self.post_attention_layernorm
-        h, residual = self.ops.add_rms_norm(x, residual, norm2.weight, norm2.eps)
-        return self.mlp(h, reduce=False), residual
+        norm2, proj = self.post_attention_layernorm, self.mlp.gate_up_proj
+        gate_up, residual = self.ops.norm_linear(x, residual, norm2.weight, norm2.eps, proj.weight, proj.bias)
+        return self.mlp.from_gate_up(gate_up, reduce=False), residual
 
 
 class LlamaModel(nn.Module):
