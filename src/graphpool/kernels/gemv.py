@@ -63,8 +63,8 @@ def norm_linear(
     when `residual` is None): the RMSNorm kernel then `linear`; staged (``GRAPHPOOL_STAGED_KERNELS=norm_gemv``,
     not yet run on a GPU), where `linear` would take the GEMV, one kernel that folds the norm into it."""
     if (
-        staged_kernels_on("norm_gemv")
-        and uses_gemv(x, weight)
+        uses_gemv(x, weight)  # NOTE: first: its cheap checks end it for every prefill
+        and staged_kernels_on("norm_gemv")
         and norm_weight.dtype == x.dtype
         and (residual is None or (residual.dtype == x.dtype and residual.shape == x.shape))
     ):
