@@ -24,6 +24,18 @@ def _compile(fn, types: Callable[[str], str], constexprs: dict, num_warps: int =
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
 
 
+def _norm_types(name: str) -> str:
+    return "*bf16" if name.endswith("_ptr") else ("fp32" if name == "eps" else "i32")
+
+
+def _rope_types(name: str) -> str:
+    if name in ("pos_ptr", "slot_ptr"):
+        return "*i64"
+    if name in ("cos_ptr", "sin_ptr"):
+        return "*fp32"
+    return "*bf16" if name.endswith("_ptr") else "i32"
+
+
 @pytest.fixture(autouse=True)
 def _private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
@@ -69,23 +81,16 @@ def test_norm_and_rotary_kernels_compile() -> None:
 
     _compile(
         nr._rms_norm_kernel,
-        lambda n: "*bf16" if n.endswith("_ptr") else ("fp32" if n == "eps" else "i32"),
+        _norm_types,
         dict(HAS_RESIDUAL=True, BLOCK=4096, PDL_TRIGGER=True, PDL_WAIT=False),
         num_warps=8,
     )
-
-    def rope_types(name: str) -> str:
-        if name in ("pos_ptr", "slot_ptr"):
-            return "*i64"
-        if name in ("cos_ptr", "sin_ptr"):
-            return "*fp32"
-        return "*bf16" if name.endswith("_ptr") else "i32"
 
     constexprs = dict(
         HQ=32, HKV=8, HALF=64, BLOCK_HQ=32, BLOCK_HKV=8, BLOCK_HALF=64, BLOCK_SIZE=16, WRITE_KV=True,
         PDL_CHAIN=False,
     )
-    _compile(nr._rotary_kernel, rope_types, constexprs)
+    _compile(nr._rotary_kernel, _rope_types, constexprs)
 
 
 def test_argmax_kernels_compile() -> None:
@@ -124,7 +129,7 @@ def test_pdl_trigger_compiles_in_only_when_on() -> None:
     def ptx(on: bool) -> str:
         return _compile(
             nr._rms_norm_kernel,
-            lambda n: "*bf16" if n.endswith("_ptr") else ("fp32" if n == "eps" else "i32"),
+            _norm_types,
             dict(HAS_RESIDUAL=False, BLOCK=2048, PDL_TRIGGER=on, PDL_WAIT=False),
         ).asm["ptx"]
 
@@ -146,18 +151,11 @@ def test_staged_pdl_chain_kernels_wait_before_touching_memory() -> None:
 
     norm = _compile(
         nr._rms_norm_kernel,
-        lambda n: "*bf16" if n.endswith("_ptr") else ("fp32" if n == "eps" else "i32"),
+        _norm_types,
         dict(HAS_RESIDUAL=True, BLOCK=2048, PDL_TRIGGER=True, PDL_WAIT=True),
     )
 
-    def rope_types(name: str) -> str:
-        if name in ("pos_ptr", "slot_ptr"):
-            return "*i64"
-        if name in ("cos_ptr", "sin_ptr"):
-            return "*fp32"
-        return "*bf16" if name.endswith("_ptr") else "i32"
-
-    rope = _compile(nr._rotary_kernel, rope_types, dict(HQ=32, HKV=8, HALF=32, BLOCK_HQ=32, BLOCK_HKV=8,
+    rope = _compile(nr._rotary_kernel, _rope_types, dict(HQ=32, HKV=8, HALF=32, BLOCK_HQ=32, BLOCK_HKV=8,
                                                          BLOCK_HALF=32, BLOCK_SIZE=16, WRITE_KV=True, PDL_CHAIN=True))
     silu = _compile(sm._silu_mul_kernel, lambda n: "*bf16" if n.endswith("_ptr") else "i32",
                     dict(BLOCK=1024, LIBDEVICE_EXP=True, PDL_TRIGGER=True, PDL_WAIT=True))

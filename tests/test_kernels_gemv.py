@@ -14,7 +14,7 @@ from graphpool.kernels.staging import OFF_ENV, STAGED_ENV, kernel_on, staged_ker
 from test_kernels_decode_attention import run_in_triton_interpreter
 
 _SCRIPT = """
-from graphpool.kernels._triton_gemv import gemv_triton
+from graphpool.kernels._triton_gemv import Tiles, gemv_triton
 
 gen = torch.Generator().manual_seed(0)
 errors = []
@@ -24,7 +24,7 @@ for dtype in (torch.float32, torch.float16):
         x = torch.randn(1, 2 * k, generator=gen).to(dtype)[:, ::2]  # a strided row: copied first
         w = (torch.randn(n, k, generator=gen) / k**0.5).to(dtype)
         b = torch.randn(n, generator=gen).to(dtype) if bias else None
-        y = gemv_triton(x, w, b, block_n=block_n, block_k=block_k, num_stages=1)
+        y = gemv_triton(x, w, b, tiles=Tiles(block_n, block_k, num_stages=1))
         ref = x.double() @ w.double().T + (b.double() if bias else 0.0)
         ok = y.shape == (1, n) and y.dtype == dtype
         errors.append(float((y.double() - ref).abs().max() / ref.abs().max()) if ok else 1.0)
@@ -35,7 +35,7 @@ print(json.dumps(errors))
 
 
 _NORM_SCRIPT = """
-from graphpool.kernels._triton_gemv import norm_gemv_triton
+from graphpool.kernels._triton_gemv import Tiles, norm_gemv_triton
 from graphpool.kernels.norm_rope import add_rms_norm_ref, rms_norm_ref
 
 gen = torch.Generator().manual_seed(1)
@@ -48,7 +48,7 @@ for dtype in (torch.float32, torch.float16):
         g = (torch.rand(k, generator=gen) + 0.5).to(dtype)
         w = (torch.randn(n, k, generator=gen) / k**0.5).to(dtype)
         b = torch.randn(n, generator=gen).to(dtype) if bias else None
-        y, new_res = norm_gemv_triton(x, res, g, 1e-5, w, b, block_n=8, block_k=block_k, num_stages=1)
+        y, new_res = norm_gemv_triton(x, res, g, 1e-5, w, b, tiles=Tiles(8, block_k, num_stages=1))
         if res is None:
             h, want_res = rms_norm_ref(x.double(), g.double(), 1e-5), x
         else:

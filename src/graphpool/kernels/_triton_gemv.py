@@ -15,6 +15,8 @@ a plain launch holds.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -26,6 +28,19 @@ BLOCK_N = 8  # output features per program: N / 8 programs (256 for a 2048-wide 
 MAX_BLOCK_K = 1024  # weight columns per tile: 16 KB of bf16 per stage
 NUM_WARPS = 8
 NUM_STAGES = 3
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """The launch's tiling (tests and benchmarks override it); block_k None: min(MAX_BLOCK_K, next_pow2(K))."""
+
+    block_n: int = BLOCK_N
+    block_k: int | None = None
+    num_warps: int = NUM_WARPS
+    num_stages: int = NUM_STAGES
+
+
+DEFAULT_TILES = Tiles()
 
 
 @triton.jit
@@ -83,19 +98,19 @@ def _gemv_kernel(
 def _launch(
     row: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor,
     norm: tuple[torch.Tensor | None, torch.Tensor, torch.Tensor, float] | None,
-    pdl: bool, trigger: bool, block_n: int, block_k: int | None, num_warps: int, num_stages: int,
+    pdl: bool, trigger: bool, tiles: Tiles,
 ) -> None:  # fmt: skip
     n, k = weight.shape
     residual, g, rout, eps = norm if norm is not None else (None, row, row, 0.0)
-    if block_k is None:
-        block_k = min(MAX_BLOCK_K, triton.next_power_of_2(k))
+    block_n = tiles.block_n
+    block_k = tiles.block_k if tiles.block_k is not None else min(MAX_BLOCK_K, triton.next_power_of_2(k))
     if n > 0:
         _gemv_kernel[(triton.cdiv(n, block_n),)](
             row, weight, bias if bias is not None else weight, out, n, weight.stride(0),
             residual if residual is not None else row, g, rout, eps,
             K=k, BLOCK_N=block_n, BLOCK_K=block_k, HAS_BIAS=bias is not None, PDL=pdl, PDL_TRIGGER=trigger,
             NORM=norm is not None, HAS_RESIDUAL=residual is not None,
-            num_warps=num_warps, num_stages=num_stages, launch_pdl=pdl,
+            num_warps=tiles.num_warps, num_stages=tiles.num_stages, launch_pdl=pdl,
         )  # fmt: skip
 
 
@@ -111,17 +126,13 @@ def gemv_triton(
     *,
     pdl: bool = False,
     trigger: bool = False,
-    block_n: int = BLOCK_N,
-    block_k: int | None = None,
-    num_warps: int = NUM_WARPS,
-    num_stages: int = NUM_STAGES,
+    tiles: Tiles = DEFAULT_TILES,
 ) -> torch.Tensor:
-    """``x [..., K]`` holding one row -> ``[..., N]``; `trigger`: let a PDL-launched kernel after this one
-    start (the staged PDL chain); the other keywords override the tiles (tests, benchmarks). The caller checks
-    shapes (`gemv.linear`)."""
+    """``x [..., K]`` holding one row -> ``[..., N]``; `pdl`: a programmatic dependent launch; `trigger`: let
+    a PDL-launched kernel after this one start (the staged PDL chain). The caller checks shapes (`gemv.linear`)."""
     n, k = weight.shape
     out = torch.empty(n, dtype=x.dtype, device=x.device)
-    _launch(_row(x, k), weight, bias, out, None, pdl, trigger, block_n, block_k, num_warps, num_stages)
+    _launch(_row(x, k), weight, bias, out, None, pdl, trigger, tiles)
     return out.view(*x.shape[:-1], n)
 
 
@@ -135,10 +146,7 @@ def norm_gemv_triton(
     *,
     pdl: bool = False,
     trigger: bool = False,
-    block_n: int = BLOCK_N,
-    block_k: int | None = None,
-    num_warps: int = NUM_WARPS,
-    num_stages: int = NUM_STAGES,
+    tiles: Tiles = DEFAULT_TILES,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Staged: ``linear(rms_norm(x + residual), weight, bias)`` of one row in one kernel, and the residual
     stream after the add (``x`` itself without a residual). Every program reads the whole row anyway, so each
@@ -149,6 +157,5 @@ def norm_gemv_triton(
     res = _row(residual, k) if residual is not None else None
     rout = torch.empty_like(row) if res is not None else row
     out = torch.empty(n, dtype=x.dtype, device=x.device)
-    _launch(row, weight, bias, out, (res, norm_weight.contiguous(), rout, eps), pdl, trigger, block_n, block_k,
-            num_warps, num_stages)  # fmt: skip
+    _launch(row, weight, bias, out, (res, norm_weight.contiguous(), rout, eps), pdl, trigger, tiles)
     return out.view(*x.shape[:-1], n), (rout.view(x.shape) if res is not None else x)

@@ -40,14 +40,18 @@ def uses_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
     )
 
 
+def _launch_flags(device: torch.device) -> dict[str, bool]:
+    from graphpool.kernels.pdl import pdl_chain_on, pdl_on  # NOTE: imports triton: CUDA callers only
+
+    return {"pdl": pdl_on(device), "trigger": pdl_chain_on(device)}
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``nn.functional.linear(x, weight, bias)``; on CUDA with one input row, one Triton GEMV."""
     if uses_gemv(x, weight):
         impl = triton_impl("_triton_gemv")
         if impl is not None:
-            from graphpool.kernels.pdl import pdl_chain_on, pdl_on
-
-            return impl.gemv_triton(x, weight, bias, pdl=pdl_on(x.device), trigger=pdl_chain_on(x.device))
+            return impl.gemv_triton(x, weight, bias, **_launch_flags(x.device))
     return nn.functional.linear(x, weight, bias)
 
 
@@ -70,10 +74,7 @@ def norm_linear(
     ):
         impl = triton_impl("_triton_gemv")
         if impl is not None:
-            from graphpool.kernels.pdl import pdl_chain_on, pdl_on
-
-            return impl.norm_gemv_triton(x, residual, norm_weight, eps, weight, bias, pdl=pdl_on(x.device),
-                                         trigger=pdl_chain_on(x.device))  # fmt: skip
+            return impl.norm_gemv_triton(x, residual, norm_weight, eps, weight, bias, **_launch_flags(x.device))
     if residual is None:
         return linear(rms_norm(x, norm_weight, eps), weight, bias), x
     h, new_residual = add_rms_norm(x, residual, norm_weight, eps)
