@@ -11,6 +11,10 @@ attention and SwiGLU kernels do: `kernels/pdl.py`), loads its first weight tile 
 the previous kernel), and only then waits (``griddepcontrol.wait``: the previous kernel complete, its writes
 visible) before it reads x. Everything earlier in the stream is complete by then too, so the contract of
 a plain launch holds.
+
+Staged (`norm_gemv_triton`, not yet run on a GPU): an RMSNorm (after a residual add) folded in front. The
+product's input is then ``g * s`` with ``s = x + residual``; each program sums ``s^2`` beside the product over
+its K loop and scales its outputs by ``rsqrt(mean(s^2) + eps)``, and program 0 stores ``s``.
 """
 
 from __future__ import annotations
