@@ -35,7 +35,7 @@ class PrefillOpCount:
     prompt_lens: tuple[int, ...]
     step_ops: int  # the whole step: scheduler, runner inputs, model, logits, sampling
     layer_ops: tuple[int, ...]  # inside each decoder layer's forward
-    attention_ops: tuple[int, ...]  # inside each layer's self-attention (projections included)
+    attention_ops: tuple[int, ...]  # inside each layer's attention stage (its norm and projections included)
 
     @property
     def per_layer(self) -> float:
@@ -132,16 +132,30 @@ def count_prefill_ops(engine: LLMEngine, prompt_lens: list[int], seed: int = 0) 
     layers = engine.runner.model.layers
     marks: dict[str, list[int]] = {"layer": [], "attn": []}
     hooks = []
+
+    def marked(stage: Callable[..., Any]) -> Callable[..., Any]:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            marks["attn"].append(-counter.n)
+            out = stage(*args, **kwargs)
+            marks["attn"].append(counter.n)
+            return out
+
+        return run
+
     for layer in layers:
-        for key, mod in (("layer", layer), ("attn", layer.self_attn)):
-            hooks.append(mod.register_forward_pre_hook(lambda *_, k=key: marks[k].append(-counter.n)))
-            hooks.append(mod.register_forward_hook(lambda *_, k=key: marks[k].append(counter.n)))
+        hooks.append(layer.register_forward_pre_hook(lambda *_: marks["layer"].append(-counter.n)))
+        hooks.append(layer.register_forward_hook(lambda *_: marks["layer"].append(counter.n)))
+        # NOTE: the attention stage is a method (its norm, projections and attention), not a module: wrapped
+        # on the instance for the counted step
+        layer.attention_stage = marked(layer.attention_stage)  # type: ignore[method-assign]
     try:
         with counter:
             engine.step()
     finally:
         for h in hooks:
             h.remove()
+        for layer in layers:
+            del layer.attention_stage  # back to the class's method
     step = engine.last_step
     if step is None or step.kind != "prefill" or engine.has_unfinished_requests():
         raise RuntimeError(f"the counted step was not one whole prefill of {len(prompt_lens)} prompts: {step}")
@@ -237,7 +251,7 @@ def prefill_markdown(p: PrefillProfile, cuda: bool) -> str:
     if p.op_counts:
         out.append("\naten ops dispatched by one prefill step (a TorchDispatchMode counter, no profiler; "
                    "Triton launches are no aten ops):\n\n")
-        out.append(md_table(["prompts (tokens)", "step", "per layer", "self-attention per layer", "outside layers"],
+        out.append(md_table(["prompts (tokens)", "step", "per layer", "attention stage per layer", "outside layers"],
                             [[f"{len(c.prompt_lens)} ({sum(c.prompt_lens)})", c.step_ops, c.per_layer,
                               sum(c.attention_ops) / len(c.attention_ops), c.outside_layers] for c in p.op_counts]))
     out.append(f"\nTop {dev} by time:\n\n")
