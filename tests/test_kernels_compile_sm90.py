@@ -115,7 +115,7 @@ def test_gemv_kernel_compiles(has_bias: bool, pdl: bool) -> None:
         return "*bf16" if name.endswith("_ptr") else "i32"
 
     constexprs = dict(K=2048, BLOCK_N=gv.BLOCK_N, BLOCK_K=gv.MAX_BLOCK_K, HAS_BIAS=has_bias, PDL=pdl, PDL_TRIGGER=pdl,
-                      NORM=has_bias, HAS_RESIDUAL=has_bias)
+                      NORM=has_bias, HAS_RESIDUAL=has_bias, SWIGLU=False, LIBDEVICE_EXP=True)
     ptx = _compile(gv._gemv_kernel, types, constexprs, num_warps=gv.NUM_WARPS).asm["ptx"]
     assert ("griddepcontrol.wait" in ptx) == pdl
     if pdl:
@@ -179,3 +179,12 @@ def test_staged_pdl_chain_kernels_wait_before_touching_memory() -> None:
         ptx = kernel.asm["ptx"]
         assert _waits_before_any_global_access(ptx), name
         assert "griddepcontrol.launch_dependents" in ptx, name
+
+
+def test_staged_silu_gemv_kernel_compiles() -> None:
+    from graphpool.kernels import _triton_gemv as gv
+
+    constexprs = dict(K=8192, BLOCK_N=gv.BLOCK_N, BLOCK_K=gv.MAX_BLOCK_K, HAS_BIAS=False, PDL=True, PDL_TRIGGER=False,
+                      NORM=False, HAS_RESIDUAL=False, SWIGLU=True, LIBDEVICE_EXP=True)
+    ptx = _compile(gv._gemv_kernel, _norm_types, constexprs, num_warps=gv.NUM_WARPS).asm["ptx"]
+    assert "div.rn.f32" in ptx and "griddepcontrol.wait" in ptx  # IEEE division, as the SwiGLU kernel's

@@ -70,23 +70,38 @@ def test_norm_gemv_matches_float64_in_the_interpreter() -> None:
     assert max(errors[3:]) < 1e-2
 
 
-def test_norm_linear_off_the_kernel_is_the_norm_then_linear(monkeypatch: pytest.MonkeyPatch) -> None:
-    from graphpool.kernels.gemv import norm_linear
-    from graphpool.kernels.norm_rope import add_rms_norm, rms_norm
+_SILU_SCRIPT = """
+from graphpool.kernels._triton_gemv import Tiles, gemv_triton, silu_gemv_triton
+from graphpool.kernels._triton_silu_mul import silu_mul_triton
 
-    monkeypatch.setenv(STAGED_ENV, "norm_gemv")
-    x, res, g, w, b = (
-        torch.randn(3, 16),
-        torch.randn(3, 16),
-        torch.rand(16) + 0.5,
-        torch.randn(8, 16),
-        torch.randn(8),
-    )
-    y, s = norm_linear(x, res, g, 1e-6, w, b)
-    h, want_s = add_rms_norm(x, res, g, 1e-6)
-    assert torch.equal(y, torch.nn.functional.linear(h, w, b)) and torch.equal(s, want_s)
-    y0, s0 = norm_linear(x, None, g, 1e-6, w, None)
-    assert torch.equal(y0, torch.nn.functional.linear(rms_norm(x, g, 1e-6), w)) and s0 is x
+gen = torch.Generator().manual_seed(2)
+same = []
+for dtype in (torch.float32, torch.float16):
+    for n, inter, block_k, bias in ((40, 300, 128, False), (9, 1000, 512, True)):
+        gate_up = (torch.randn(1, 2 * inter, generator=gen) * 3).to(dtype)
+        w = (torch.randn(n, inter, generator=gen) / inter**0.5).to(dtype)
+        b = torch.randn(n, generator=gen).to(dtype) if bias else None
+        tiles = Tiles(8, block_k, num_stages=1)
+        fused = silu_gemv_triton(gate_up, w, b, tiles=tiles)
+        two = gemv_triton(silu_mul_triton(gate_up), w, b, tiles=tiles)
+        same.append(fused.shape == (1, n) and torch.equal(fused, two))
+print(json.dumps(same))
+"""
+
+
+def test_silu_gemv_is_the_two_kernels_bitwise_in_the_interpreter() -> None:
+    """The staged SwiGLU + GEMV computes the SwiGLU kernel's bits on the fly, so its product is the GEMV's of
+    the SwiGLU kernel's output, bit for bit."""
+    assert run_in_triton_interpreter(_SILU_SCRIPT) == [True] * 4
+
+
+def test_fused_ops_decline_off_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    from graphpool.kernels.gemv import fused_norm_linear, fused_silu_linear
+
+    monkeypatch.setenv(STAGED_ENV, "norm_gemv,silu_gemv")
+    x, g, w = torch.randn(1, 16), torch.rand(16) + 0.5, torch.randn(8, 16)
+    assert fused_norm_linear(x, None, g, 1e-6, w) is None
+    assert fused_silu_linear(torch.randn(1, 32), w) is None
 
 
 def test_gemv_matches_float64_in_the_interpreter() -> None:

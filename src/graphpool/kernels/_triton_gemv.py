@@ -14,7 +14,8 @@ a plain launch holds.
 
 Staged (`norm_gemv_triton`, not yet run on a GPU): an RMSNorm (after a residual add) folded in front. The
 product's input is then ``g * s`` with ``s = x + residual``; each program sums ``s^2`` beside the product over
-its K loop and scales its outputs by ``rsqrt(mean(s^2) + eps)``, and program 0 stores ``s``.
+its K loop and scales its outputs by ``rsqrt(mean(s^2) + eps)``, and program 0 stores ``s``. And
+(`silu_gemv_triton`) SwiGLU folded in front: the input tile is ``silu(gate) * up`` of the gate/up row.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 from triton.language.extra.cuda import gdc_wait
 
 from graphpool.kernels.pdl import pdl_trigger
@@ -48,10 +50,22 @@ DEFAULT_TILES = Tiles()
 
 
 @triton.jit
-def _gemv_input(x_ptr, r_ptr, g_ptr, rout_ptr, k, k_mask, pid, NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
-    """A tile of the product's input in fp32 (g * (x + residual) with the staged norm prologue, else x) and of
-    the row the norm's statistics come from. Program 0 stores the residual stream after the add."""
-    x = tl.load(x_ptr + k, mask=k_mask, other=0.0)
+def _gemv_input(
+    x_ptr, r_ptr, g_ptr, rout_ptr, k, k_mask, pid,
+    K: tl.constexpr, NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, SWIGLU: tl.constexpr,
+    LIBDEVICE_EXP: tl.constexpr,
+):  # fmt: skip
+    """A tile of the product's input in fp32 (g * (x + residual) with the staged norm prologue; silu(gate) *
+    up of the gate/up row with the staged SwiGLU prologue; else x) and of the row the norm's statistics come
+    from. Program 0 stores the residual stream after the add."""
+    if SWIGLU:
+        # NOTE: `_silu_mul_kernel`'s op order and functions, roundings included: the product sees its bits
+        gate = tl.load(x_ptr + k, mask=k_mask, other=0.0).to(tl.float32)
+        up = tl.load(x_ptr + K + k, mask=k_mask, other=0.0).to(tl.float32)
+        silu = tl.math.div_rn(gate, 1.0 + (libdevice.exp(-gate) if LIBDEVICE_EXP else tl.exp(-gate)))
+        x = (silu.to(x_ptr.dtype.element_ty).to(tl.float32) * up).to(x_ptr.dtype.element_ty)
+    else:
+        x = tl.load(x_ptr + k, mask=k_mask, other=0.0)
     if HAS_RESIDUAL:
         r = tl.load(r_ptr + k, mask=k_mask, other=0.0)
         # NOTE: rounded to the activation dtype, as `x + residual` in torch is (and the RMSNorm kernel does).
@@ -67,7 +81,8 @@ def _gemv_input(x_ptr, r_ptr, g_ptr, rout_ptr, k, k_mask, pid, NORM: tl.constexp
 def _gemv_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, N, stride_wn, r_ptr, g_ptr, rout_ptr, eps,
     K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr,
-    PDL_TRIGGER: tl.constexpr, NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+    PDL_TRIGGER: tl.constexpr, NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, SWIGLU: tl.constexpr,
+    LIBDEVICE_EXP: tl.constexpr,
 ):  # fmt: skip
     pdl_trigger(PDL_TRIGGER)
     pid = tl.program_id(0)
@@ -79,14 +94,16 @@ def _gemv_kernel(
     w = tl.load(rows + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
     if PDL:
         gdc_wait()  # NOTE: after the first weight tile's load, before the first read of x
-    xin, s = _gemv_input(x_ptr, r_ptr, g_ptr, rout_ptr, offs_k, k_mask, pid, NORM, HAS_RESIDUAL)
+    xin, s = _gemv_input(x_ptr, r_ptr, g_ptr, rout_ptr, offs_k, k_mask, pid, K, NORM, HAS_RESIDUAL, SWIGLU,
+                           LIBDEVICE_EXP)
     acc = w.to(tl.float32) * xin[None, :]
     ss = s * s
     for k0 in range(BLOCK_K, K, BLOCK_K):
         k = k0 + offs_k
         k_mask = k < K
         w = tl.load(rows + k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
-        xin, s = _gemv_input(x_ptr, r_ptr, g_ptr, rout_ptr, k, k_mask, pid, NORM, HAS_RESIDUAL)
+        xin, s = _gemv_input(x_ptr, r_ptr, g_ptr, rout_ptr, k, k_mask, pid, K, NORM, HAS_RESIDUAL, SWIGLU,
+                               LIBDEVICE_EXP)
         acc += w.to(tl.float32) * xin[None, :]
         if NORM:
             ss += s * s
@@ -102,7 +119,7 @@ def _gemv_kernel(
 def _launch(
     row: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor,
     norm: tuple[torch.Tensor | None, torch.Tensor, torch.Tensor, float] | None,
-    pdl: bool, trigger: bool, tiles: Tiles,
+    pdl: bool, trigger: bool, tiles: Tiles, swiglu: bool = False,
 ) -> None:  # fmt: skip
     n, k = weight.shape
     residual, g, rout, eps = norm if norm is not None else (None, row, row, 0.0)
@@ -113,7 +130,8 @@ def _launch(
             row, weight, bias if bias is not None else weight, out, n, weight.stride(0),
             residual if residual is not None else row, g, rout, eps,
             K=k, BLOCK_N=block_n, BLOCK_K=block_k, HAS_BIAS=bias is not None, PDL=pdl, PDL_TRIGGER=trigger,
-            NORM=norm is not None, HAS_RESIDUAL=residual is not None,
+            NORM=norm is not None, HAS_RESIDUAL=residual is not None, SWIGLU=swiglu,
+            LIBDEVICE_EXP=not triton.knobs.runtime.interpret,
             num_warps=tiles.num_warps, num_stages=tiles.num_stages, launch_pdl=pdl,
         )  # fmt: skip
 
@@ -163,3 +181,21 @@ def norm_gemv_triton(
     out = torch.empty(n, dtype=x.dtype, device=x.device)
     _launch(row, weight, bias, out, (res, norm_weight.contiguous(), rout, eps), pdl, trigger, tiles)
     return out.view(*x.shape[:-1], n), (rout.view(x.shape) if res is not None else x)
+
+
+def silu_gemv_triton(
+    gate_up: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    pdl: bool = False,
+    trigger: bool = False,
+    tiles: Tiles = DEFAULT_TILES,
+) -> torch.Tensor:
+    """Staged: ``linear(silu(gate) * up, weight, bias)`` of one gate/up row ``[..., 2 * K]`` (gate first) in one
+    kernel: each program computes the SwiGLU of the columns it reads, with `_silu_mul_kernel`'s roundings, so
+    the result is the two kernels' bits. The caller checks shapes (`gemv.silu_linear`)."""
+    n, k = weight.shape
+    out = torch.empty(n, dtype=gate_up.dtype, device=gate_up.device)
+    _launch(_row(gate_up, 2 * k), weight, bias, out, None, pdl, trigger, tiles, swiglu=True)
+    return out.view(*gate_up.shape[:-1], n)

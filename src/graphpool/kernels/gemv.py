@@ -20,21 +20,21 @@ import torch
 from torch import nn
 
 from graphpool.kernels._dispatch import triton_impl
-from graphpool.kernels.norm_rope import add_rms_norm, rms_norm
 from graphpool.kernels.staging import kernel_on, staged_kernels_on
 
 _DTYPES = (torch.bfloat16, torch.float16)
 
 
-def uses_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether `linear` takes the Triton GEMV for these operands (host-side facts only: capturable)."""
+def uses_gemv(x: torch.Tensor, weight: torch.Tensor, in_features: int | None = None) -> bool:
+    """Whether `linear` takes the Triton GEMV for these operands (host-side facts only: capturable);
+    `in_features`: the weight's, when x's row is wider (the gate/up row of `silu_linear`)."""
     return (
         x.is_cuda
         and x.numel() == x.shape[-1]
         and x.dtype in _DTYPES
         and weight.dtype == x.dtype
         and weight.dim() == 2
-        and weight.shape[1] == x.shape[-1]
+        and weight.shape[1] == (x.shape[-1] if in_features is None else in_features)
         and weight.stride(1) == 1
         and kernel_on("gemv")
     )
@@ -55,17 +55,17 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return nn.functional.linear(x, weight, bias)
 
 
-def norm_linear(
+def fused_norm_linear(
     x: torch.Tensor,
     residual: torch.Tensor | None,
     norm_weight: torch.Tensor,
     eps: float,
     weight: torch.Tensor,
     bias: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``linear(rms_norm(x + residual), weight, bias)`` and the residual stream after the add (``x`` itself
-    when `residual` is None): the RMSNorm kernel then `linear`; staged (``GRAPHPOOL_STAGED_KERNELS=norm_gemv``,
-    not yet run on a GPU), where `linear` would take the GEMV, one kernel that folds the norm into it."""
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Staged (``GRAPHPOOL_STAGED_KERNELS=norm_gemv``, not yet run on a GPU): ``linear(rms_norm(x +
+    residual), weight, bias)`` and the residual stream after the add (``x`` itself when `residual` is None) in
+    one kernel, where `linear` would take the GEMV; None otherwise (the caller runs the norm, then `linear`)."""
     if (
         uses_gemv(x, weight)  # NOTE: first: its cheap checks end it for every prefill
         and staged_kernels_on("norm_gemv")
@@ -75,7 +75,22 @@ def norm_linear(
         impl = triton_impl("_triton_gemv")
         if impl is not None:
             return impl.norm_gemv_triton(x, residual, norm_weight, eps, weight, bias, **_launch_flags(x.device))
-    if residual is None:
-        return linear(rms_norm(x, norm_weight, eps), weight, bias), x
-    h, new_residual = add_rms_norm(x, residual, norm_weight, eps)
-    return linear(h, weight, bias), new_residual
+    return None
+
+
+def fused_silu_linear(
+    gate_up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor | None:
+    """Staged (``GRAPHPOOL_STAGED_KERNELS=silu_gemv``, not yet run on a GPU): ``linear(silu_mul(gate_up),
+    weight, bias)`` in one kernel that computes the SwiGLU of the columns it reads (the two kernels' bits),
+    where `linear` would take the GEMV; None otherwise (the caller runs SwiGLU, then `linear`)."""
+    half = gate_up.shape[-1] // 2
+    if (
+        gate_up.shape[-1] == 2 * half
+        and uses_gemv(gate_up, weight, in_features=half)  # NOTE: first: its cheap checks end it for prefill
+        and staged_kernels_on("silu_gemv")
+    ):
+        impl = triton_impl("_triton_gemv")
+        if impl is not None:
+            return impl.silu_gemv_triton(gate_up, weight, bias, **_launch_flags(gate_up.device))
+    return None

@@ -8,7 +8,8 @@ its longer kernel), and the sampler's row argmax (two Triton launches in place o
 launches' host cost; `kernels/argmax.py`). Both pass the whole GPU suite with this variable set (session 18).
 And (session 19, never run on a GPU yet) `pdl_chain`: every Triton kernel of a decode step launched with
 programmatic dependent launch, waiting first thing (`kernels/pdl.py`), and `norm_gemv`: the RMSNorm in
-front of a one-row projection folded into its GEMV (`kernels/gemv.norm_linear`). Left staging after the H200 suite passed them (session 16): the fused
+front of a one-row projection folded into its GEMV (`kernels/gemv.norm_linear`), and `silu_gemv`: SwiGLU's
+silu * mul folded into the down projection's (`kernels/gemv.silu_linear`). Left staging after the H200 suite passed them (session 16): the fused
 SwiGLU silu*mul (`kernels/silu_mul.py`) and the varlen prefill attention (`model/attn_ops`); (session 19) the
 one-row GEMV (`kernels/gemv.py`) and programmatic dependent launch (`kernels/pdl.py`), which stay switchable
 off (``GRAPHPOOL_KERNELS_OFF=gemv,pdl``) for benchmarks' side-by-side runs.
@@ -21,7 +22,7 @@ import os
 STAGED_ENV = "GRAPHPOOL_STAGED_KERNELS"
 
 
-STAGED = ("fused_merge", "argmax", "pdl_chain", "norm_gemv")
+STAGED = ("fused_merge", "argmax", "pdl_chain", "norm_gemv", "silu_gemv")
 # NOTE: out of staging, on by default; listed here so a benchmark (or a user who suspects one) can turn them off
 DEFAULT_ON = ("gemv", "pdl")
 OFF_ENV = "GRAPHPOOL_KERNELS_OFF"

@@ -86,6 +86,10 @@ class SwiGLU(nn.Module):
         return self.from_gate_up(self.gate_up_proj(x), reduce)
 
     def from_gate_up(self, gate_up: torch.Tensor, reduce: bool = True) -> torch.Tensor:
-        """`forward` after the gate/up projection (the decoder layer computes it with its norm)."""
-        out = self.down_proj.partial(self.ops.silu_mul(gate_up))
-        return self.down_proj.tp.all_reduce(out) if reduce else out
+        """`forward` after the gate/up projection (when one kernel did the layer's norm and it)."""
+        down = self.down_proj
+        # NOTE: down's partial sum either way (RowLinear.partial: its bias on rank 0 only)
+        out = self.ops.fused_silu_linear(gate_up, down.weight, down.bias)
+        if out is None:
+            out = down.partial(self.ops.silu_mul(gate_up))
+        return down.tp.all_reduce(out) if reduce else out

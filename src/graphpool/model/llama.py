@@ -55,7 +55,7 @@ class LlamaAttention(nn.Module):
     def from_qkv(
         self, qkv: torch.Tensor, meta: AttentionMetadata, kv_cache: KVCache, reduce: bool = True
     ) -> torch.Tensor:
-        """`forward` after the qkv projection (the decoder layer computes it with its norm: ModelOps.norm_linear)."""
+        """`forward` after the qkv projection (when one kernel did the layer's norm and it: fused_norm_linear)."""
         q, k, v = qkv.split(self.qkv_proj.sizes, dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
@@ -110,8 +110,14 @@ class LlamaDecoderLayer(nn.Module):
         self, x: torch.Tensor, residual: torch.Tensor | None, meta: AttentionMetadata, kv_cache: KVCache
     ) -> tuple[torch.Tensor, torch.Tensor]:
         norm1, proj = self.input_layernorm, self.self_attn.qkv_proj
-        qkv, residual = self.ops.norm_linear(x, residual, norm1.weight, norm1.eps, proj.weight, proj.bias)
-        return self.self_attn.from_qkv(qkv, meta, kv_cache, reduce=False), residual
+        fused = self.ops.fused_norm_linear(x, residual, norm1.weight, norm1.eps, proj.weight, proj.bias)
+        if fused is not None:
+            return self.self_attn.from_qkv(fused[0], meta, kv_cache, reduce=False), fused[1]
+        if residual is None:
+            residual, h = x, self.ops.rms_norm(x, norm1.weight, norm1.eps)
+        else:
+            h, residual = self.ops.add_rms_norm(x, residual, norm1.weight, norm1.eps)
+        return self.self_attn(h, meta, kv_cache, reduce=False), residual
 
     def mlp_stage(
         self, x: torch.Tensor, residual: torch.Tensor | None, meta: AttentionMetadata | None = None,
@@ -120,8 +126,11 @@ class LlamaDecoderLayer(nn.Module):
         if residual is None:
             raise ValueError("the MLP stage follows an attention stage: it needs the residual stream")
         norm2, proj = self.post_attention_layernorm, self.mlp.gate_up_proj
-        gate_up, residual = self.ops.norm_linear(x, residual, norm2.weight, norm2.eps, proj.weight, proj.bias)
-        return self.mlp.from_gate_up(gate_up, reduce=False), residual
+        fused = self.ops.fused_norm_linear(x, residual, norm2.weight, norm2.eps, proj.weight, proj.bias)
+        if fused is not None:
+            return self.mlp.from_gate_up(fused[0], reduce=False), fused[1]
+        h, residual = self.ops.add_rms_norm(x, residual, norm2.weight, norm2.eps)
+        return self.mlp(h, reduce=False), residual
 
 
 class LlamaModel(nn.Module):

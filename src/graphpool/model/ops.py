@@ -30,13 +30,9 @@ def add_rms_norm_torch(x: Tensor, residual: Tensor, weight: Tensor, eps: float) 
     return rms_norm_torch(s, weight, eps), s
 
 
-def norm_linear_torch(
-    x: Tensor, residual: Tensor | None, norm_weight: Tensor, eps: float, weight: Tensor, bias: Tensor | None
-) -> tuple[Tensor, Tensor]:
-    if residual is None:
-        return torch.nn.functional.linear(rms_norm_torch(x, norm_weight, eps), weight, bias), x
-    h, s = add_rms_norm_torch(x, residual, norm_weight, eps)
-    return torch.nn.functional.linear(h, weight, bias), s
+def no_fusion(*_: object) -> None:
+    """The torch op set's fused_* ops: no kernel does two ops at once, the model runs them one by one."""
+    return None
 
 
 @dataclass(frozen=True)
@@ -48,9 +44,11 @@ class ModelOps:
     rotary_and_write_kv: Callable[..., tuple[Tensor, Tensor]]
     silu_mul: Callable[[Tensor], Tensor]  # the gate/up projection's [T, 2I] -> silu(gate) * up [T, I]
     linear: Callable[[Tensor, Tensor, Tensor | None], Tensor]  # x @ w.T + b, every projection and the LM head
-    # (x, residual | None, norm weight, eps, w, b) -> (linear(rms_norm(x + residual)), x + residual): a layer's
-    # norm and the projection after it (qkv, gate_up), so that a kernel may do both
-    norm_linear: Callable[..., tuple[Tensor, Tensor]]
+    # (x, residual | None, norm weight, eps, w, b) -> (linear(rms_norm(x + residual)), x + residual) from one
+    # kernel that does both (a layer's norm and the projection after it), or None: then the model runs them
+    fused_norm_linear: Callable[..., tuple[Tensor, Tensor] | None]
+    # (gate_up, w, b) -> linear(silu_mul(gate_up), w, b) from one kernel (SwiGLU and down_proj), or None
+    fused_silu_linear: Callable[..., Tensor | None]
 
 
 TORCH_OPS = ModelOps(
@@ -61,14 +59,15 @@ TORCH_OPS = ModelOps(
     rotary_and_write_kv_torch,
     silu_mul_torch,
     torch.nn.functional.linear,
-    norm_linear_torch,
+    no_fusion,
+    no_fusion,
 )
 
 
 def kernel_ops() -> ModelOps:
     """The `graphpool.kernels` entry points (Triton on CUDA tensors, their torch references elsewhere)."""
     from graphpool.kernels.decode_attention import paged_decode_attention
-    from graphpool.kernels.gemv import linear, norm_linear
+    from graphpool.kernels.gemv import fused_norm_linear, fused_silu_linear, linear
     from graphpool.kernels.norm_rope import add_rms_norm, apply_rotary_and_write_kv, rms_norm
     from graphpool.kernels.silu_mul import silu_mul
 
@@ -80,7 +79,8 @@ def kernel_ops() -> ModelOps:
         apply_rotary_and_write_kv,
         silu_mul,
         linear,
-        norm_linear,
+        fused_norm_linear,
+        fused_silu_linear,
     )
 
 
