@@ -173,7 +173,7 @@ def norm_gemv_triton(
     """Staged: ``linear(rms_norm(x + residual), weight, bias)`` of one row in one kernel, and the residual
     stream after the add (``x`` itself without a residual). Every program reads the whole row anyway, so each
     computes the norm's statistics itself; the normalized row is never stored (nor rounded: it differs from
-    the two kernels by that rounding). The caller checks shapes (`gemv.norm_linear`)."""
+    the two kernels by that rounding). The caller checks shapes (`gemv.fused_norm_linear`)."""
     n, k = weight.shape
     row = _row(x, k)
     res = _row(residual, k) if residual is not None else None
@@ -194,7 +194,7 @@ def silu_gemv_triton(
 ) -> torch.Tensor:
     """Staged: ``linear(silu(gate) * up, weight, bias)`` of one gate/up row ``[..., 2 * K]`` (gate first) in one
     kernel: each program computes the SwiGLU of the columns it reads, with `_silu_mul_kernel`'s roundings, so
-    the result is the two kernels' bits. The caller checks shapes (`gemv.silu_linear`)."""
+    the result is the two kernels' bits. The caller checks shapes (`gemv.fused_silu_linear`)."""
     n, k = weight.shape
     out = torch.empty(n, dtype=gate_up.dtype, device=gate_up.device)
     _launch(_row(gate_up, 2 * k), weight, bias, out, None, pdl, trigger, tiles, swiglu=True)

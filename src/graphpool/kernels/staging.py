@@ -8,8 +8,8 @@ its longer kernel), and the sampler's row argmax (two Triton launches in place o
 launches' host cost; `kernels/argmax.py`). Both pass the whole GPU suite with this variable set (session 18).
 And (session 19, never run on a GPU yet) `pdl_chain`: every Triton kernel of a decode step launched with
 programmatic dependent launch, waiting first thing (`kernels/pdl.py`), and `norm_gemv`: the RMSNorm in
-front of a one-row projection folded into its GEMV (`kernels/gemv.norm_linear`), and `silu_gemv`: SwiGLU's
-silu * mul folded into the down projection's (`kernels/gemv.silu_linear`). Left staging after the H200 suite passed them (session 16): the fused
+front of a one-row projection folded into its GEMV (`kernels/gemv.fused_norm_linear`), and `silu_gemv`: SwiGLU's
+silu * mul folded into the down projection's (`kernels/gemv.fused_silu_linear`). Left staging after the H200 suite passed them (session 16): the fused
 SwiGLU silu*mul (`kernels/silu_mul.py`) and the varlen prefill attention (`model/attn_ops`); (session 19) the
 one-row GEMV (`kernels/gemv.py`) and programmatic dependent launch (`kernels/pdl.py`), which stay switchable
 off (``GRAPHPOOL_KERNELS_OFF=gemv,pdl``) for benchmarks' side-by-side runs.
