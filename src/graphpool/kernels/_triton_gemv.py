@@ -15,7 +15,7 @@ a plain launch holds.
 Staged (`norm_gemv_triton`, not yet run on a GPU): an RMSNorm (after a residual add) folded in front. The
 product's input is then ``g * s`` with ``s = x + residual``; each program sums ``s^2`` beside the product over
 its K loop and scales its outputs by ``rsqrt(mean(s^2) + eps)``, and program 0 stores ``s``. And
-(`silu_gemv_triton`) SwiGLU folded in front: the input tile is ``silu(gate) * up`` of the gate/up row.
+(`gemv_triton(..., swiglu=True)`) SwiGLU folded in front: the input tile is ``silu(gate) * up`` of the gate/up row.
 """
 
 from __future__ import annotations
@@ -149,12 +149,16 @@ def gemv_triton(
     pdl: bool = False,
     trigger: bool = False,
     tiles: Tiles = DEFAULT_TILES,
+    swiglu: bool = False,
 ) -> torch.Tensor:
     """``x [..., K]`` holding one row -> ``[..., N]``; `pdl`: a programmatic dependent launch; `trigger`: let
-    a PDL-launched kernel after this one start (the staged PDL chain). The caller checks shapes (`gemv.linear`)."""
+    a PDL-launched kernel after this one start (the staged PDL chain); `swiglu` (staged): x is a gate/up row
+    ``[..., 2 * K]`` (gate first) and the product's input ``silu(gate) * up``, computed by each program for the
+    columns it reads with `_silu_mul_kernel`'s roundings (so the two kernels' bits). The caller checks shapes
+    (`gemv.linear`, `gemv.fused_silu_linear`)."""
     n, k = weight.shape
     out = torch.empty(n, dtype=x.dtype, device=x.device)
-    _launch(_row(x, k), weight, bias, out, None, pdl, trigger, tiles)
+    _launch(_row(x, 2 * k if swiglu else k), weight, bias, out, None, pdl, trigger, tiles, swiglu)
     return out.view(*x.shape[:-1], n)
 
 
@@ -182,20 +186,3 @@ def norm_gemv_triton(
     _launch(row, weight, bias, out, (res, norm_weight.contiguous(), rout, eps), pdl, trigger, tiles)
     return out.view(*x.shape[:-1], n), (rout.view(x.shape) if res is not None else x)
 
-
-def silu_gemv_triton(
-    gate_up: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    *,
-    pdl: bool = False,
-    trigger: bool = False,
-    tiles: Tiles = DEFAULT_TILES,
-) -> torch.Tensor:
-    """Staged: ``linear(silu(gate) * up, weight, bias)`` of one gate/up row ``[..., 2 * K]`` (gate first) in one
-    kernel: each program computes the SwiGLU of the columns it reads, with `_silu_mul_kernel`'s roundings, so
-    the result is the two kernels' bits. The caller checks shapes (`gemv.fused_silu_linear`)."""
-    n, k = weight.shape
-    out = torch.empty(n, dtype=gate_up.dtype, device=gate_up.device)
-    _launch(_row(gate_up, 2 * k), weight, bias, out, None, pdl, trigger, tiles, swiglu=True)
-    return out.view(*gate_up.shape[:-1], n)

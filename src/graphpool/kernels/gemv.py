@@ -92,5 +92,5 @@ def fused_silu_linear(
     ):
         impl = triton_impl("_triton_gemv")
         if impl is not None:
-            return impl.silu_gemv_triton(gate_up, weight, bias, **_launch_flags(gate_up.device))
+            return impl.gemv_triton(gate_up, weight, bias, swiglu=True, **_launch_flags(gate_up.device))
     return None
