@@ -20,7 +20,7 @@ LinearFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Ten
 
 
 class _Linear(nn.Module):
-    """`linear` computes ``x @ weight.T + bias`` (`ModelOps.linear`: torch's, or the few-row Triton kernel)."""
+    """`linear` computes ``x @ weight.T + bias`` (`ModelOps.linear`: torch's, or the one-row Triton GEMV)."""
 
     def __init__(
         self,
