@@ -19,6 +19,7 @@ from test_engine_gpu import MAX_MODEL_LEN, PRESET, Record, compare, run
 from graphpool.engine.config import EngineConfig
 from graphpool.engine.engine import LLMEngine
 from graphpool.engine.sampling_params import SamplingParams
+from graphpool.kernels.pdl import LaunchFlags, launch_flags
 from graphpool.kernels.staging import OFF_ENV, STAGED_ENV
 from graphpool.model.llama import LlamaModel
 from graphpool.model.loader import model_source
@@ -46,7 +47,7 @@ def test_gemv_is_as_close_to_float64_as_cublas(n: int, k: int, dtype: torch.dtyp
         cublas = torch.nn.functional.linear(x, w, b)
         ulp = float(ref.abs().max()) * torch.finfo(dtype).eps  # one rounding at the largest output
         for pdl in (False, True):
-            y = gemv_triton(x, w, b, pdl=pdl)
+            y = gemv_triton(x, w, b, flags=LaunchFlags(pdl, False))
             assert y.shape == cublas.shape and y.dtype == dtype
             assert _max_err(y, ref) <= _max_err(cublas, ref) + ulp, (b is not None, pdl)
 
@@ -155,7 +156,9 @@ def test_engine_with_the_gemv_matches_cublas(monkeypatch: pytest.MonkeyPatch) ->
     calls = []
     launch = _triton_gemv.gemv_triton
     monkeypatch.setattr(
-        _triton_gemv, "gemv_triton", lambda *a, **kw: calls.append(kw["pdl"]) or launch(*a, **kw)
+        _triton_gemv,
+        "gemv_triton",
+        lambda *a, **kw: calls.append(launch_flags(a[0].device).pdl) or launch(*a, **kw),
     )
     monkeypatch.setenv(OFF_ENV, "gemv,pdl")
     ref = run(_engine(loaded, graph_miss_policy="capture"), _work(0))
@@ -185,7 +188,7 @@ def test_staged_norm_gemv_is_as_close_as_the_two_kernels(hidden: int, n: int, wi
     g = (torch.rand(hidden, device="cuda", generator=gen) + 0.5).bfloat16()
     w = (torch.randn(n, hidden, device="cuda", generator=gen) / hidden**0.5).bfloat16()
     for pdl in (False, True):
-        y, new_res = norm_gemv_triton(x, res, g, 1e-5, w, pdl=pdl)
+        y, new_res = norm_gemv_triton(x, res, g, 1e-5, w, flags=LaunchFlags(pdl, False))
         if res is None:
             h, want_res = rms_norm(x, g, 1e-5), x
             exact = rms_norm_ref(x.double(), g.double(), 1e-5)
@@ -193,7 +196,7 @@ def test_staged_norm_gemv_is_as_close_as_the_two_kernels(hidden: int, n: int, wi
             h, want_res = add_rms_norm(x, res, g, 1e-5)
             exact = add_rms_norm_ref(x.double(), res.double(), g.double(), 1e-5)[0]
         ref = exact @ w.double().T
-        two = gemv_triton(h, w, pdl=pdl)
+        two = gemv_triton(h, w, flags=LaunchFlags(pdl, False))
         ulp = float(ref.abs().max()) * torch.finfo(torch.bfloat16).eps
         assert torch.equal(new_res, want_res)
         assert _max_err(y, ref) <= _max_err(two, ref) + ulp, (pdl, _max_err(y, ref), _max_err(two, ref))
@@ -209,7 +212,8 @@ def test_staged_silu_gemv_is_the_two_kernels_bitwise(n: int, inter: int) -> None
     w = (torch.randn(n, inter, device="cuda", generator=gen) / inter**0.5).bfloat16()
     for pdl in (False, True):
         assert torch.equal(
-            gemv_triton(gate_up, w, pdl=pdl, swiglu=True), gemv_triton(silu_mul_triton(gate_up), w, pdl=pdl)
+            gemv_triton(gate_up, w, flags=LaunchFlags(pdl, False), swiglu=True),
+            gemv_triton(silu_mul_triton(gate_up), w, flags=LaunchFlags(pdl, False)),
         )
 
 

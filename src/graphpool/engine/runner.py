@@ -16,7 +16,7 @@ from graphpool.engine.decode_step import (
     decode_input_specs,
     run_decode,
 )
-from graphpool.engine.host_copy import to_device
+from graphpool.engine.host_copy import tensor_to_device, to_device
 from graphpool.engine.kv_cache import BlockManager, KVCache
 from graphpool.engine.scheduler import PrefillChunk
 from graphpool.engine.sequence import Sequence
@@ -71,7 +71,6 @@ class ModelRunner:
         self.block_size = config.block_size
         self.len_bound = config.len_bound
         self.max_blocks = -(-self.len_bound // self.block_size)
-        self._pin = self.device.type == "cuda"
         # NOTE: a capturer stands in for CUDA graphs (tests run the graph path on the CPU with one)
         self.graphs_enabled = not config.disable_cudagraph and (self.device.type == "cuda" or capturer is not None)
         # NOTE: with neither CUDA nor a test capturer no graph can ever replay and no Triton kernel is
@@ -101,19 +100,13 @@ class ModelRunner:
         """The pool's batch size of a step of `rows` rows (per microbatch)."""
         return -(-rows // self.num_microbatches)
 
-    def _to_device(self, values: list[int], dtype: torch.dtype) -> torch.Tensor:
-        return to_device(values, dtype, self.device)
-
     def _ints_to_device(self, *lists: list[int]) -> tuple[torch.Tensor, ...]:
         """int64 lists -> device tensors in one host-to-device copy (views of one tensor, in order)."""
-        return self._to_device(list(chain.from_iterable(lists)), torch.int64).split([len(x) for x in lists])
+        return to_device(list(chain.from_iterable(lists)), torch.int64, self.device).split([len(x) for x in lists])
 
     def _tables_to_device(self, rows: np.ndarray) -> torch.Tensor:
         """Block-table rows [n, width] (int32, host) -> the device, through pinned memory on CUDA."""
-        tables = torch.from_numpy(np.ascontiguousarray(rows))
-        if self._pin:
-            tables = tables.pin_memory()
-        return tables.to(self.device, non_blocking=True)
+        return tensor_to_device(torch.from_numpy(np.ascontiguousarray(rows)), self.device)
 
     @torch.inference_mode()
     def prefill(self, chunks: list[PrefillChunk]) -> torch.Tensor:
@@ -196,7 +189,7 @@ class ModelRunner:
                 positions=pos_t,
                 slot_mapping=slots_t,
                 block_tables=self._tables_to_device(table_rows[owner[lo:hi]]),
-                context_lens=self._to_device([p + 1 for p in positions[lo:hi]], torch.int32),
+                context_lens=to_device([p + 1 for p in positions[lo:hi]], torch.int32, self.device),
                 max_len_bound=bound,
             )
             hidden = self.model(ids_t, meta, self.kv_caches)
@@ -247,7 +240,7 @@ class ModelRunner:
         if not wanted:
             return torch.empty((0, 0), device=self.device), graph
         # NOTE: a copy (a replay's logits are a view of the graph's output buffer, reused by the next replay)
-        return logits.index_select(0, self._to_device(wanted, torch.int64)), graph
+        return logits.index_select(0, to_device(wanted, torch.int64, self.device)), graph
 
     @torch.inference_mode()
     def decode(self, seqs: list[Sequence], slots: list[int],
@@ -300,7 +293,7 @@ class ModelRunner:
                 "positions": pos_t,
                 "slot_mapping": slots_t,
                 "block_tables": self._tables_to_device(rows),
-                "context_lens": self._to_device(lens, torch.int32),
+                "context_lens": to_device(lens, torch.int32, self.device),
             }
             return run_decode(self.pool, self.model, self.kv_caches, inputs, self.num_microbatches,
                               eager_bound=eager_bound, max_len=max_len, decision=decision)

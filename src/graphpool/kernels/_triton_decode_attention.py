@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from graphpool.kernels.decode_attention import _check_inputs, effective_len_bound
-from graphpool.kernels.pdl import pdl_chain_on, pdl_on, pdl_trigger, pdl_wait
+from graphpool.kernels.pdl import launch_flags, pdl_trigger, pdl_wait
 from graphpool.kernels.staging import staged_kernels_on
 
 # NOTE: these shape the grid, not correctness; graphpool.bench.attention_kernel is where to tune them.
@@ -288,8 +288,8 @@ def paged_decode_attention_triton(
         fused_merge = staged_kernels_on("fused_merge")
     locks = merge_locks(q.device, bs * num_kv_heads) if fused_merge and not direct else None
     fused = locks is not None
-    pdl = pdl_on(q.device)
-    chain = pdl_chain_on(q.device)
+    flags = launch_flags(q.device)
+    pdl, chain = flags.pdl, flags.chain
     _decode_split_kernel[(bs, num_kv_heads, num_splits)](
         q, k_cache, v_cache, block_tables, context_lens, out, part_out, part_lse, locks if fused else part_lse,
         scale * math.log2(math.e), split_len, num_splits,

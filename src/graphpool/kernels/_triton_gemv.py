@@ -25,10 +25,10 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra import libdevice
 from triton.language.extra.cuda import gdc_wait
 
-from graphpool.kernels.pdl import pdl_trigger
+from graphpool.kernels._triton_silu_mul import silu_times_up
+from graphpool.kernels.pdl import LaunchFlags, launch_flags, pdl_trigger
 
 BLOCK_N = 8  # output features per program: N / 8 programs (256 for a 2048-wide projection)
 MAX_BLOCK_K = 1024  # weight columns per tile: 16 KB of bf16 per stage
@@ -59,11 +59,10 @@ def _gemv_input(
     up of the gate/up row with the staged SwiGLU prologue; else x) and of the row the norm's statistics come
     from. Program 0 stores the residual stream after the add."""
     if SWIGLU:
-        # NOTE: `_silu_mul_kernel`'s op order and functions, roundings included: the product sees its bits
+        # NOTE: the SwiGLU kernel's own code, roundings included: the product sees its bits
         gate = tl.load(x_ptr + k, mask=k_mask, other=0.0).to(tl.float32)
         up = tl.load(x_ptr + K + k, mask=k_mask, other=0.0).to(tl.float32)
-        silu = tl.math.div_rn(gate, 1.0 + (libdevice.exp(-gate) if LIBDEVICE_EXP else tl.exp(-gate)))
-        x = (silu.to(x_ptr.dtype.element_ty).to(tl.float32) * up).to(x_ptr.dtype.element_ty)
+        x = silu_times_up(gate, up, x_ptr.dtype.element_ty, LIBDEVICE_EXP).to(x_ptr.dtype.element_ty)
     else:
         x = tl.load(x_ptr + k, mask=k_mask, other=0.0)
     if HAS_RESIDUAL:
@@ -119,9 +118,13 @@ def _gemv_kernel(
 def _launch(
     row: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor,
     norm: tuple[torch.Tensor | None, torch.Tensor, torch.Tensor, float] | None,
-    pdl: bool, trigger: bool, tiles: Tiles, swiglu: bool = False,
+    flags: LaunchFlags | None, tiles: Tiles, swiglu: bool = False,
 ) -> None:  # fmt: skip
     n, k = weight.shape
+    if flags is None:
+        flags = launch_flags(row.device)
+    # NOTE: the GEMV is launched with PDL whenever PDL is on; it triggers its own dependents in the staged chain
+    pdl, trigger = flags.pdl, flags.chain
     residual, g, rout, eps = norm if norm is not None else (None, row, row, 0.0)
     block_n = tiles.block_n
     block_k = tiles.block_k if tiles.block_k is not None else min(MAX_BLOCK_K, triton.next_power_of_2(k))
@@ -146,19 +149,18 @@ def gemv_triton(
     weight: torch.Tensor,
     bias: torch.Tensor | None = None,
     *,
-    pdl: bool = False,
-    trigger: bool = False,
+    flags: LaunchFlags | None = None,
     tiles: Tiles = DEFAULT_TILES,
     swiglu: bool = False,
 ) -> torch.Tensor:
-    """``x [..., K]`` holding one row -> ``[..., N]``; `pdl`: a programmatic dependent launch; `trigger`: let
-    a PDL-launched kernel after this one start (the staged PDL chain); `swiglu` (staged): x is a gate/up row
+    """``x [..., K]`` holding one row -> ``[..., N]``; `flags`: PDL's (None: `pdl.launch_flags` of x's device;
+    tests pass their own); `swiglu` (staged): x is a gate/up row
     ``[..., 2 * K]`` (gate first) and the product's input ``silu(gate) * up``, computed by each program for the
     columns it reads with `_silu_mul_kernel`'s roundings (so the two kernels' bits). The caller checks shapes
     (`gemv.linear`, `gemv.fused_silu_linear`)."""
     n, k = weight.shape
     out = torch.empty(n, dtype=x.dtype, device=x.device)
-    _launch(_row(x, 2 * k if swiglu else k), weight, bias, out, None, pdl, trigger, tiles, swiglu)
+    _launch(_row(x, 2 * k if swiglu else k), weight, bias, out, None, flags, tiles, swiglu)
     return out.view(*x.shape[:-1], n)
 
 
@@ -170,8 +172,7 @@ def norm_gemv_triton(
     weight: torch.Tensor,
     bias: torch.Tensor | None = None,
     *,
-    pdl: bool = False,
-    trigger: bool = False,
+    flags: LaunchFlags | None = None,
     tiles: Tiles = DEFAULT_TILES,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Staged: ``linear(rms_norm(x + residual), weight, bias)`` of one row in one kernel, and the residual
@@ -183,6 +184,6 @@ def norm_gemv_triton(
     res = _row(residual, k) if residual is not None else None
     rout = torch.empty_like(row) if res is not None else row
     out = torch.empty(n, dtype=x.dtype, device=x.device)
-    _launch(row, weight, bias, out, (res, norm_weight.contiguous(), rout, eps), pdl, trigger, tiles)
+    _launch(row, weight, bias, out, (res, norm_weight.contiguous(), rout, eps), flags, tiles)
     return out.view(*x.shape[:-1], n), (rout.view(x.shape) if res is not None else x)
 

@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from graphpool.kernels.pdl import pdl_chain_on, pdl_on, pdl_trigger, pdl_wait
+from graphpool.kernels.pdl import launch_flags, pdl_trigger, pdl_wait
 
 
 @triton.jit
@@ -56,15 +56,15 @@ def rms_norm_triton(
     rows = x2.shape[0]
     if rows > 0:
         block = triton.next_power_of_2(hidden)
-        chain = pdl_chain_on(x.device)
+        flags = launch_flags(x.device)
         _rms_norm_kernel[(rows,)](
             x2, r2 if r2 is not None else x2, weight.contiguous(), out,
             new_residual if new_residual is not None else out,
             x2.stride(0), r2.stride(0) if r2 is not None else 0, out.stride(0),
             new_residual.stride(0) if new_residual is not None else 0,
             hidden, eps,
-            HAS_RESIDUAL=residual is not None, BLOCK=block, PDL_TRIGGER=pdl_on(x.device), PDL_WAIT=chain,
-            num_warps=min(16, max(1, block // 512)), launch_pdl=chain,
+            HAS_RESIDUAL=residual is not None, BLOCK=block, PDL_TRIGGER=flags.pdl, PDL_WAIT=flags.chain,
+            num_warps=min(16, max(1, block // 512)), launch_pdl=flags.chain,
         )  # fmt: skip
     out = out.view(x.shape)
     return out, (new_residual.view(x.shape) if new_residual is not None else None)
@@ -157,7 +157,7 @@ def rotary_triton(
         v, k_cache, v_cache, slots = k, k_out, k_out, positions  # placeholders, never touched
         block_size = 1
         kc_strides = vc_strides = (0, 0, 0)
-    chain = pdl_chain_on(q.device)
+    chain = launch_flags(q.device).chain
     _rotary_kernel[(tokens,)](
         positions, q, k, cos, sin, q_out, k_out,
         v, k_cache, v_cache, slots,

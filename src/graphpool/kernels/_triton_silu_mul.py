@@ -12,9 +12,20 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from graphpool.kernels.pdl import pdl_chain_on, pdl_on, pdl_trigger, pdl_wait
+from graphpool.kernels.pdl import launch_flags, pdl_trigger, pdl_wait
 
 MAX_BLOCK = 1024  # outputs per program; 8 per thread at 4 warps (16-byte loads in bf16)
+
+
+@triton.jit
+def silu_times_up(gate, up, dtype: tl.constexpr, LIBDEVICE_EXP: tl.constexpr):
+    """``silu(gate) * up`` of fp32 tiles, in fp32, with silu rounded to `dtype` first (the product is rounded
+    by the caller's store). NOTE: torch's op order and functions (expf, IEEE division; tl.exp and `/` are
+    approximate in fp32), and silu rounded to the activation dtype before the product, as torch's two kernels
+    do. The interpreter has no libdevice, so it runs tl.exp (numpy's exp there)."""
+    e = libdevice.exp(-gate) if LIBDEVICE_EXP else tl.exp(-gate)
+    silu = tl.math.div_rn(gate, 1.0 + e)
+    return silu.to(dtype).to(tl.float32) * up
 
 
 @triton.jit
@@ -30,12 +41,7 @@ def _silu_mul_kernel(
     src = x_ptr + row * stride_x + cols
     gate = tl.load(src, mask=mask, other=0.0).to(tl.float32)
     up = tl.load(src + n_cols, mask=mask, other=0.0).to(tl.float32)
-    # NOTE: torch's op order and functions (expf, IEEE division; tl.exp and `/` are approximate in fp32),
-    # and silu rounded to the activation dtype before the product, as torch's two kernels do. The
-    # interpreter has no libdevice, so it runs tl.exp (numpy's exp there).
-    e = libdevice.exp(-gate) if LIBDEVICE_EXP else tl.exp(-gate)
-    silu = tl.math.div_rn(gate, 1.0 + e)
-    y = silu.to(out_ptr.dtype.element_ty).to(tl.float32) * up
+    y = silu_times_up(gate, up, out_ptr.dtype.element_ty, LIBDEVICE_EXP)
     tl.store(out_ptr + row * stride_o + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -52,11 +58,11 @@ def silu_mul_triton(x: torch.Tensor, *, block: int | None = None, num_warps: int
     elif block <= 0 or block & (block - 1):
         raise ValueError(f"block must be a positive power of two, got {block}")
     rows = x2.shape[0]
-    chain = pdl_chain_on(x.device)
     if rows > 0 and inter > 0:
+        flags = launch_flags(x.device)
         _silu_mul_kernel[(rows, triton.cdiv(inter, block))](
             x2, out, x2.stride(0), out.stride(0), inter,
-            BLOCK=block, LIBDEVICE_EXP=not triton.knobs.runtime.interpret, PDL_TRIGGER=pdl_on(x.device),
-            PDL_WAIT=chain, num_warps=num_warps, launch_pdl=chain,
+            BLOCK=block, LIBDEVICE_EXP=not triton.knobs.runtime.interpret, PDL_TRIGGER=flags.pdl,
+            PDL_WAIT=flags.chain, num_warps=num_warps, launch_pdl=flags.chain,
         )  # fmt: skip
     return out.view(*x.shape[:-1], inter)

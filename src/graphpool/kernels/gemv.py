@@ -40,18 +40,12 @@ def uses_gemv(x: torch.Tensor, weight: torch.Tensor, in_features: int | None = N
     )
 
 
-def _launch_flags(device: torch.device) -> dict[str, bool]:
-    from graphpool.kernels.pdl import pdl_chain_on, pdl_on  # NOTE: imports triton: CUDA callers only
-
-    return {"pdl": pdl_on(device), "trigger": pdl_chain_on(device)}
-
-
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``nn.functional.linear(x, weight, bias)``; on CUDA with one input row, one Triton GEMV."""
     if uses_gemv(x, weight):
         impl = triton_impl("_triton_gemv")
         if impl is not None:
-            return impl.gemv_triton(x, weight, bias, **_launch_flags(x.device))
+            return impl.gemv_triton(x, weight, bias)
     return nn.functional.linear(x, weight, bias)
 
 
@@ -74,7 +68,7 @@ def fused_norm_linear(
     ):
         impl = triton_impl("_triton_gemv")
         if impl is not None:
-            return impl.norm_gemv_triton(x, residual, norm_weight, eps, weight, bias, **_launch_flags(x.device))
+            return impl.norm_gemv_triton(x, residual, norm_weight, eps, weight, bias)
     return None
 
 
@@ -92,5 +86,5 @@ def fused_silu_linear(
     ):
         impl = triton_impl("_triton_gemv")
         if impl is not None:
-            return impl.gemv_triton(gate_up, weight, bias, swiglu=True, **_launch_flags(gate_up.device))
+            return impl.gemv_triton(gate_up, weight, bias, swiglu=True)
     return None

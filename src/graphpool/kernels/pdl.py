@@ -19,6 +19,7 @@ launch overlaps the one ahead of it, not only the GEMV's.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -42,9 +43,16 @@ def pdl_on(device: torch.device) -> bool:
     return _sm90_or_later(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def pdl_chain_on(device: torch.device) -> bool:
-    """Whether the staged PDL chain is on for launches on `device` (see the module's docstring)."""
-    return staged_kernels_on("pdl_chain") and pdl_on(device)
+@dataclass(frozen=True)
+class LaunchFlags:
+    pdl: bool  # PDL is on: the GEMV is launched with it, the kernels before a GEMV trigger
+    chain: bool  # the staged PDL chain: every kernel launched with PDL, waiting first thing
+
+
+def launch_flags(device: torch.device) -> LaunchFlags:
+    """The PDL flags of a launch on `device` (asked once per launch; see the module's docstring)."""
+    pdl = pdl_on(device)
+    return LaunchFlags(pdl, pdl and staged_kernels_on("pdl_chain"))
 
 
 @triton.jit

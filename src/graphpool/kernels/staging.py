@@ -33,8 +33,7 @@ def staged_kernels_on(name: str) -> bool:
     them, a comma-separated list of names only those (so a benchmark can compare one at a time)."""
     if name not in STAGED:
         raise ValueError(f"unknown staged kernel {name!r}; staged: {', '.join(STAGED)}")
-    value = os.environ.get(STAGED_ENV, "")
-    return value == "1" or name in value.split(",")
+    return os.environ.get(STAGED_ENV, "") == "1" or _named(STAGED_ENV, name)
 
 
 def kernel_on(name: str) -> bool:
@@ -42,4 +41,9 @@ def kernel_on(name: str) -> bool:
     comma-separated list of names) names it."""
     if name not in DEFAULT_ON:
         raise ValueError(f"unknown kernel switch {name!r}; switches: {', '.join(DEFAULT_ON)}")
-    return name not in os.environ.get(OFF_ENV, "").split(",")
+    return not _named(OFF_ENV, name)
+
+
+def _named(env: str, name: str) -> bool:
+    """Whether the comma-separated list in environment variable `env` names `name`."""
+    return name in os.environ.get(env, "").split(",")
