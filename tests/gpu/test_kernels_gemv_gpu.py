@@ -15,16 +15,15 @@ import pytest
 import torch
 from gpu_helpers import report
 from test_engine_gpu import MAX_MODEL_LEN, PRESET, Record, compare, run
+from test_kernels_gpu import _capture
+from test_kernels_silu_mul_gpu import build
 
 from graphpool.engine.config import EngineConfig
 from graphpool.engine.engine import LLMEngine
 from graphpool.engine.sampling_params import SamplingParams
 from graphpool.kernels.pdl import LaunchFlags, launch_flags
 from graphpool.kernels.staging import OFF_ENV, STAGED_ENV
-from graphpool.model.llama import LlamaModel
-from graphpool.model.loader import model_source
 from graphpool.model.ops import kernel_ops
-from graphpool.model.weights import init_random_weights
 
 SHAPES = [(3072, 2048), (2048, 2048), (16384, 2048), (2048, 8192), (128256, 2048), (4096, 14336), (896, 130)]
 
@@ -70,14 +69,9 @@ def _chain(layers: list[tuple[torch.Tensor, ...]], x: torch.Tensor) -> list[torc
 
 
 def _graph_outputs(fn):
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        eager = [t.clone() for t in fn()]
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        outs = fn()
+    """(fn's outputs run eagerly, the same from a replay of fn captured in a CUDA graph)."""
+    eager = [t.clone() for t in fn()]
+    graph, outs = _capture(fn)
     graph.replay()
     torch.cuda.synchronize()
     return eager, [t.clone() for t in outs]
@@ -124,16 +118,6 @@ def test_pdl_chain_gives_the_bits_of_plain_launches(monkeypatch: pytest.MonkeyPa
     assert all(d == d for d in drift)  # no NaN
 
 
-def _build():
-    config = model_source(PRESET)
-    assert not isinstance(config, tuple)
-    model = LlamaModel(
-        config, device="cuda", dtype=torch.bfloat16, max_positions=MAX_MODEL_LEN, ops=kernel_ops()
-    )
-    init_random_weights(model, seed=0)
-    return model.eval(), config, None
-
-
 def _engine(loaded, **kwargs) -> LLMEngine:
     config = EngineConfig(model=PRESET, device="cuda", dtype="bfloat16", max_model_len=MAX_MODEL_LEN,
                           num_kv_blocks=200, max_num_seqs=1, **kwargs)  # fmt: skip
@@ -152,7 +136,7 @@ def _work(seed: int):
 def test_engine_with_the_gemv_matches_cublas(monkeypatch: pytest.MonkeyPatch) -> None:
     from graphpool.kernels import _triton_gemv
 
-    loaded = _build()
+    loaded = build(torch.bfloat16, kernel_ops())
     calls = []
     launch = _triton_gemv.gemv_triton
     monkeypatch.setattr(
@@ -221,7 +205,7 @@ def test_staged_silu_gemv_is_the_two_kernels_bitwise(n: int, inter: int) -> None
 def test_engine_with_staged_kernels_matches_the_defaults(
     staged: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    loaded = _build()
+    loaded = build(torch.bfloat16, kernel_ops())
     monkeypatch.delenv(OFF_ENV, raising=False)
     monkeypatch.delenv(STAGED_ENV, raising=False)
     ref = run(_engine(loaded, graph_miss_policy="capture"), _work(2))
