@@ -1,12 +1,12 @@
 """The model's linear layers: ``nn.functional.linear``, or a Triton GEMV when the input is one row.
 
 A decode step at batch size 1 multiplies one row by every weight once: bound by the weight's read, where
-cuBLAS's tiles (made for larger M) leave bandwidth unused. On the H200 (session 19, `python -m
-graphpool.bench.gemm_kernel`: 16 layers of llama3.2-1b's projections with their norm and SwiGLU kernels, each
-fed by the one before, one CUDA graph) cuBLAS took 818 us, this kernel 703 us and, launched with programmatic
-dependent launch (`kernels/pdl.py`), 676 us, against a floor of 460 us for the weights' bytes; the whole 1B
-decode step (`bench step`, graph replay) went from 1.15 to 0.95 ms. At llama3-8b's widths cuBLAS is already
-at 1.21x the floor and the kernel matches it (2.0 ms either way). Used on CUDA for a bf16/fp16 input of one
+cuBLAS's tiles (made for larger M) leave bandwidth unused. On the H200 (session 20, `python -m
+graphpool.bench.gemm_kernel`: 16 layers of a model's projections with their norm and SwiGLU kernels, each
+fed by the one before, one CUDA graph) llama3.2-1b's took 816 us with cuBLAS and 652 us with this kernel
+launched with programmatic dependent launch (`kernels/pdl.py`), against a floor of 458 us for the weights'
+bytes; llama3-8b's 2038 and 1848 us (floor 1642). The whole decode step at batch size 1 (`bench step`, graph
+replay): 1B 1.16 -> 0.934 ms, 8B 4.74 -> 4.30 ms. Used on CUDA for a bf16/fp16 input of one
 row and a weight with unit inner stride; everything else (prefill, larger batches, fp32, CPU) is
 ``nn.functional.linear``. fp32 stays on cuBLAS on purpose: it is the dtype of the exact-equality tests, and
 the kernel sums in another order. Numerics: fp32 accumulation, one rounding to the output dtype (a bias
@@ -57,7 +57,7 @@ def fused_norm_linear(
     weight: torch.Tensor,
     bias: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """Staged (``GRAPHPOOL_STAGED_KERNELS=norm_gemv``, not yet run on a GPU): ``linear(rms_norm(x +
+    """Staged (``GRAPHPOOL_STAGED_KERNELS=norm_gemv``; passes its GPU tests, does not pay on the H200: docs/kernels.md): ``linear(rms_norm(x +
     residual), weight, bias)`` and the residual stream after the add (``x`` itself when `residual` is None) in
     one kernel, where `linear` would take the GEMV; None otherwise (the caller runs the norm, then `linear`)."""
     if (
@@ -75,7 +75,7 @@ def fused_norm_linear(
 def fused_silu_linear(
     gate_up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
 ) -> torch.Tensor | None:
-    """Staged (``GRAPHPOOL_STAGED_KERNELS=silu_gemv``, not yet run on a GPU): ``linear(silu_mul(gate_up),
+    """Staged (``GRAPHPOOL_STAGED_KERNELS=silu_gemv``; passes its GPU tests, does not pay on the H200): ``linear(silu_mul(gate_up),
     weight, bias)`` in one kernel that computes the SwiGLU of the columns it reads (the two kernels' bits),
     where `linear` would take the GEMV; None otherwise (the caller runs SwiGLU, then `linear`)."""
     half = gate_up.shape[-1] // 2
