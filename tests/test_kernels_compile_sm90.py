@@ -123,24 +123,6 @@ def test_gemv_kernel_compiles(has_bias: bool, pdl: bool) -> None:
         assert "ld.global" in before and "ld.global" in after
 
 
-@pytest.mark.parametrize(("m", "k", "has_bias", "pdl"), [(2, 2048, False, False), (8, 8192, True, True)])
-def test_gemv_rows_kernel_compiles(m: int, k: int, has_bias: bool, pdl: bool) -> None:
-    """The staged few-row kernel; with PDL its first weight tile is loaded before griddepcontrol.wait."""
-    import triton as tr
-
-    from graphpool.kernels import _triton_gemv_rows as gr
-
-    t = gr.DEFAULT_ROW_TILES
-    constexprs = dict(K=k, M=m, M_PAD=tr.next_power_of_2(m), BLOCK_N=t.block_n, BLOCK_K=t.max_block_k,
-                      HAS_BIAS=has_bias, PDL=pdl, PDL_TRIGGER=False)  # fmt: skip
-    types = lambda name: "*bf16" if name.endswith("_ptr") else "i32"  # noqa: E731
-    ptx = _compile(gr._gemv_rows_kernel, types, constexprs, num_warps=t.num_warps).asm["ptx"]
-    assert ("griddepcontrol.wait" in ptx) == pdl
-    if pdl:
-        before, after = ptx.split("griddepcontrol.wait", 1)
-        assert "ld.global" in before and "ld.global" in after
-
-
 def test_pdl_trigger_compiles_in_only_when_on() -> None:
     from graphpool.kernels import _triton_norm_rope as nr
 

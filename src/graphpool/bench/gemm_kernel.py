@@ -5,9 +5,8 @@ Per model, ``--layers`` decoder layers' projections with the kernels between the
 -> qkv -> o -> residual add + RMSNorm -> gate_up -> SwiGLU -> down; the attention left out), each fed by the
 one before, every weight distinct (so each is streamed from HBM, not the L2), captured in one CUDA graph and
 replayed: cuBLAS, the GEMV, the GEMV with programmatic dependent launch, and (staged) every kernel so
-launched. With ``--rows`` 2-8 (the batch size): cuBLAS against the staged few-row kernel
-(`kernels/_triton_gemv_rows.py`), without and with PDL. The floor is the weights' bytes / the copy bandwidth
-measured in the same run. Medians of ``--reps`` replays.
+launched. The floor is the weights' bytes / the copy bandwidth measured in the same run. Medians of
+``--reps`` replays.
 """
 
 from __future__ import annotations
@@ -29,8 +28,6 @@ MODELS = {  # name: (hidden, q + 2 kv width, intermediate)
 }
 # mode: (GRAPHPOOL_KERNELS_OFF, GRAPHPOOL_STAGED_KERNELS); "chain": the staged PDL chain (kernels/pdl.py)
 MODES = {"cublas": ("gemv,pdl", ""), "gemv": ("pdl", ""), "gemv+pdl": ("", ""), "chain": ("", "pdl_chain")}
-# with --rows 2+: the staged few-row kernel (kernels/_triton_gemv_rows.py) against cuBLAS
-ROW_MODES = {"cublas": ("gemv,pdl", ""), "rows": ("pdl", "gemv_rows"), "rows+pdl": ("", "gemv_rows")}
 
 
 def make_layers(hidden: int, qkv: int, inter: int, layers: int) -> list[dict[str, torch.Tensor]]:
@@ -84,7 +81,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--layers", type=int, default=16)
     parser.add_argument("--reps", type=int, default=50)
-    parser.add_argument("--rows", type=int, default=1, help="input rows (the batch size); 2+: the few-row kernel")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("bench gemm_kernel needs a CUDA GPU")
@@ -95,7 +91,7 @@ def main(argv: list[str] | None = None) -> None:
         f"# command: python -m graphpool.bench.gemm_kernel {' '.join(sys.argv[1:] if argv is None else argv)}"
     )
     print(f"# {torch.cuda.get_device_name()}  torch {torch.__version__}  copy bandwidth {bw / 1e12:.2f} TB/s  "
-          f"bf16, batch size {args.rows}, {args.layers} layers, median of {args.reps} graph replays")  # fmt: skip
+          f"bf16, batch size 1, {args.layers} layers, median of {args.reps} graph replays")  # fmt: skip
     print(f"{'model':<12} {'mode':<9} {'weights_MiB':>11} {'floor_us':>8} {'step_us':>8} {'x_floor':>7} "
           f"{'cublas/mode':>11}")  # fmt: skip
     try:
@@ -104,9 +100,9 @@ def main(argv: list[str] | None = None) -> None:
             layers = make_layers(hidden, qkv, inter, args.layers)
             nbytes = sum(t.numel() * t.element_size() for layer in layers for t in layer.values())
             floor = nbytes / bw * 1e6
-            x = torch.randn(args.rows, hidden, device="cuda", dtype=torch.bfloat16)
+            x = torch.randn(1, hidden, device="cuda", dtype=torch.bfloat16)
             base = None
-            for mode, (off, staged) in (MODES if args.rows == 1 else ROW_MODES).items():
+            for mode, (off, staged) in MODES.items():
                 os.environ[OFF_ENV], os.environ[STAGED_ENV] = off, staged
                 t = replay_us(functools.partial(step, layers, x), args.reps)
                 base = base or t

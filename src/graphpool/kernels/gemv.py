@@ -23,7 +23,6 @@ from graphpool.kernels._dispatch import triton_impl
 from graphpool.kernels.staging import kernel_on, staged_kernels_on
 
 _DTYPES = (torch.bfloat16, torch.float16)
-MAX_ROWS = 8  # the staged few-row kernel's (gemv_rows) largest input
 
 
 def uses_gemv(x: torch.Tensor, weight: torch.Tensor, in_features: int | None = None) -> bool:
@@ -41,34 +40,12 @@ def uses_gemv(x: torch.Tensor, weight: torch.Tensor, in_features: int | None = N
     )
 
 
-def uses_gemv_rows(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether `linear` takes the staged few-row kernel (``GRAPHPOOL_STAGED_KERNELS=gemv_rows``): a 2-D input
-    of 2 to MAX_ROWS rows, otherwise as `uses_gemv`."""
-    return (
-        x.is_cuda
-        and x.dim() == 2
-        and 2 <= x.shape[0] <= MAX_ROWS
-        and x.dtype in _DTYPES
-        and weight.dtype == x.dtype
-        and weight.dim() == 2
-        and weight.shape[1] == x.shape[1]
-        and weight.stride(1) == 1
-        and kernel_on("gemv")
-        and staged_kernels_on("gemv_rows")
-    )
-
-
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``nn.functional.linear(x, weight, bias)``; on CUDA with one input row, one Triton GEMV (and, staged,
-    with 2 to MAX_ROWS rows the few-row kernel)."""
+    """``nn.functional.linear(x, weight, bias)``; on CUDA with one input row, one Triton GEMV."""
     if uses_gemv(x, weight):
         impl = triton_impl("_triton_gemv")
         if impl is not None:
             return impl.gemv_triton(x, weight, bias)
-    elif uses_gemv_rows(x, weight):
-        impl = triton_impl("_triton_gemv_rows")
-        if impl is not None:
-            return impl.gemv_rows_triton(x, weight, bias)
     return nn.functional.linear(x, weight, bias)
 
 
