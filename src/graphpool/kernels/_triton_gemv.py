@@ -1,9 +1,9 @@
 """Triton kernel for ``w @ x (+ bias)`` with one input row: a decode step's projections at batch size 1.
 
-Each program owns BLOCK_N output features: it streams its ``[BLOCK_N, K]`` slice of the weight in
-``[BLOCK_N, BLOCK_K]`` tiles (one tile when K <= BLOCK_K: 1B's qkv, o and gate_up), keeps an fp32 partial product per (feature,
-k lane), and reduces over the k lanes once at the end. Many small programs, each a contiguous stream, keep
-enough bytes in flight where cuBLAS's tiles (made for larger M) leave bandwidth unused.
+Each program owns BLOCK_N output features: it streams its ``[BLOCK_N, K]`` slice of the weight in ``[BLOCK_N,
+BLOCK_K]`` tiles (one tile when K <= BLOCK_K: 1B's qkv, o and gate_up), keeps an fp32 partial product per
+(feature, k lane), and reduces over the k lanes once at the end. Many small programs, each a contiguous
+stream, keep enough bytes in flight where cuBLAS's tiles (made for larger M) leave bandwidth unused.
 
 With ``pdl`` the kernel is launched with programmatic dependent launch: it may start while the kernel before
 it is still running (once that one has called ``griddepcontrol.launch_dependents``, as graphpool's norm,
@@ -13,10 +13,11 @@ the previous kernel), and only then waits (``griddepcontrol.wait``: the previous
 visible) before it reads x. Everything earlier in the stream is complete by then too, so the contract of
 a plain launch holds.
 
-Staged (`norm_gemv_triton`; passes its GPU tests, no faster on the H200): an RMSNorm (after a residual add) folded in front. The
-product's input is then ``g * s`` with ``s = x + residual``; each program sums ``s^2`` beside the product over
-its K loop and scales its outputs by ``rsqrt(mean(s^2) + eps)``, and program 0 stores ``s``. And
-(`gemv_triton(..., swiglu=True)`) SwiGLU folded in front: the input tile is ``silu(gate) * up`` of the gate/up row.
+Staged (`norm_gemv_triton`; passes its GPU tests, no faster on the H200): an RMSNorm (after a residual add)
+folded in front. The product's input is then ``g * s`` with ``s = x + residual``; each program sums ``s^2``
+beside the product over its K loop and scales its outputs by ``rsqrt(mean(s^2) + eps)``, and program 0 stores
+``s``. And (`gemv_triton(..., swiglu=True)`) SwiGLU folded in front: the input tile is ``silu(gate) * up`` of
+the gate/up row.
 """
 
 from __future__ import annotations

@@ -57,9 +57,10 @@ def fused_norm_linear(
     weight: torch.Tensor,
     bias: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """Staged (``GRAPHPOOL_STAGED_KERNELS=norm_gemv``; passes its GPU tests, does not pay on the H200: docs/kernels.md): ``linear(rms_norm(x +
-    residual), weight, bias)`` and the residual stream after the add (``x`` itself when `residual` is None) in
-    one kernel, where `linear` would take the GEMV; None otherwise (the caller runs the norm, then `linear`)."""
+    """Staged (``GRAPHPOOL_STAGED_KERNELS=norm_gemv``; passes its GPU tests, does not pay on the H200:
+    docs/kernels.md): ``linear(rms_norm(x + residual), weight, bias)`` and the residual stream after the add
+    (``x`` itself when `residual` is None) in one kernel, where `linear` would take the GEMV; None otherwise
+    (the caller runs the norm, then `linear`)."""
     if (
         uses_gemv(x, weight)  # NOTE: first: its cheap checks end it for every prefill
         and staged_kernels_on("norm_gemv")
@@ -75,9 +76,10 @@ def fused_norm_linear(
 def fused_silu_linear(
     gate_up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
 ) -> torch.Tensor | None:
-    """Staged (``GRAPHPOOL_STAGED_KERNELS=silu_gemv``; passes its GPU tests, does not pay on the H200): ``linear(silu_mul(gate_up),
-    weight, bias)`` in one kernel that computes the SwiGLU of the columns it reads (the two kernels' bits),
-    where `linear` would take the GEMV; None otherwise (the caller runs SwiGLU, then `linear`)."""
+    """Staged (``GRAPHPOOL_STAGED_KERNELS=silu_gemv``; passes its GPU tests, does not pay on the H200):
+    ``linear(silu_mul(gate_up), weight, bias)`` in one kernel that computes the SwiGLU of the columns it reads
+    (the two kernels' bits), where `linear` would take the GEMV; None otherwise (the caller runs SwiGLU, then
+    `linear`)."""
     half = gate_up.shape[-1] // 2
     if (
         gate_up.shape[-1] == 2 * half

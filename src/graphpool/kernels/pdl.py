@@ -9,11 +9,11 @@ while the norm, attention or SwiGLU kernel before it finishes. Those kernels cal
 suite passed with it (session 19); ``GRAPHPOOL_KERNELS_OFF=pdl`` turns it off. The interpreter has no
 griddepcontrol, so it is never on there.
 
-Staged (``GRAPHPOOL_STAGED_KERNELS=pdl_chain``; its GPU tests pass, the step is no faster on the H200): the other kernels of the step (the norms,
-rotary, the attention split and merge, SwiGLU) launched with PDL too, each waiting first thing (before it
-reads or writes anything: a kernel that has not waited may run beside the one ahead of it, which may still be
-reading a buffer the allocator has handed on), and the GEMV and rotary triggering as well; so every kernel's
-launch overlaps the one ahead of it, not only the GEMV's.
+Staged (``GRAPHPOOL_STAGED_KERNELS=pdl_chain``; its GPU tests pass, the step is no faster on the H200): the
+other kernels of the step (the norms, rotary, the attention split and merge, SwiGLU) launched with PDL too,
+each waiting first thing (before it reads or writes anything: a kernel that has not waited may run beside the
+one ahead of it, which may still be reading a buffer the allocator has handed on), and the GEMV and rotary
+triggering as well; so every kernel's launch overlaps the one ahead of it, not only the GEMV's.
 """
 
 from __future__ import annotations

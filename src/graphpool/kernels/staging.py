@@ -1,15 +1,17 @@
 """Staged kernels: written and tested on the CPU first (Triton interpreter, sm_90 compile), and off until the
 project's GPU suite has passed them and the H200's numbers say they pay; ``GRAPHPOOL_STAGED_KERNELS=1`` turns
-them all on, ``GRAPHPOOL_STAGED_KERNELS=argmax`` some (their GPU tests call them directly). Staged now: the decode attention's fused merge (the last split of each (sequence, kv
-head) merges them: one attention kernel per layer instead of two; `_triton_decode_attention.py`; on the H200
-in session 18 its graph replay was 1-2% slower than the two kernels': the launches it saves do not pay for
-its longer kernel), and the sampler's row argmax (two Triton launches in place of torch's argmax: 3.7 against
-38 us of device time at 1B bs 1 on the H200, but back-to-back calls take 88 us each against torch's 28: the
-launches' host cost; `kernels/argmax.py`). Both pass the whole GPU suite with this variable set (session 18).
-And (session 19; on the H200 in session 20 their GPU tests pass, and none pays: docs/kernels.md) `pdl_chain`: every Triton kernel of a decode step launched with
-programmatic dependent launch, waiting first thing (`kernels/pdl.py`), and `norm_gemv`: the RMSNorm in
-front of a one-row projection folded into its GEMV (`kernels/gemv.fused_norm_linear`), and `silu_gemv`: SwiGLU's
-silu * mul folded into the down projection's (`kernels/gemv.fused_silu_linear`). Left staging after the H200 suite passed them (session 16): the fused
+them all on, ``GRAPHPOOL_STAGED_KERNELS=argmax`` some (their GPU tests call them directly). Staged now: the
+decode attention's fused merge (the last split of each (sequence, kv head) merges them: one attention kernel
+per layer instead of two; `_triton_decode_attention.py`; on the H200 in session 18 its graph replay was 1-2%
+slower than the two kernels': the launches it saves do not pay for its longer kernel), and the sampler's row
+argmax (two Triton launches in place of torch's argmax: 3.7 against 38 us of device time at 1B bs 1 on the
+H200, but back-to-back calls take 88 us each against torch's 28: the launches' host cost;
+`kernels/argmax.py`). Both pass the whole GPU suite with this variable set (session 18). And (session 19; on
+the H200 in session 20 their GPU tests pass, and none pays: docs/kernels.md) `pdl_chain`: every Triton kernel
+of a decode step launched with programmatic dependent launch, waiting first thing (`kernels/pdl.py`), and
+`norm_gemv`: the RMSNorm in front of a one-row projection folded into its GEMV
+(`kernels/gemv.fused_norm_linear`), and `silu_gemv`: SwiGLU's silu * mul folded into the down projection's
+(`kernels/gemv.fused_silu_linear`). Left staging after the H200 suite passed them (session 16): the fused
 SwiGLU silu*mul (`kernels/silu_mul.py`) and the varlen prefill attention (`model/attn_ops`); (session 19) the
 one-row GEMV (`kernels/gemv.py`) and programmatic dependent launch (`kernels/pdl.py`), which stay switchable
 off (``GRAPHPOOL_KERNELS_OFF=gemv,pdl``) for benchmarks' side-by-side runs.
