@@ -6,7 +6,7 @@ Per model, ``--layers`` decoder layers' projections with the kernels between the
 one before, every weight distinct (so each is streamed from HBM, not the L2), captured in one CUDA graph and
 replayed: cuBLAS, the GEMV, the GEMV with programmatic dependent launch, and (staged) every kernel so
 launched. The floor is the weights' bytes / the copy bandwidth measured in the same run. Medians of
-``--reps`` replays.
+``--reps`` replays; ``--out DIR`` also writes them as JSON, Markdown and a bar plot.
 """
 
 from __future__ import annotations
@@ -16,10 +16,11 @@ import functools
 import os
 import statistics
 import sys
+from pathlib import Path
 
 import torch
 
-from graphpool.bench.common import measure_hbm_bandwidth
+from graphpool.bench.common import EnvInfo, collect_env, md_table, measure_hbm_bandwidth, write_report
 from graphpool.kernels.staging import OFF_ENV, STAGED_ENV
 
 MODELS = {  # name: (hidden, q + 2 kv width, intermediate)
@@ -76,11 +77,24 @@ def replay_us(fn, reps: int) -> float:
     return statistics.median(times)
 
 
+HEADERS = ("model", "mode", "weights_MiB", "floor_us", "step_us", "x_floor", "cublas/mode")
+
+
+def write_outputs(rows: list[dict[str, object]], out: Path, env: EnvInfo, header: str) -> list[Path]:
+    """`gemm_kernel.json` (env + rows), `gemm_kernel.md` (the table) and `gemm_kernel.png` under `out`."""
+    from graphpool.bench.plots import plot_gemm_chain
+
+    table = md_table(HEADERS, [[row[h] for h in HEADERS] for row in rows])
+    paths = list(write_report(out, "gemm_kernel", env, rows, f"{header}\n\n{table}", "One-row GEMV chain"))
+    return [*paths, plot_gemm_chain(rows, out / "gemm_kernel.png")]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--layers", type=int, default=16)
     parser.add_argument("--reps", type=int, default=50)
+    parser.add_argument("--out", type=Path, default=None, help="also write JSON, Markdown and a plot here")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("bench gemm_kernel needs a CUDA GPU")
@@ -90,10 +104,12 @@ def main(argv: list[str] | None = None) -> None:
     print(
         f"# command: python -m graphpool.bench.gemm_kernel {' '.join(sys.argv[1:] if argv is None else argv)}"
     )
-    print(f"# {torch.cuda.get_device_name()}  torch {torch.__version__}  copy bandwidth {bw / 1e12:.2f} TB/s  "
-          f"bf16, batch size 1, {args.layers} layers, median of {args.reps} graph replays")  # fmt: skip
+    header = (f"{torch.cuda.get_device_name()}  torch {torch.__version__}  copy bandwidth {bw / 1e12:.2f} TB/s  "
+              f"bf16, batch size 1, {args.layers} layers, median of {args.reps} graph replays")  # fmt: skip
+    print(f"# {header}")
     print(f"{'model':<12} {'mode':<9} {'weights_MiB':>11} {'floor_us':>8} {'step_us':>8} {'x_floor':>7} "
           f"{'cublas/mode':>11}")  # fmt: skip
+    rows: list[dict[str, object]] = []
     try:
         for name in args.models:
             hidden, qkv, inter = MODELS[name]
@@ -106,10 +122,15 @@ def main(argv: list[str] | None = None) -> None:
                 os.environ[OFF_ENV], os.environ[STAGED_ENV] = off, staged
                 t = replay_us(functools.partial(step, layers, x), args.reps)
                 base = base or t
+                rows.append(dict(zip(HEADERS, (name, mode, round(nbytes / 2**20), round(floor, 1), round(t, 1),
+                                               round(t / floor, 2), round(base / t, 2)), strict=True)))  # fmt: skip
                 print(f"{name:<12} {mode:<9} {nbytes / 2**20:>11.0f} {floor:>8.1f} {t:>8.1f} {t / floor:>7.2f} "
                       f"{base / t:>11.2f}", flush=True)  # fmt: skip
             del layers
             torch.cuda.empty_cache()
+        if args.out is not None:
+            for path in write_outputs(rows, args.out, collect_env(device=torch.device("cuda")), header):
+                print(f"# wrote {path}")
     finally:
         for name, value in saved.items():
             if value is None:

@@ -116,3 +116,22 @@ def plot_itl_cdfs(per_load: Mapping[str, Mapping[str, Sequence[float]]], path: P
         bottom.set_yscale("log")
         bottom.set_ylabel("fraction of tokens slower (1 - CDF)")
     return _save(plt, fig, path)
+
+
+def plot_gemm_chain(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
+    """`bench gemm_kernel`: each mode's chain time (us) as a bar, one panel per model, the weights' floor dashed.
+
+    rows: {"model", "mode", "step_us", "floor_us"} each.
+    """
+    plt = _pyplot()
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    fig, axes = plt.subplots(1, len(models), figsize=(5 * len(models), 4), squeeze=False)
+    for ax, model in zip(axes[0], models, strict=True):
+        mine = [r for r in rows if r["model"] == model]
+        ax.bar([r["mode"] for r in mine], [r["step_us"] for r in mine], color="tab:blue")
+        ax.axhline(mine[0]["floor_us"], color="k", linestyle="--", linewidth=1, label="weights at copy bandwidth")
+        ax.set_ylabel("us per chain (one graph replay)")
+        ax.set_title(model)
+        ax.grid(True, axis="y", alpha=0.3)
+        ax.legend(fontsize=8)
+    return _save(plt, fig, path)
