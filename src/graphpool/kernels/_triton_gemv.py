@@ -8,10 +8,9 @@ stream, keep enough bytes in flight where cuBLAS's tiles (made for larger M) lea
 With ``pdl`` the kernel is launched with programmatic dependent launch: it may start while the kernel before
 it is still running (once that one has called ``griddepcontrol.launch_dependents``, as graphpool's norm,
 attention and SwiGLU kernels do: `kernels/pdl.py`), loads its first weight tile (its whole slice when K <=
-BLOCK_K; weights never depend on
-the previous kernel), and only then waits (``griddepcontrol.wait``: the previous kernel complete, its writes
-visible) before it reads x. Everything earlier in the stream is complete by then too, so the contract of
-a plain launch holds.
+BLOCK_K; weights never depend on the previous kernel), and only then waits (``griddepcontrol.wait``: the
+previous kernel complete, its writes visible) before it reads x. Everything earlier in the stream is complete
+by then too, so the contract of a plain launch holds.
 
 Staged (`norm_gemv_triton`; passes its GPU tests, no faster on the H200): an RMSNorm (after a residual add)
 folded in front. The product's input is then ``g * s`` with ``s = x + residual``; each program sums ``s^2``
@@ -34,7 +33,7 @@ from graphpool.kernels.pdl import LaunchFlags, launch_flags, pdl_trigger
 
 # NOTE: from a sweep of 12 tilings on the H200 (session 20, 16-layer chains with PDL, results/h200-session20):
 # 4 features x 2048 columns, 4 warps, no software pipelining: 1B 652 -> 631 us, 8B 2006 -> 1841 us against
-# the former 8 x 1024, 8 warps, 3 stages; a whole K <= 2048 row slice is then one tile, loaded before the PDL wait
+# the former 8 x 1024, 8 warps, 3 stages; a whole K <= 2048 row slice is one tile, loaded before the PDL wait
 BLOCK_N = 4  # output features per program: N / 4 programs (512 for a 2048-wide projection)
 MAX_BLOCK_K = 2048  # weight columns per tile: 16 KB of bf16
 NUM_WARPS = 4
