@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from graphpool.kernels.decode_attention import _check_inputs, effective_len_bound
-from graphpool.kernels.pdl import launch_flags, pdl_trigger, pdl_wait
+from graphpool.kernels.pdl import launch_flags, pdl_prologue
 from graphpool.kernels.staging import staged_kernels_on
 
 # NOTE: these shape the grid, not correctness; graphpool.bench.attention_kernel is where to tune them.
@@ -96,8 +96,7 @@ def _decode_split_kernel(
     DIRECT: tl.constexpr, DOT_PRECISION: tl.constexpr, FUSED_MERGE: tl.constexpr, BLOCK_S: tl.constexpr,
     PDL_TRIGGER: tl.constexpr, PDL_WAIT: tl.constexpr,
 ):  # fmt: skip
-    pdl_trigger(PDL_TRIGGER)
-    pdl_wait(PDL_WAIT)
+    pdl_prologue(PDL_TRIGGER, PDL_WAIT)
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -204,8 +203,7 @@ def _decode_merge_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, PDL_TRIGGER: tl.constexpr,
     PDL_WAIT: tl.constexpr,
 ):  # fmt: skip
-    pdl_trigger(PDL_TRIGGER)
-    pdl_wait(PDL_WAIT)
+    pdl_prologue(PDL_TRIGGER, PDL_WAIT)
     b = tl.program_id(0)
     h = tl.program_id(1)
     ctx = tl.load(lens_ptr + b)

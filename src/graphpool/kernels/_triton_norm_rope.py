@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from graphpool.kernels.pdl import launch_flags, pdl_trigger, pdl_wait
+from graphpool.kernels.pdl import launch_flags, pdl_prologue
 
 
 @triton.jit
@@ -20,8 +20,7 @@ def _rms_norm_kernel(
     n_cols, eps,
     HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, PDL_TRIGGER: tl.constexpr, PDL_WAIT: tl.constexpr,
 ):  # fmt: skip
-    pdl_trigger(PDL_TRIGGER)
-    pdl_wait(PDL_WAIT)
+    pdl_prologue(PDL_TRIGGER, PDL_WAIT)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -100,8 +99,7 @@ def _rotary_kernel(
     BLOCK_HKV: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_SIZE: tl.constexpr, WRITE_KV: tl.constexpr,
     PDL_CHAIN: tl.constexpr,
 ):  # fmt: skip
-    pdl_trigger(PDL_CHAIN)
-    pdl_wait(PDL_CHAIN)
+    pdl_prologue(PDL_CHAIN, PDL_CHAIN)
     t = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + t).to(tl.int64)
     offs = tl.arange(0, BLOCK_HALF)

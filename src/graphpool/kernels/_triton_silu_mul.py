@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from graphpool.kernels.pdl import launch_flags, pdl_trigger, pdl_wait
+from graphpool.kernels.pdl import launch_flags, pdl_prologue
 
 MAX_BLOCK = 1024  # outputs per program; 8 per thread at 4 warps (16-byte loads in bf16)
 
@@ -33,8 +33,7 @@ def _silu_mul_kernel(
     x_ptr, out_ptr, stride_x, stride_o, n_cols,
     BLOCK: tl.constexpr, LIBDEVICE_EXP: tl.constexpr, PDL_TRIGGER: tl.constexpr, PDL_WAIT: tl.constexpr,
 ):  # fmt: skip
-    pdl_trigger(PDL_TRIGGER)
-    pdl_wait(PDL_WAIT)
+    pdl_prologue(PDL_TRIGGER, PDL_WAIT)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < n_cols

@@ -56,15 +56,17 @@ def launch_flags(device: torch.device) -> LaunchFlags:
 
 
 @triton.jit
-def pdl_wait(ON: tl.constexpr):
-    """Wait until the kernel ahead has completed and its writes are visible (first thing in a kernel launched
-    with PDL; compiled out when ON is False; a no-op in a kernel launched without PDL)."""
-    if ON:
-        gdc_wait()
-
-
-@triton.jit
 def pdl_trigger(ON: tl.constexpr):
     """Let a PDL-launched kernel after this one start (call first thing; compiled out when ON is False)."""
     if ON:
         gdc_launch_dependents()
+
+
+@triton.jit
+def pdl_prologue(TRIGGER: tl.constexpr, WAIT: tl.constexpr):
+    """A step kernel's first lines: trigger the kernel after it (TRIGGER: `LaunchFlags.pdl`), then, launched
+    with PDL itself (WAIT: `LaunchFlags.chain`), wait until the kernel ahead has completed and its writes are
+    visible, before any global load or store. Each part compiled out when off."""
+    pdl_trigger(TRIGGER)
+    if WAIT:
+        gdc_wait()
