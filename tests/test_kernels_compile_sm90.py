@@ -25,7 +25,23 @@ def _compile(fn, types: Callable[[str], str], constexprs: dict, num_warps: int =
 
 
 def _norm_types(name: str) -> str:
+    """bf16 pointers, an fp32 eps, i32 else: the norm and GEMV kernels' arguments."""
     return "*bf16" if name.endswith("_ptr") else ("fp32" if name == "eps" else "i32")
+
+
+def _attn_types(partials: str) -> Callable[[str], str]:
+    """The split kernel's arguments, its partial outputs in `partials` ("*bf16" when direct)."""
+
+    def types(name: str) -> str:
+        if name in ("q_ptr", "k_ptr", "v_ptr", "out_ptr"):
+            return "*bf16"
+        if name in ("bt_ptr", "lens_ptr", "locks_ptr"):
+            return "*i32"
+        if name in ("po_ptr", "plse_ptr"):
+            return partials
+        return "fp32" if name == "scale_log2" else "i32"
+
+    return types
 
 
 def _rope_types(name: str) -> str:
@@ -45,15 +61,7 @@ def _private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 def test_decode_attention_kernels_compile(direct: bool, fused: bool) -> None:
     from graphpool.kernels import _triton_decode_attention as da
 
-    def types(name: str) -> str:
-        if name in ("q_ptr", "k_ptr", "v_ptr", "out_ptr"):
-            return "*bf16"
-        if name in ("bt_ptr", "lens_ptr", "locks_ptr"):
-            return "*i32"
-        if name in ("po_ptr", "plse_ptr"):
-            return "*bf16" if direct else "*fp32"
-        return "fp32" if name == "scale_log2" else "i32"
-
+    types = _attn_types("*bf16" if direct else "*fp32")
     constexprs = dict(
         GROUP=4, HEAD_DIM=128, BLOCK_SIZE=16, BLOCK_G=16, BLOCK_D=128, BLOCK_N=64,
         DIRECT=direct, DOT_PRECISION="tf32", FUSED_MERGE=fused, BLOCK_S=16, PDL_TRIGGER=direct,
@@ -109,14 +117,9 @@ def test_gemv_kernel_compiles(has_bias: bool, pdl: bool) -> None:
     """The one-row GEMV; with PDL its first weight tile is loaded before griddepcontrol.wait, x after it."""
     from graphpool.kernels import _triton_gemv as gv
 
-    def types(name: str) -> str:
-        if name == "eps":
-            return "fp32"
-        return "*bf16" if name.endswith("_ptr") else "i32"
-
     constexprs = dict(K=2048, BLOCK_N=gv.BLOCK_N, BLOCK_K=gv.MAX_BLOCK_K, HAS_BIAS=has_bias, PDL=pdl, PDL_TRIGGER=pdl,
                       NORM=has_bias, HAS_RESIDUAL=has_bias, SWIGLU=False, LIBDEVICE_EXP=True)
-    ptx = _compile(gv._gemv_kernel, types, constexprs, num_warps=gv.NUM_WARPS).asm["ptx"]
+    ptx = _compile(gv._gemv_kernel, _norm_types, constexprs, num_warps=gv.NUM_WARPS).asm["ptx"]
     assert ("griddepcontrol.wait" in ptx) == pdl
     if pdl:
         before, after = ptx.split("griddepcontrol.wait", 1)
@@ -160,16 +163,7 @@ def test_staged_pdl_chain_kernels_wait_before_touching_memory() -> None:
     silu = _compile(sm._silu_mul_kernel, lambda n: "*bf16" if n.endswith("_ptr") else "i32",
                     dict(BLOCK=1024, LIBDEVICE_EXP=True, PDL_TRIGGER=True, PDL_WAIT=True))
 
-    def attn_types(name: str) -> str:
-        if name in ("q_ptr", "k_ptr", "v_ptr", "out_ptr"):
-            return "*bf16"
-        if name in ("bt_ptr", "lens_ptr", "locks_ptr"):
-            return "*i32"
-        if name in ("po_ptr", "plse_ptr"):
-            return "*fp32"
-        return "fp32" if name == "scale_log2" else "i32"
-
-    split = _compile(da._decode_split_kernel, attn_types, dict(
+    split = _compile(da._decode_split_kernel, _attn_types("*fp32"), dict(
         GROUP=4, HEAD_DIM=64, BLOCK_SIZE=16, BLOCK_G=16, BLOCK_D=64, BLOCK_N=64, DIRECT=False,
         DOT_PRECISION="tf32", FUSED_MERGE=False, BLOCK_S=16, PDL_TRIGGER=True, PDL_WAIT=True))
     merge = _compile(da._decode_merge_kernel,
