@@ -132,6 +132,23 @@ def time_ms(fn: Callable[[], object], device: torch.device, warmup: int, reps: i
     return [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]
 
 
+def capture_graph(fn: Callable[[], Any]) -> tuple[torch.cuda.CUDAGraph, Any, float]:
+    """`fn` captured in a CUDA graph after one warm-up call on a side stream (lazy init and autotuning stay
+    out of the capture) -> (graph, fn's output inside it, capture seconds)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    t0 = time.perf_counter()
+    with torch.cuda.graph(graph):
+        out = fn()
+    torch.cuda.synchronize()
+    return graph, out, time.perf_counter() - t0
+
+
 def measure_hbm_bandwidth(device: torch.device, nbytes: int = 2 * GIB, reps: int = 20) -> float:
     """Bytes/s of a large device-to-device copy, counting bytes read plus bytes written."""
     # NOTE: random data like real weights and KV, not zeros; the element type does not matter, only the bytes.

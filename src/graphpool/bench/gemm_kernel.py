@@ -20,7 +20,14 @@ from pathlib import Path
 
 import torch
 
-from graphpool.bench.common import EnvInfo, collect_env, md_table, measure_hbm_bandwidth, write_report
+from graphpool.bench.common import (
+    EnvInfo,
+    capture_graph,
+    collect_env,
+    md_table,
+    measure_hbm_bandwidth,
+    write_report,
+)
 from graphpool.kernels.staging import OFF_ENV, STAGED_ENV
 
 MODELS = {  # name: (hidden, q + 2 kv width, intermediate)
@@ -58,14 +65,8 @@ def step(layers: list[dict[str, torch.Tensor]], x: torch.Tensor) -> torch.Tensor
 
 
 def replay_us(fn, reps: int) -> float:
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
+    """Median us of a replay of `fn`'s graph, each replay timed alone (synchronised after it)."""
+    graph = capture_graph(fn)[0]
     times = []
     for _ in range(reps):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

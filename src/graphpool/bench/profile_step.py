@@ -154,9 +154,7 @@ def profile_decode(setup: DecodeSetup, bs: int, cfg: ProfileConfig) -> DecodePro
 
 
 def _graph_replay_count(step: StepFn, static: dict[str, torch.Tensor], eager: DecodeProfile) -> tuple[float, str]:
-    from graphpool.bench.step import _capture
-
-    graph, _, _ = _capture(step, static)
+    graph = common.capture_graph(lambda: step(static))[0]
     graph.replay()
     torch.cuda.synchronize()
     with profile(activities=_activities(True)) as prof, record_function("gp.replay"):

@@ -14,25 +14,10 @@ import torch
 from graphpool.bench import common
 from graphpool.bench.common import md_table, median, progress, ratio
 from graphpool.bench.compile_step import COMPILE_NOTE, compile_model
-from graphpool.bench.decode import DecodeSetup, StepFn, build_random_model, model_label, setup_input_specs
+from graphpool.bench.decode import DecodeSetup, build_random_model, model_label, setup_input_specs
 from graphpool.bench.engine_step import engine_step_ms
 from graphpool.bench.step_config import DEFAULT_SIZES, StepBenchConfig, StepRow
 from graphpool.model.config import ModelConfig
-
-
-def _capture(step: StepFn, static: dict[str, torch.Tensor]) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, float]:
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        step(static)  # warm-up: lazy init and autotuning stay out of the capture
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    t0 = time.perf_counter()
-    with torch.cuda.graph(graph):
-        out = step(static)
-    torch.cuda.synchronize()
-    return graph, out, time.perf_counter() - t0
 
 
 def _pool_times(setup: DecodeSetup, sizes: Sequence[int], cfg: StepBenchConfig) -> dict[int, tuple[float, float]]:
@@ -97,7 +82,7 @@ def bench_model(
         eager_out = step(static).clone()
         row.eager_ms = median(common.time_ms(lambda static=static: step(static), device, cfg.warmup, cfg.reps))
         if cuda:
-            graph, out, cap_s = _capture(step, static)
+            graph, out, cap_s = common.capture_graph(lambda static=static: step(static))
             graph.replay()
             row.graph_rel_err = common.rel_err(out, eager_out)
             row.capture_ms = cap_s * 1e3
