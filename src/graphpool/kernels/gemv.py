@@ -27,7 +27,7 @@ _DTYPES = (torch.bfloat16, torch.float16)
 
 def uses_gemv(x: torch.Tensor, weight: torch.Tensor, in_features: int | None = None) -> bool:
     """Whether `linear` takes the Triton GEMV for these operands (host-side facts only: capturable);
-    `in_features`: the weight's, when x's row is wider (the gate/up row of `silu_linear`)."""
+    `in_features`: the weight's, when x's row is wider (the gate/up row of `fused_silu_linear`)."""
     return (
         x.is_cuda
         and x.numel() == x.shape[-1]
@@ -62,8 +62,8 @@ def fused_norm_linear(
     (``x`` itself when `residual` is None) in one kernel, where `linear` would take the GEMV; None otherwise
     (the caller runs the norm, then `linear`)."""
     if (
-        uses_gemv(x, weight)  # NOTE: first: its cheap checks end it for every prefill
-        and staged_kernels_on("norm_gemv")
+        staged_kernels_on("norm_gemv")  # NOTE: first: off by default, asked by every layer every step
+        and uses_gemv(x, weight)
         and norm_weight.dtype == x.dtype
         and (residual is None or (residual.dtype == x.dtype and residual.shape == x.shape))
     ):
@@ -82,9 +82,9 @@ def fused_silu_linear(
     `linear`)."""
     half = gate_up.shape[-1] // 2
     if (
-        gate_up.shape[-1] == 2 * half
-        and uses_gemv(gate_up, weight, in_features=half)  # NOTE: first: its cheap checks end it for prefill
-        and staged_kernels_on("silu_gemv")
+        staged_kernels_on("silu_gemv")  # NOTE: first, as in fused_norm_linear
+        and gate_up.shape[-1] == 2 * half
+        and uses_gemv(gate_up, weight, in_features=half)
     ):
         impl = triton_impl("_triton_gemv")
         if impl is not None:
