@@ -5,7 +5,7 @@ Per model, ``--layers`` decoder layers' projections with the kernels between the
 -> qkv -> o -> residual add + RMSNorm -> gate_up -> SwiGLU -> down; the attention left out), each fed by the
 one before, every weight distinct (so each is streamed from HBM, not the L2), captured in one CUDA graph and
 replayed: cuBLAS, the GEMV, the GEMV with programmatic dependent launch, and (staged) every kernel so
-launched; with ``--rows N`` (2+), N rows a step: cuBLAS against the few-row tensor-core kernel. The floor is the weights' bytes / the copy bandwidth measured in the same run. Medians of
+launched. The floor is the weights' bytes / the copy bandwidth measured in the same run. Medians of
 ``--reps`` replays; ``--out DIR`` also writes them as JSON, Markdown and a bar plot.
 """
 
@@ -36,8 +36,6 @@ MODELS = {  # name: (hidden, q + 2 kv width, intermediate)
 }
 # mode: (GRAPHPOOL_KERNELS_OFF, GRAPHPOOL_STAGED_KERNELS); "chain": the staged PDL chain (kernels/pdl.py)
 MODES = {"cublas": ("gemv,pdl", ""), "gemv": ("pdl", ""), "gemv+pdl": ("", ""), "chain": ("", "pdl_chain")}
-# with 2+ rows (--rows): the few-row tensor-core kernel (kernels/_triton_skinny.py) against cuBLAS
-ROWS_MODES = {"cublas": ("gemv,pdl", ""), "skinny": ("pdl", "skinny"), "skinny+pdl": ("", "skinny")}
 
 
 def make_layers(hidden: int, qkv: int, inter: int, layers: int) -> list[dict[str, torch.Tensor]]:
@@ -96,7 +94,6 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--layers", type=int, default=16)
-    parser.add_argument("--rows", type=int, default=1, help="rows a step (the batch size)")
     parser.add_argument("--reps", type=int, default=50)
     parser.add_argument("--out", type=Path, default=None, help="also write JSON, Markdown and a plot here")
     args = parser.parse_args(argv)
@@ -109,7 +106,7 @@ def main(argv: list[str] | None = None) -> None:
         f"# command: python -m graphpool.bench.gemm_kernel {' '.join(sys.argv[1:] if argv is None else argv)}"
     )
     header = (f"{torch.cuda.get_device_name()}  torch {torch.__version__}  copy bandwidth {bw / 1e12:.2f} TB/s  "
-              f"bf16, batch size {args.rows}, {args.layers} layers, median of {args.reps} graph replays")  # fmt: skip
+              f"bf16, batch size 1, {args.layers} layers, median of {args.reps} graph replays")  # fmt: skip
     print(f"# {header}")
     print(f"{'model':<12} {'mode':<9} {'weights_MiB':>11} {'floor_us':>8} {'step_us':>8} {'x_floor':>7} "
           f"{'cublas/mode':>11}")  # fmt: skip
@@ -120,9 +117,9 @@ def main(argv: list[str] | None = None) -> None:
             layers = make_layers(hidden, qkv, inter, args.layers)
             nbytes = sum(t.numel() * t.element_size() for layer in layers for t in layer.values())
             floor = nbytes / bw * 1e6
-            x = torch.randn(args.rows, hidden, device="cuda", dtype=torch.bfloat16)
+            x = torch.randn(1, hidden, device="cuda", dtype=torch.bfloat16)
             base = None
-            for mode, (off, staged) in (MODES if args.rows == 1 else ROWS_MODES).items():
+            for mode, (off, staged) in MODES.items():
                 os.environ[OFF_ENV], os.environ[STAGED_ENV] = off, staged
                 t = replay_us(functools.partial(step, layers, x), args.reps)
                 base = base or t

@@ -25,47 +25,27 @@ from graphpool.kernels.staging import kernel_on, staged_kernels_on
 _DTYPES = (torch.bfloat16, torch.float16)
 
 
-# NOTE: the few-row kernel's bound (`_triton_skinny.MAX_ROWS`, kept here so the dispatch imports no triton)
-SKINNY_MAX_ROWS = 64
-
-
-def _kernel_operands(x: torch.Tensor, weight: torch.Tensor, in_features: int | None = None) -> bool:
-    """Whether a Triton kernel here takes these operands: CUDA, bf16/fp16 alike, a 2D weight with unit inner
-    stride whose width is x's (or `in_features`)."""
+def uses_gemv(x: torch.Tensor, weight: torch.Tensor, in_features: int | None = None) -> bool:
+    """Whether `linear` takes the Triton GEMV for these operands (host-side facts only: capturable);
+    `in_features`: the weight's, when x's row is wider (the gate/up row of `fused_silu_linear`)."""
     return (
         x.is_cuda
+        and x.numel() == x.shape[-1]
         and x.dtype in _DTYPES
         and weight.dtype == x.dtype
         and weight.dim() == 2
         and weight.shape[1] == (x.shape[-1] if in_features is None else in_features)
         and weight.stride(1) == 1
+        and kernel_on("gemv")
     )
 
 
-def uses_gemv(x: torch.Tensor, weight: torch.Tensor, in_features: int | None = None) -> bool:
-    """Whether `linear` takes the Triton GEMV for these operands (host-side facts only: capturable);
-    `in_features`: the weight's, when x's row is wider (the gate/up row of `fused_silu_linear`)."""
-    return x.numel() == x.shape[-1] and _kernel_operands(x, weight, in_features) and kernel_on("gemv")
-
-
-def uses_skinny(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether `linear` takes the few-row tensor-core kernel (2 to SKINNY_MAX_ROWS rows; staged:
-    ``GRAPHPOOL_STAGED_KERNELS=skinny``). Host-side facts only: capturable."""
-    rows = x.numel() // max(1, x.shape[-1])
-    return 2 <= rows <= SKINNY_MAX_ROWS and _kernel_operands(x, weight) and staged_kernels_on("skinny")
-
-
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``nn.functional.linear(x, weight, bias)``; on CUDA with one input row, one Triton GEMV; with a few
-    rows (staged), one Triton tensor-core kernel."""
+    """``nn.functional.linear(x, weight, bias)``; on CUDA with one input row, one Triton GEMV."""
     if uses_gemv(x, weight):
         impl = triton_impl("_triton_gemv")
         if impl is not None:
             return impl.gemv_triton(x, weight, bias)
-    elif uses_skinny(x, weight):
-        impl = triton_impl("_triton_skinny")
-        if impl is not None:
-            return impl.skinny_gemm_triton(x, weight, bias)
     return nn.functional.linear(x, weight, bias)
 
 
