@@ -182,3 +182,15 @@ def test_staged_silu_gemv_kernel_compiles() -> None:
                       NORM=False, HAS_RESIDUAL=False, SWIGLU=True, LIBDEVICE_EXP=True)
     ptx = _compile(gv._gemv_kernel, _norm_types, constexprs, num_warps=gv.NUM_WARPS).asm["ptx"]
     assert "div.rn.f32" in ptx and "griddepcontrol.wait" in ptx  # IEEE division, as the SwiGLU kernel's
+
+
+def test_staged_gemv_rope_kernel_compiles() -> None:
+    """The qkv GEMV + rotary + KV write at 1B's shapes; with PDL the weight load comes before the wait."""
+    from graphpool.kernels import _triton_gemv as gv
+    from graphpool.kernels import _triton_gemv_rope as gr
+
+    constexprs = dict(K=2048, HQ=32, HKV=8, HEAD_DIM=64, BLOCK_SIZE=16, BLOCK_K=gv.MAX_BLOCK_K, HAS_BIAS=False,
+                      PDL=True)  # fmt: skip
+    ptx = _compile(gr._gemv_rope_kernel, _rope_types, constexprs, num_warps=gv.NUM_WARPS).asm["ptx"]
+    before, after = ptx.split("griddepcontrol.wait", 1)
+    assert "ld.global" in before and "ld.global" in after and "st.global" in after

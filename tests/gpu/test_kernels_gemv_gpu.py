@@ -4,8 +4,9 @@ more than an output rounding); a chain of norm -> GEMV -> SwiGLU -> GEMV layers 
 the same bits with and without PDL (a GEMV reading x before the kernel ahead of it finished would not) and
 replays as it ran eagerly; inside the engine (random llama3.2-1b, bf16, one sequence at a time, so every decode
 step has one row) against cuBLAS: argmaxes agree except at near-ties, and a graph step equals an eager one.
-The staged norm + GEMV, SwiGLU + GEMV and PDL chain (passed on the H200 in session 20): the same checks
-against the defaults."""
+The staged norm + GEMV, SwiGLU + GEMV and PDL chain (passed on the H200 in session 20), and the qkv GEMV +
+rotary + KV write (session 21): the same checks against the defaults; the last also against the GEMV and the
+rotary kernel it replaces (to one output rounding; the differing elements reported), eagerly and replayed."""
 
 from __future__ import annotations
 
@@ -201,7 +202,9 @@ def test_staged_silu_gemv_is_the_two_kernels_bitwise(n: int, inter: int) -> None
         )
 
 
-@pytest.mark.parametrize("staged", ["norm_gemv", "silu_gemv", "pdl_chain", "norm_gemv,silu_gemv,pdl_chain"])
+@pytest.mark.parametrize(
+    "staged", ["norm_gemv", "silu_gemv", "pdl_chain", "norm_gemv,silu_gemv,pdl_chain", "gemv_rope"]
+)
 def test_engine_with_staged_kernels_matches_the_defaults(
     staged: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -218,3 +221,37 @@ def test_engine_with_staged_kernels_matches_the_defaults(
     eager = run(_engine(loaded, disable_cudagraph=True), _work(3))
     graphed = run(_engine(loaded, graph_miss_policy="capture"), _work(3), forced=eager)
     compare(eager, graphed, tie=0.3, logit_tol=0.3, min_agree=0.93)
+
+
+@pytest.mark.parametrize(("hq", "hkv", "dim", "k", "bias"), [(32, 8, 64, 2048, False), (32, 8, 128, 4096, False),
+                                                            (14, 2, 64, 896, True)])  # fmt: skip
+def test_staged_gemv_rope_is_the_gemv_then_the_rotary_kernel(hq: int, hkv: int, dim: int, k: int, bias: bool) -> None:
+    from graphpool.kernels._triton_gemv import gemv_triton
+    from graphpool.kernels._triton_gemv_rope import gemv_rope_triton
+    from graphpool.kernels.norm_rope import apply_rotary_and_write_kv
+
+    gen = torch.Generator(device="cuda").manual_seed(k)
+    n = (hq + 2 * hkv) * dim
+    w = (torch.randn(n, k, device="cuda", generator=gen) / k**0.5).bfloat16()
+    b = torch.randn(n, device="cuda", generator=gen).bfloat16() if bias else None
+    x = torch.randn(1, k, device="cuda", generator=gen).bfloat16()
+    freqs = torch.outer(torch.arange(4096.0), 500000.0 ** -(torch.arange(0, dim, 2) / dim)).cuda()
+    cos, sin = freqs.cos(), freqs.sin()
+    pos, slot = torch.tensor([1234], device="cuda"), torch.tensor([77], device="cuda")
+    caches = [torch.zeros(8, 16, hkv, dim, device="cuda", dtype=torch.bfloat16) for _ in range(4)]
+
+    def fused() -> list[torch.Tensor]:
+        return [gemv_rope_triton(x, w, b, pos, cos, sin, caches[0], caches[1], slot, (hq, hkv, dim))]
+
+    q, kk, v = gemv_triton(x, w, b).split((hq * dim, hkv * dim, hkv * dim), -1)
+    qr, kr = apply_rotary_and_write_kv(pos, q.view(1, hq, dim), kk.view(1, hkv, dim), v.view(1, hkv, dim), cos, sin,
+                                       caches[2], caches[3], slot)  # fmt: skip
+    ref = torch.cat([qr.reshape(1, -1), kr.reshape(1, -1), v], -1)
+    eager, graph = _graph_outputs(fused)
+    assert torch.equal(graph[0], eager[0])
+    ulp = float(ref.abs().max()) * torch.finfo(torch.bfloat16).eps
+    assert _max_err(eager[0], ref.double()) <= ulp
+    assert _max_err(caches[0], caches[2].double()) <= ulp and torch.equal(caches[1], caches[3])
+    assert caches[0].abs().sum() > 0
+    report(f"gemv_rope {hq}/{hkv}x{dim} K={k}: elements differing from the GEMV + rotary kernel",
+           f"{int((eager[0] != ref).sum())} of {n}")  # fmt: skip

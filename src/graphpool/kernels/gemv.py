@@ -90,3 +90,44 @@ def fused_silu_linear(
         if impl is not None:
             return impl.gemv_triton(gate_up, weight, bias, swiglu=True)
     return None
+
+
+def fused_linear_rope(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    positions: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    heads: tuple[int, int, int],
+) -> torch.Tensor | None:
+    """Staged (``GRAPHPOOL_STAGED_KERNELS=gemv_rope``): the qkv projection of one row, rotary on its q and k
+    heads at ``positions[0]`` and k, v stored at ``slot_mapping[0]`` of the caches, in one kernel, where
+    `linear` would take the GEMV; returns the qkv row (q, k rotated), or None (the caller runs `linear`,
+    then rotary and the KV write). `heads`: (Hq, Hkv, head_dim)."""
+    hq, hkv, dim = heads
+    if (
+        staged_kernels_on("gemv_rope")  # NOTE: first, as in fused_norm_linear
+        and uses_gemv(x, weight)
+        and dim % 4 == 0
+        and weight.shape[0] == (hq + 2 * hkv) * dim
+        and positions.numel() == 1
+        and slot_mapping.numel() == 1
+        and cos.dtype == sin.dtype == torch.float32
+        and cos.stride(-1) == 1
+        and sin.stride(-1) == 1
+        and k_cache.dtype == v_cache.dtype == x.dtype
+        and k_cache.shape == v_cache.shape
+        and k_cache.shape[2:] == (hkv, dim)
+        and k_cache.stride(-1) == 1
+        and v_cache.stride(-1) == 1
+    ):
+        impl = triton_impl("_triton_gemv_rope")
+        if impl is not None:
+            return impl.gemv_rope_triton(
+                x, weight, bias, positions, cos, sin, k_cache, v_cache, slot_mapping, heads
+            )
+    return None

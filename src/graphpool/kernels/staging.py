@@ -24,7 +24,7 @@ import os
 STAGED_ENV = "GRAPHPOOL_STAGED_KERNELS"
 
 
-STAGED = ("fused_merge", "argmax", "pdl_chain", "norm_gemv", "silu_gemv")
+STAGED = ("fused_merge", "argmax", "pdl_chain", "norm_gemv", "silu_gemv", "gemv_rope")
 # NOTE: out of staging, on by default; listed here so a benchmark (or a user who suspects one) can turn them off
 DEFAULT_ON = ("gemv", "pdl")
 OFF_ENV = "GRAPHPOOL_KERNELS_OFF"

@@ -50,7 +50,16 @@ class LlamaAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, meta: AttentionMetadata, kv_cache: KVCache, reduce: bool = True) -> torch.Tensor:
         """`reduce=False`: the output before o_proj's all-reduce (a rank's partial sum under tensor parallel)."""
-        return self.from_qkv(self.qkv_proj(x), meta, kv_cache, reduce)
+        k_cache, v_cache = kv_cache
+        proj = self.qkv_proj
+        qkv = None if meta.is_prefill else self.ops.fused_linear_rope(
+            x, proj.weight, proj.bias, meta.positions, self.rotary.cos, self.rotary.sin, k_cache, v_cache,
+            meta.slot_mapping, (self.num_heads, self.num_kv_heads, self.head_dim),
+        )  # fmt: skip
+        if qkv is not None:
+            q = qkv[:, : proj.sizes[0]].view(-1, self.num_heads, self.head_dim)
+            return self._attend(q, None, meta, kv_cache, reduce)
+        return self.from_qkv(proj(x), meta, kv_cache, reduce)
 
     def from_qkv(
         self, qkv: torch.Tensor, meta: AttentionMetadata, kv_cache: KVCache, reduce: bool = True
@@ -64,10 +73,19 @@ class LlamaAttention(nn.Module):
         q, k = self.ops.rotary_and_write_kv(
             meta.positions, q, k, v, self.rotary.cos, self.rotary.sin, k_cache, v_cache, meta.slot_mapping
         )
+        return self._attend(q, (k, v), meta, kv_cache, reduce)
+
+    def _attend(
+        self, q: torch.Tensor, new_kv: tuple[torch.Tensor, torch.Tensor] | None, meta: AttentionMetadata,
+        kv_cache: KVCache, reduce: bool,
+    ) -> torch.Tensor:  # fmt: skip
+        """Attention of the rotated q, then o_proj; `new_kv`: the step's own rotated k and v (prefill attends
+        to them; decode reads them from the caches, where they are already stored)."""
+        k_cache, v_cache = kv_cache
         if meta.is_prefill:
-            if meta.seq_lens is None:
-                raise ValueError("prefill AttentionMetadata needs seq_lens")
-            o = prefill_attention(q, k, v, meta.seq_lens, self.scale)
+            if meta.seq_lens is None or new_kv is None:
+                raise ValueError("prefill AttentionMetadata needs seq_lens (and the step's k, v)")
+            o = prefill_attention(q, *new_kv, meta.seq_lens, self.scale)
         else:
             if meta.block_tables is None or meta.context_lens is None:
                 raise ValueError("decode AttentionMetadata needs block_tables and context_lens")

@@ -49,6 +49,9 @@ class ModelOps:
     fused_norm_linear: Callable[..., tuple[Tensor, Tensor] | None]
     # (gate_up, w, b) -> linear(silu_mul(gate_up), w, b) from one kernel (SwiGLU and down_proj), or None
     fused_silu_linear: Callable[..., Tensor | None]
+    # (x, w, b, positions, cos, sin, k_cache, v_cache, slots, (Hq, Hkv, D)) -> the qkv projection with q and k
+    # rotated and k, v stored in the caches, from one kernel, or None: then the model runs them one by one
+    fused_linear_rope: Callable[..., Tensor | None]
 
 
 TORCH_OPS = ModelOps(
@@ -61,13 +64,14 @@ TORCH_OPS = ModelOps(
     torch.nn.functional.linear,
     no_fusion,
     no_fusion,
+    no_fusion,
 )
 
 
 def kernel_ops() -> ModelOps:
     """The `graphpool.kernels` entry points (Triton on CUDA tensors, their torch references elsewhere)."""
     from graphpool.kernels.decode_attention import paged_decode_attention
-    from graphpool.kernels.gemv import fused_norm_linear, fused_silu_linear, linear
+    from graphpool.kernels.gemv import fused_linear_rope, fused_norm_linear, fused_silu_linear, linear
     from graphpool.kernels.norm_rope import add_rms_norm, apply_rotary_and_write_kv, rms_norm
     from graphpool.kernels.silu_mul import silu_mul
 
@@ -81,6 +85,7 @@ def kernel_ops() -> ModelOps:
         linear,
         fused_norm_linear,
         fused_silu_linear,
+        fused_linear_rope,
     )
 
 
