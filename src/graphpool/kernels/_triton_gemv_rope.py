@@ -1,5 +1,5 @@
-"""The one-row qkv projection, rotary and the KV-cache write in one kernel (issue 12's "QKV projection output +
-rotary + KV-cache write"; on by default, ``GRAPHPOOL_KERNELS_OFF=gemv_rope`` turns it off).
+"""Staged (``GRAPHPOOL_STAGED_KERNELS=gemv_rope``): the one-row qkv projection, rotary and the KV-cache write
+in one kernel: issue 12's "QKV projection output + rotary + KV-cache write".
 
 The one-row GEMV (`_triton_gemv.py`) with its output features owned in rotary pairs: a program computes 2
 pairs ``(d, d + D/2)`` of one head (4 features, the GEMV's tiling), so the neox rotation of its outputs needs

@@ -14,8 +14,7 @@ of a decode step launched with programmatic dependent launch, waiting first thin
 (`kernels/gemv.fused_silu_linear`). Left staging after the H200 suite passed them (session 16): the fused
 SwiGLU silu*mul (`kernels/silu_mul.py`) and the varlen prefill attention (`model/attn_ops`); (session 19) the
 one-row GEMV (`kernels/gemv.py`) and programmatic dependent launch (`kernels/pdl.py`), which stay switchable
-off (``GRAPHPOOL_KERNELS_OFF=gemv,pdl``) for benchmarks' side-by-side runs; (session 21) the one-row qkv GEMV +
-rotary + KV write (`kernels/gemv.fused_linear_rope`, ``GRAPHPOOL_KERNELS_OFF=gemv_rope``).
+off (``GRAPHPOOL_KERNELS_OFF=gemv,pdl``) for benchmarks' side-by-side runs.
 """
 
 from __future__ import annotations
@@ -25,9 +24,9 @@ import os
 STAGED_ENV = "GRAPHPOOL_STAGED_KERNELS"
 
 
-STAGED = ("fused_merge", "argmax", "pdl_chain", "norm_gemv", "silu_gemv")
+STAGED = ("fused_merge", "argmax", "pdl_chain", "norm_gemv", "silu_gemv", "gemv_rope")
 # NOTE: out of staging, on by default; listed here so a benchmark (or a user who suspects one) can turn them off
-DEFAULT_ON = ("gemv", "pdl", "gemv_rope")
+DEFAULT_ON = ("gemv", "pdl")
 OFF_ENV = "GRAPHPOOL_KERNELS_OFF"
 
 
