@@ -3,8 +3,9 @@ usage: python skinny_tiles.py 'BN BK WARPS STAGES PROGRAMS;...' ROWS... [-- gemm
 ('' for cuBLAS alone)"""
 import sys
 
-import graphpool.bench.gemm_kernel as gk
 import graphpool.kernels._triton_skinny as sk
+
+import graphpool.bench.gemm_kernel as gk
 
 tilings = [tuple(int(v) for v in t.split()) for t in sys.argv[1].split(";") if t.strip()]
 rest = sys.argv[2:]
