@@ -106,3 +106,62 @@ def test_the_model_takes_the_fused_op_for_one_row_decode_steps() -> None:
     assert fused == plain
     assert fused_rows and set(fused_rows) == {1}  # decode steps of one sequence: every layer, every step
     assert 1 not in rotary_rows and rotary_rows  # the prompts' prefill still runs the rotary op
+
+
+_ENGINE_SCRIPT = """
+import dataclasses, random
+from graphpool.engine.config import EngineConfig
+from graphpool.engine.engine import LLMEngine
+from graphpool.kernels._triton_gemv import gemv_triton
+from graphpool.kernels._triton_gemv_rope import gemv_rope_triton
+from graphpool.kernels._triton_norm_rope import rotary_triton
+from graphpool.kernels.pdl import LaunchFlags
+from graphpool.model.config import ModelConfig
+from graphpool.model.llama import LlamaModel
+from graphpool.model.ops import TORCH_OPS
+from graphpool.model.weights import init_random_weights
+from model_reference import run_waves
+
+cfg = ModelConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
+                  head_dim=16, max_position_embeddings=256)
+fused_calls = []
+
+def linear(x, w, b=None):
+    if x.numel() == x.shape[-1]:
+        return gemv_triton(x, w, b, flags=LaunchFlags(False, False))
+    return torch.nn.functional.linear(x, w, b)
+
+def rotary(positions, q, k, v, cos, sin, k_cache, v_cache, slots):
+    return rotary_triton(positions, q, k, cos, sin, (v, k_cache, v_cache, slots))
+
+def fused(x, w, b, positions, cos, sin, k_cache, v_cache, slots, heads):
+    if x.numel() != x.shape[-1]:
+        return None
+    fused_calls.append(int(positions[0]))
+    return gemv_rope_triton(x, w, b, positions, cos, sin, k_cache, v_cache, slots, heads)
+
+def engine(with_fused):
+    ops = dataclasses.replace(TORCH_OPS, linear=linear, rotary_and_write_kv=rotary,
+                              fused_linear_rope=fused if with_fused else TORCH_OPS.fused_linear_rope)
+    model = LlamaModel(cfg, max_positions=256, ops=ops)
+    init_random_weights(model, seed=1, std=0.2)
+    config = EngineConfig(device="cpu", max_model_len=128, num_kv_blocks=8, graph_warmup="none", max_num_seqs=1)
+    return LLMEngine(config, loaded=(model.eval(), cfg, None))
+
+rng = random.Random(0)
+# NOTE: one request after another in few KV blocks, so blocks are reused; prompts across block boundaries
+prompts = [[rng.randrange(3, 96) for _ in range(n)] for n in (5, 20, 40)]
+waves = [range(len(prompts))]
+plain = run_waves(engine(False), prompts, waves, 12)
+fused_out = run_waves(engine(True), prompts, waves, 12)
+print(json.dumps([int(plain == fused_out), len(fused_calls), max(fused_calls)]))
+"""
+
+
+def test_the_engine_with_the_kernel_in_the_interpreter_gives_the_two_kernels_tokens() -> None:
+    """The engine (a tiny model, fp32, one sequence at a time, reused KV blocks) with the fused kernel against the
+    GEMV and the rotary kernel, all in the interpreter: the same greedy tokens, and the fused kernel ran at
+    every decode step and layer."""
+    same, calls, top = run_in_triton_interpreter(_ENGINE_SCRIPT)
+    assert same == 1
+    assert calls >= 2 * 3 * 11 and top >= 40 + 10
