@@ -19,8 +19,6 @@ from triton.language.extra.cuda import gdc_wait
 from graphpool.kernels._triton_gemv import MAX_BLOCK_K, NUM_WARPS, _gemv_input
 from graphpool.kernels.pdl import launch_flags
 
-PAIRS = 2  # rotary pairs a program owns: 4 output features, the one-row GEMV's BLOCK_N
-
 
 @triton.jit
 def _gemv_rope_kernel(
