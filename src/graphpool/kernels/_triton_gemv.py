@@ -81,6 +81,43 @@ def _gemv_input(
 
 
 @triton.jit
+def gemv_features(
+    x_ptr, w_ptr, r_ptr, g_ptr, rout_ptr, eps, offs_n, n_mask, stride_wn, pid,
+    K: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr, NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+    SWIGLU: tl.constexpr, LIBDEVICE_EXP: tl.constexpr,
+):  # fmt: skip
+    """The fp32 products of the one-row input with the weight rows `offs_n` (no bias, not rounded): the
+    program's weight slice streamed in ``[len(offs_n), BLOCK_K]`` tiles, fp32 partials per k lane, one reduction;
+    with PDL the first tile is loaded before the wait. `_gemv_kernel` and the staged `_gemv_rope_kernel` call it."""
+    offs_k = tl.arange(0, BLOCK_K)
+    rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
+    k_mask = offs_k < K
+    w = tl.load(rows + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+    if PDL:
+        gdc_wait()  # NOTE: after the first weight tile's load, before the first read of x
+    xin, s = _gemv_input(
+        x_ptr, r_ptr, g_ptr, rout_ptr, offs_k, k_mask, pid, K, NORM, HAS_RESIDUAL, SWIGLU, LIBDEVICE_EXP
+    )
+    acc = w.to(tl.float32) * xin[None, :]
+    ss = s * s
+    for k0 in range(BLOCK_K, K, BLOCK_K):
+        k = k0 + offs_k
+        k_mask = k < K
+        w = tl.load(rows + k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+        xin, s = _gemv_input(
+            x_ptr, r_ptr, g_ptr, rout_ptr, k, k_mask, pid, K, NORM, HAS_RESIDUAL, SWIGLU, LIBDEVICE_EXP
+        )
+        acc += w.to(tl.float32) * xin[None, :]
+        if NORM:
+            ss += s * s
+    y = tl.sum(acc, 1)
+    if NORM:
+        # NOTE: rms_norm(x) @ (g * w).T = rsqrt(mean(x^2) + eps) * (x * g) @ w.T: the scale is one scalar
+        y = y * tl.rsqrt(tl.sum(ss, 0) / K + eps)
+    return y
+
+
+@triton.jit
 def _gemv_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, N, stride_wn, r_ptr, g_ptr, rout_ptr, eps,
     K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr,
@@ -90,30 +127,9 @@ def _gemv_kernel(
     pdl_trigger(PDL_TRIGGER)
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
     n_mask = offs_n < N
-    rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
-    k_mask = offs_k < K
-    w = tl.load(rows + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
-    if PDL:
-        gdc_wait()  # NOTE: after the first weight tile's load, before the first read of x
-    xin, s = _gemv_input(x_ptr, r_ptr, g_ptr, rout_ptr, offs_k, k_mask, pid, K, NORM, HAS_RESIDUAL, SWIGLU,
-                           LIBDEVICE_EXP)
-    acc = w.to(tl.float32) * xin[None, :]
-    ss = s * s
-    for k0 in range(BLOCK_K, K, BLOCK_K):
-        k = k0 + offs_k
-        k_mask = k < K
-        w = tl.load(rows + k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
-        xin, s = _gemv_input(x_ptr, r_ptr, g_ptr, rout_ptr, k, k_mask, pid, K, NORM, HAS_RESIDUAL, SWIGLU,
-                               LIBDEVICE_EXP)
-        acc += w.to(tl.float32) * xin[None, :]
-        if NORM:
-            ss += s * s
-    y = tl.sum(acc, 1)
-    if NORM:
-        # NOTE: rms_norm(x) @ (g * w).T = rsqrt(mean(x^2) + eps) * (x * g) @ w.T: the scale is one scalar
-        y = y * tl.rsqrt(tl.sum(ss, 0) / K + eps)
+    y = gemv_features(x_ptr, w_ptr, r_ptr, g_ptr, rout_ptr, eps, offs_n, n_mask, stride_wn, pid, K, BLOCK_K, PDL,
+                      NORM, HAS_RESIDUAL, SWIGLU, LIBDEVICE_EXP)  # fmt: skip
     if HAS_BIAS:
         y += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
     tl.store(y_ptr + offs_n, y.to(y_ptr.dtype.element_ty), mask=n_mask)
@@ -190,4 +206,3 @@ def norm_gemv_triton(
     out = torch.empty(n, dtype=x.dtype, device=x.device)
     _launch(row, weight, bias, out, (res, norm_weight.contiguous(), rout, eps), flags, tiles)
     return out.view(*x.shape[:-1], n), (rout.view(x.shape) if res is not None else x)
-

@@ -14,9 +14,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_wait
 
-from graphpool.kernels._triton_gemv import MAX_BLOCK_K, NUM_WARPS, _gemv_input
+from graphpool.kernels._triton_gemv import MAX_BLOCK_K, NUM_WARPS, _row, gemv_features
 from graphpool.kernels.pdl import launch_flags
 
 
@@ -34,21 +33,8 @@ def _gemv_rope_kernel(
     j = tl.arange(0, 4)
     # NOTE: features j = (half index) * 2 + pair: d0, d0 + 1, d0 + D/2, d0 + D/2 + 1 of the head
     offs_n = head * HEAD_DIM + d0 + (j % 2) + (j // 2) * half
-    offs_k = tl.arange(0, BLOCK_K)
-    rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
-    k_mask = offs_k < K
-    w = tl.load(rows + offs_k[None, :], mask=k_mask[None, :], other=0.0)
-    if PDL:
-        gdc_wait()  # NOTE: after the first weight tile's load, before the first read of x
-    xin, _ = _gemv_input(x_ptr, x_ptr, x_ptr, x_ptr, offs_k, k_mask, pid, K, False, False, False, False)
-    acc = w.to(tl.float32) * xin[None, :]
-    for k0 in range(BLOCK_K, K, BLOCK_K):
-        k = k0 + offs_k
-        k_mask = k < K
-        w = tl.load(rows + k[None, :], mask=k_mask[None, :], other=0.0)
-        xin, _ = _gemv_input(x_ptr, x_ptr, x_ptr, x_ptr, k, k_mask, pid, K, False, False, False, False)
-        acc += w.to(tl.float32) * xin[None, :]
-    y = tl.sum(acc, 1)
+    y = gemv_features(x_ptr, w_ptr, x_ptr, x_ptr, x_ptr, 0.0, offs_n, offs_n >= 0, stride_wn, pid, K, BLOCK_K, PDL,
+                      False, False, False, False)  # fmt: skip
     if HAS_BIAS:
         y += tl.load(b_ptr + offs_n).to(tl.float32)
     # NOTE: the GEMV's output rounding, then the rotary kernel's fp32 rotation and rounding
@@ -92,12 +78,10 @@ def gemv_rope_triton(
     D). The caller checks shapes (`gemv.fused_linear_rope`)."""
     hq, hkv, dim = heads
     n, k = weight.shape
-    row = x.reshape(k)
-    row = row if row.stride(0) == 1 else row.contiguous()
     out = torch.empty(1, n, dtype=x.dtype, device=x.device)
     pdl = launch_flags(x.device).pdl
     _gemv_rope_kernel[(n // 4,)](
-        row, weight, bias if bias is not None else weight, out, positions, cos, sin, slot_mapping, k_cache,
+        _row(x, k), weight, bias if bias is not None else weight, out, positions, cos, sin, slot_mapping, k_cache,
         v_cache, weight.stride(0), cos.stride(0), sin.stride(0), *k_cache.stride()[:3], *v_cache.stride()[:3],
         K=k, HQ=hq, HKV=hkv, HEAD_DIM=dim, BLOCK_SIZE=k_cache.shape[1],
         BLOCK_K=min(MAX_BLOCK_K, triton.next_power_of_2(k)), HAS_BIAS=bias is not None, PDL=pdl,
