@@ -13,10 +13,11 @@ of a decode step launched with programmatic dependent launch, waiting first thin
 (`kernels/gemv.fused_norm_linear`), and `silu_gemv`: SwiGLU's silu * mul folded into the down projection's
 (`kernels/gemv.fused_silu_linear`); and (session 21) `gemv_rope`: the one-row qkv GEMV, rotary and the KV write
 in one kernel (`kernels/gemv.fused_linear_rope`; bitwise the two kernels in its GPU test, 3% off 1B's step at
-batch size 1, but 1-2 unexplained near-tie argmax flips of 149 in the engine test). Left staging after the H200 suite passed them (session 16): the fused
-SwiGLU silu*mul (`kernels/silu_mul.py`) and the varlen prefill attention (`model/attn_ops`); (session 19) the
-one-row GEMV (`kernels/gemv.py`) and programmatic dependent launch (`kernels/pdl.py`), which stay switchable
-off (``GRAPHPOOL_KERNELS_OFF=gemv,pdl``) for benchmarks' side-by-side runs.
+batch size 1, but 1-2 unexplained near-tie argmax flips of 149 in the engine test). Left staging after the H200
+suite passed them (session 16): the fused SwiGLU silu*mul (`kernels/silu_mul.py`) and the varlen prefill
+attention (`model/attn_ops`); (session 19) the one-row GEMV (`kernels/gemv.py`) and programmatic dependent
+launch (`kernels/pdl.py`), which stay switchable off (``GRAPHPOOL_KERNELS_OFF=gemv,pdl``) for benchmarks'
+side-by-side runs.
 """
 
 from __future__ import annotations
