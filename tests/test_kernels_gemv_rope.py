@@ -1,4 +1,4 @@
-"""The staged qkv GEMV + rotary + KV write (kernels/_triton_gemv_rope.py, ``GRAPHPOOL_STAGED_KERNELS=gemv_rope``):
+"""The qkv GEMV + rotary + KV write (kernels/_triton_gemv_rope.py; ``GRAPHPOOL_KERNELS_OFF=gemv_rope``):
 in the Triton interpreter the kernel's qkv row and caches are the one-row GEMV's, then the rotary reference's
 and its KV write, bit for bit (q/k/v head counts, head dims, a bias, K over two tiles); the dispatch declines off
 CUDA; and the model's wiring: a decode step of one row takes the fused op (the rotary op is then not called for
@@ -16,7 +16,7 @@ from graphpool.engine.config import EngineConfig
 from graphpool.engine.engine import LLMEngine
 from graphpool.kernels.gemv import fused_linear_rope
 from graphpool.kernels.norm_rope import rotary_and_write_kv_unchecked
-from graphpool.kernels.staging import STAGED_ENV
+from graphpool.kernels.staging import OFF_ENV
 from graphpool.model.config import ModelConfig
 from graphpool.model.llama import LlamaModel
 from graphpool.model.ops import TORCH_OPS, ModelOps
@@ -57,7 +57,7 @@ def test_gemv_rope_is_the_gemv_then_rotary_bitwise_in_the_interpreter() -> None:
 
 
 def test_fused_linear_rope_declines_off_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(STAGED_ENV, "gemv_rope")
+    monkeypatch.delenv(OFF_ENV, raising=False)
     cache = torch.zeros(2, 4, 1, 8)
     args = (torch.randn(8, 4), torch.randn(8, 4), cache, cache, torch.tensor([0]), (2, 1, 8))
     assert fused_linear_rope(torch.randn(1, 16), torch.randn(32, 16), None, torch.tensor([3]), *args) is None

@@ -1,10 +1,10 @@
-"""Staged (``GRAPHPOOL_STAGED_KERNELS=gemv_rope``): the one-row qkv projection, rotary and the KV-cache write
-in one kernel: issue 12's "QKV projection output + rotary + KV-cache write".
+"""The one-row qkv projection, rotary and the KV-cache write in one kernel (issue 12's "QKV projection output +
+rotary + KV-cache write"; on by default, ``GRAPHPOOL_KERNELS_OFF=gemv_rope`` turns it off).
 
 The one-row GEMV (`_triton_gemv.py`) with its output features owned in rotary pairs: a program computes 2
 pairs ``(d, d + D/2)`` of one head (4 features, the GEMV's tiling), so the neox rotation of its outputs needs
 nothing from another program. It rounds each product to the activation dtype (the GEMV's output), rotates q
-and k heads in fp32 as the rotary kernel does (`_triton_norm_rope._rotate_heads`, same expressions), rounds
+and k heads in fp32 as the rotary kernel does (`_triton_norm_rope.rotate_pair`, the same helper), rounds
 again, stores the whole qkv row, and stores k and v at the token's flat slot of the caches. So the decode
 step's rotary kernel (one per layer) is gone, and the attention reads q from the returned row.
 """
@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from graphpool.kernels._triton_gemv import MAX_BLOCK_K, NUM_WARPS, _row, gemv_features
+from graphpool.kernels._triton_norm_rope import rotate_pair
 from graphpool.kernels.pdl import launch_flags
 
 
@@ -43,8 +44,8 @@ def _gemv_rope_kernel(
     pos = tl.load(pos_ptr).to(tl.int64)
     c = tl.load(cos_ptr + pos * stride_cos + d0 + tl.arange(0, 2)).to(tl.float32)
     s = tl.load(sin_ptr + pos * stride_sin + d0 + tl.arange(0, 2)).to(tl.float32)
-    o1 = (x1 * c - x2 * s).to(y_ptr.dtype.element_ty).to(tl.float32)
-    o2 = (x2 * c + x1 * s).to(y_ptr.dtype.element_ty).to(tl.float32)
+    r1, r2 = rotate_pair(x1, x2, c, s)
+    o1, o2 = r1.to(y_ptr.dtype.element_ty).to(tl.float32), r2.to(y_ptr.dtype.element_ty).to(tl.float32)
     rotated = tl.reshape(tl.permute(tl.join(o1, o2), (1, 0)), (4,))
     out = tl.where(head < HQ + HKV, rotated, y).to(y_ptr.dtype.element_ty)
     tl.store(y_ptr + offs_n, out)

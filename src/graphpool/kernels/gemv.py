@@ -104,16 +104,14 @@ def fused_linear_rope(
     slot_mapping: torch.Tensor,
     heads: tuple[int, int, int],
 ) -> torch.Tensor | None:
-    """Staged (``GRAPHPOOL_STAGED_KERNELS=gemv_rope``): the qkv projection of one row, rotary on its q and k
-    heads at ``positions[0]`` and k, v stored at ``slot_mapping[0]`` of the caches, in one kernel, where
-    `linear` would take the GEMV; returns the qkv row (q, k rotated), or None (the caller runs `linear`,
-    then rotary and the KV write). `heads`: (Hq, Hkv, head_dim). On the H200 (session 21) bitwise the GEMV
-    then the rotary kernel at three shapes, and 1B's step at batch size 1 0.932 -> 0.902 ms; but the engine
-    test sees 1-2 argmax flips (near-ties) of 149 against it off, unexplained: staged until that is."""
+    """The qkv projection of one row, rotary on its q and k heads at ``positions[0]`` and k, v stored at
+    ``slot_mapping[0]`` of the caches, in one kernel, where `linear` would take the GEMV; returns the qkv row
+    (q, k rotated), or None (the caller runs `linear`, then rotary and the KV write). `heads`: (Hq, Hkv,
+    head_dim). Bitwise the GEMV then the rotary kernel (both rotate with `_triton_norm_rope.rotate_pair`);
+    ``GRAPHPOOL_KERNELS_OFF=gemv_rope`` turns it off."""
     hq, hkv, dim = heads
     if (
-        staged_kernels_on("gemv_rope")  # NOTE: first, as in fused_norm_linear
-        and uses_gemv(x, weight)
+        uses_gemv(x, weight)  # NOTE: first: a batch of 2+ rows fails its first test, before any environment read
         and dim % 4 == 0
         and weight.shape[0] == (hq + 2 * hkv) * dim
         and positions.numel() == 1
@@ -126,6 +124,7 @@ def fused_linear_rope(
         and k_cache.shape[2:] == (hkv, dim)
         and k_cache.stride(-1) == 1
         and v_cache.stride(-1) == 1
+        and kernel_on("gemv_rope")
     ):
         impl = triton_impl("_triton_gemv_rope")
         if impl is not None:
