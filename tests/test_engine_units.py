@@ -251,6 +251,20 @@ def test_sampler_greedy_is_exact_argmax() -> None:
     assert torch.equal(out[1::2], logits.argmax(-1)[1::2])
 
 
+def test_sampler_takes_the_steps_argmax_unless_penalties_change_the_logits() -> None:
+    logits = torch.randn(4, 50)
+    step = (logits.argmax(-1) + 1) % 50  # NOTE: not the argmax, so where it is used shows
+    greedy = [_sampling_seq(str(i), temperature=0) for i in range(4)]
+    assert torch.equal(Sampler(torch.device("cpu"), 0).sample(logits, greedy, step), step)
+    mixed = [_sampling_seq(str(i), temperature=0 if i % 2 else 1.0) for i in range(4)]
+    assert torch.equal(Sampler(torch.device("cpu"), 0).sample(logits, mixed, step)[1::2], step[1::2])
+    penalised = [*greedy[:3], _sampling_seq("p", temperature=0, repetition_penalty=1.5)]
+    out = Sampler(torch.device("cpu"), 0).sample(logits, penalised, step)
+    row = logits[3].clone()
+    row[1] = row[1] / 1.5 if row[1] > 0 else row[1] * 1.5  # the prompt's one token, repetition-penalised
+    assert out.tolist() == [*logits[:3].argmax(-1).tolist(), int(row.argmax())]  # all taken from the logits
+
+
 def test_sampler_takes_model_dtype_logits() -> None:
     logits = torch.randn(8, 1000).to(torch.bfloat16)  # what a bf16 decode graph outputs
     greedy = [_sampling_seq(str(i), temperature=0) for i in range(8)]

@@ -206,7 +206,7 @@ def test_staged_silu_gemv_is_the_two_kernels_bitwise(n: int, inter: int) -> None
 @pytest.mark.parametrize(
     ("variable", "staged"),
     [(STAGED_ENV, "norm_gemv"), (STAGED_ENV, "silu_gemv"), (STAGED_ENV, "pdl_chain"),
-     (STAGED_ENV, "norm_gemv,silu_gemv,pdl_chain"), (OFF_ENV, "gemv_rope")],
+     (STAGED_ENV, "norm_gemv,silu_gemv,pdl_chain"), (OFF_ENV, "gemv_rope"), (OFF_ENV, "step_argmax")],
 )  # fmt: skip
 def test_engine_with_staged_kernels_matches_the_defaults(
     variable: str, staged: str, monkeypatch: pytest.MonkeyPatch

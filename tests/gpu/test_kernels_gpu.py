@@ -304,3 +304,31 @@ def test_staged_argmax_is_torchs_on_the_gpu(dtype: torch.dtype) -> None:
             end.synchronize()
             times[f"bs{bs} {name} us"] = round(start.elapsed_time(end) / 50 * 1e3, 1)
     report(f"kernels_gpu argmax {dtype}", times)
+
+
+def test_step_argmax_in_a_graph_is_torchs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The decode step's argmax (`argmax_rows(in_step=True)`: Triton, on by default) captured in a CUDA graph
+    and replayed over new logits in the same buffer (a tie across blocks, a NaN) gives torch's indices; with
+    ``GRAPHPOOL_KERNELS_OFF=step_argmax`` the step takes torch's argmax (the same indices)."""
+    from graphpool.kernels import _triton_argmax
+    from graphpool.kernels.argmax import argmax_rows
+    from graphpool.kernels.staging import OFF_ENV
+
+    calls = []
+    launch = _triton_argmax.argmax_rows_triton
+    monkeypatch.setattr(_triton_argmax, "argmax_rows_triton", lambda x: calls.append(x.shape) or launch(x))
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    x = torch.randn(8, 128256, device="cuda", generator=gen).bfloat16()
+    graph, (graph_out,) = _capture(lambda: [argmax_rows(x, in_step=True)])
+    assert calls
+    for trial in range(3):
+        x.copy_(torch.randn(8, 128256, device="cuda", generator=gen) * 3)
+        if trial == 1:
+            x[2, 5] = x[2, 128000] = 100.0
+        if trial == 2:
+            x[3, 999] = float("nan")
+        graph.replay()
+        assert torch.equal(graph_out, x.argmax(-1)), trial
+    calls.clear()
+    monkeypatch.setenv(OFF_ENV, "step_argmax")
+    assert torch.equal(argmax_rows(x, in_step=True), x.argmax(-1)) and not calls

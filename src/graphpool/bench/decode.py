@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from graphpool.engine.decode_step import decode_forward, decode_input_specs
+from graphpool.engine.decode_step import decode_forward, decode_input_specs, decode_step
 from graphpool.model.config import ModelConfig
 from graphpool.model.llama import LlamaModel
 from graphpool.model.ops import default_attn_backend
@@ -86,6 +86,11 @@ class DecodeSetup:
         """The engine's decode step on static inputs (`graphpool.engine.decode_step`), at this context."""
         model, kv, bound = self.model, self.kv_caches, self.context_len
         return lambda static: decode_forward(model, kv, static, bound)
+
+    def engine_step_fn(self) -> Callable[[dict[str, torch.Tensor]], tuple[torch.Tensor, torch.Tensor]]:
+        """The step the engine's pool captures: `step_fn`'s logits and their row argmaxes (`decode_step`)."""
+        model, kv, bound = self.model, self.kv_caches, self.context_len
+        return lambda static: decode_step(model, kv, static, bound)
 
     def weight_bytes_read(self, bs: int) -> int:
         """Bytes of weights one decode step must read: every matrix once; an untied input embedding only

@@ -18,7 +18,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 from graphpool.bench import common
 from graphpool.bench import profile_events as pe
 from graphpool.bench.common import md_table, progress
-from graphpool.bench.decode import DecodeSetup, StepFn, build_random_model, model_label
+from graphpool.bench.decode import DecodeSetup, build_random_model, model_label
 from graphpool.bench.profile_prefill import PrefillProfile, prefill_markdown, run_prefill
 from graphpool.engine.engine import LoadedModel
 from graphpool.engine.sampler import Sampler
@@ -30,7 +30,7 @@ from graphpool.model.config import ModelConfig
 # NOTE: the final norm is the model's own add_rms_norm call after the layers (no module call): it is what
 # gp.model holds outside the layers; the layers' own residual adds are in the next layer's norm.
 PARTS = {"gp.embedding": "embedding", "gp.model": "final add + RMSNorm (model, outside layers)",
-         "gp.step": "LM head (compute_logits)", "gp.sampling": "sampling (engine's sampler + .tolist())",
+         "gp.step": "LM head + greedy argmax (compute_logits, argmax_rows)", "gp.sampling": "sampling (engine's sampler + .tolist())",
          "gp.replay": "graph replay"}
 
 
@@ -110,20 +110,20 @@ def _activities(cuda: bool) -> list[ProfilerActivity]:
 
 
 def profile_decode(setup: DecodeSetup, bs: int, cfg: ProfileConfig) -> DecodeProfile:
-    """Profiles the pool's step (decode_forward on the runner's static inputs) + the engine's greedy sampler,
-    eagerly; on CUDA also one replay of a graph captured from the same step."""
+    """Profiles the engine pool's step (`decode_step` on the runner's static inputs: logits and their argmax)
+    + the engine's greedy sampler, eagerly; on CUDA also one replay of a graph captured from the same step."""
     model, device = setup.model, setup.model.device
     cuda = device.type == "cuda"
     static = setup.batch(bs)
-    step: StepFn = setup.step_fn()
+    step = setup.engine_step_fn()
     sampler = Sampler(device, seed=0)
     seqs = [Seq(f"r{i}", [0], SamplingParams(temperature=0.0), frozenset(), None) for i in range(bs)]
 
     def engine_step() -> None:
         with record_function("gp.step"):
-            logits = step(static)
+            logits, greedy = step(static)
         with record_function("gp.sampling"):
-            sampler.sample(logits, seqs).tolist()
+            sampler.sample(logits, seqs, greedy).tolist()
 
     for _ in range(cfg.warmup + 1):  # the first call may JIT-compile Triton kernels
         engine_step()
@@ -153,7 +153,9 @@ def profile_decode(setup: DecodeSetup, bs: int, cfg: ProfileConfig) -> DecodePro
     return out
 
 
-def _graph_replay_count(step: StepFn, static: dict[str, torch.Tensor], eager: DecodeProfile) -> tuple[float, str]:
+def _graph_replay_count(
+    step: Callable[..., object], static: dict[str, torch.Tensor], eager: DecodeProfile
+) -> tuple[float, str]:
     graph = common.capture_graph(lambda: step(static))[0]
     graph.replay()
     torch.cuda.synchronize()
@@ -162,10 +164,10 @@ def _graph_replay_count(step: StepFn, static: dict[str, torch.Tensor], eager: De
         torch.cuda.synchronize()
     evs = pe.device_events(prof.events(), True)
     sampling = eager.outside_layers.get(PARTS["gp.sampling"], 0.0)
-    note = (f"one replay of the graph of decode_forward: the profiler shows {len(evs)} device events "
-            f"(eager decode_forward without sampling: {eager.kernels_per_step - sampling:g})")
+    note = (f"one replay of the graph of decode_step: the profiler shows {len(evs)} device events "
+            f"(eager decode_step without sampling: {eager.kernels_per_step - sampling:g})")
     if not evs:
-        note = "one replay of the graph of decode_forward: the profiler shows no device events for it"
+        note = "one replay of the graph of decode_step: the profiler shows no device events for it"
     del graph
     return float(len(evs)), note
 

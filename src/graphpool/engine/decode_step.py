@@ -1,5 +1,6 @@
 """The decode step the pool captures: its static-input layout and its forward, shared by the runner and
-the benchmarks so that both capture the very same step."""
+the benchmarks so that both capture the very same step: `decode_step` (the engine's, and `bench profile`'s)
+is the model's `decode_forward` (`bench step`'s graph rows) plus the logits' row argmax."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from collections.abc import Mapping
 
 import torch
 
+from graphpool.kernels.argmax import argmax_rows
 from graphpool.model.attn_metadata import AttentionMetadata
 from graphpool.pool import GraphPool, InputSpec
 from graphpool.pool.lockstep import Decision
@@ -45,38 +47,52 @@ def decode_forward(
     return model.compute_logits(hidden, upcast=False)
 
 
-def _microbatch_logits(
+def decode_step(
+    model: torch.nn.Module, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+    static: Mapping[str, torch.Tensor], max_len_bound: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The engine's step: `decode_forward`'s logits and each row's argmax of them (int64 [bs]), the greedy
+    token, taken inside the step so a graph holds it (`argmax_rows(in_step=True)`: two Triton launches, which
+    cost nothing on the host there; torch's argmax took 36 us of device time at 1B bs 1 on the H200)."""
+    logits = decode_forward(model, kv_caches, static, max_len_bound)
+    return logits, argmax_rows(logits, in_step=True)
+
+
+def _microbatch_step(
     model: torch.nn.Module, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
     statics: tuple[Mapping[str, torch.Tensor], ...], max_len_bound: int,
-) -> tuple[torch.Tensor, list[int]]:
-    """The microbatches' logits in one tensor (one LM head), and each microbatch's row count."""
+) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """The microbatches' logits in one tensor (one LM head), their argmaxes, and each microbatch's row count."""
     hidden = model.forward_microbatches([(s["input_ids"], _meta(s, max_len_bound)) for s in statics], kv_caches)
-    return model.compute_logits(torch.cat(hidden), upcast=False), [h.shape[0] for h in hidden]
+    logits = model.compute_logits(torch.cat(hidden), upcast=False)
+    return logits, argmax_rows(logits, in_step=True), [h.shape[0] for h in hidden]
 
 
-def decode_forward_microbatches(
+def decode_step_microbatches(
     model: torch.nn.Module, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
     *statics: Mapping[str, torch.Tensor], max_len_bound: int,
-) -> tuple[torch.Tensor, ...]:
-    """`decode_forward` of two (or more) microbatches with their layers interleaved (microbatch overlap:
-    `LlamaModel.forward_microbatches`) -> logits per microbatch, views of one LM-head output."""
-    logits, rows = _microbatch_logits(model, kv_caches, statics, max_len_bound)
-    return tuple(logits.split(rows))
+) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
+    """`decode_step` of two (or more) microbatches with their layers interleaved (microbatch overlap:
+    `LlamaModel.forward_microbatches`) -> (logits, argmax) per microbatch, views of one LM-head output."""
+    logits, greedy, rows = _microbatch_step(model, kv_caches, statics, max_len_bound)
+    return tuple(zip(logits.split(rows), greedy.split(rows), strict=True))
 
 
 def run_decode(pool: GraphPool, model: torch.nn.Module, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
                inputs: Mapping[str, torch.Tensor], num_microbatches: int, *, eager_bound: int, max_len: int,
-               decision: Decision | None) -> tuple[torch.Tensor, bool]:
-    """A decode step's inputs -> (logits, whether a graph replayed): through the pool (its decision, or one
-    made now), or eagerly with `eager_bound` when that is set (a context past the graphs' bound). With two
-    microbatches the rows are split in halves, the first the larger (the pool's batch size)."""
+               decision: Decision | None) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """A decode step's inputs -> (logits, their row argmaxes, whether a graph replayed): through the pool (its
+    decision, or one made now), or eagerly with `eager_bound` when that is set (a context past the graphs'
+    bound). With two microbatches the rows are split in halves, the first the larger (the pool's batch size)."""
     if num_microbatches == 1:
         if eager_bound:
-            return decode_forward(model, kv_caches, inputs, max_len_bound=eager_bound), False
-        return pool.run(inputs, max_len_in_batch=max_len, decision=decision), pool.last_replayed
+            return *decode_step(model, kv_caches, inputs, max_len_bound=eager_bound), False
+        logits, greedy = pool.run(inputs, max_len_in_batch=max_len, decision=decision)
+        return logits, greedy, pool.last_replayed
     first = -(-next(iter(inputs.values())).shape[0] // num_microbatches)
     mbs = [{k: t[:first] for k, t in inputs.items()}, {k: t[first:] for k, t in inputs.items()}]
     if eager_bound:
-        return _microbatch_logits(model, kv_caches, tuple(mbs), eager_bound)[0], False
-    # NOTE: a copy: a replay's two outputs are views of its buffer with padding rows between them
-    return torch.cat(pool.run(mbs, max_len_in_batch=max_len, decision=decision)), pool.last_replayed
+        return *_microbatch_step(model, kv_caches, tuple(mbs), eager_bound)[:2], False
+    # NOTE: copies: a replay's outputs are views of its buffers with padding rows between the microbatches
+    (l0, g0), (l1, g1) = pool.run(mbs, max_len_in_batch=max_len, decision=decision)
+    return torch.cat((l0, l1)), torch.cat((g0, g1)), pool.last_replayed

@@ -199,18 +199,19 @@ class LLMEngine:
         clock.forward_begins()
         forward_start = time.perf_counter()
         decoding = seqs[:len(batch.slots)]
+        greedy = None  # each row's argmax, when the step took it
         if batch.is_prefill:
             logits = self.runner.prefill(batch.chunks)
             graph = self.runner.last_prefill_replayed
         elif batch.chunks:
-            logits, graph = self.runner.mixed(decoding, batch.slots, batch.chunks)
+            logits, greedy, graph = self.runner.mixed(decoding, batch.slots, batch.chunks)
         else:
-            logits, graph = self.runner.decode(seqs, batch.slots)
+            logits, greedy, graph = self.runner.decode(seqs, batch.slots)
         if profile:
             events[1].record()
         clock.forward_ends()
         # NOTE: the one host sync of a step (none for a step of prompt chunks that are not their last)
-        next_tokens = self.sampler.sample(logits, seqs).tolist() if seqs else []
+        next_tokens = self.sampler.sample(logits, seqs, greedy).tolist() if seqs else []
         # the KV of every scheduled token is written now: its full blocks become prefix-cache entries
         for chunk in batch.chunks:
             self.block_manager.commit(chunk.seq, chunk.end)

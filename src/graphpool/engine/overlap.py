@@ -100,9 +100,9 @@ class OverlapStepper:
         eng = self.engine
         clock = StepClock(eng.timeline, eng.runner.pool)
         clock.forward_begins()
-        logits, graph = eng.runner.decode(batch.seqs, batch.slots, input_ids=input_ids)
+        logits, greedy, graph = eng.runner.decode(batch.seqs, batch.slots, input_ids=input_ids)
         clock.forward_ends()
-        tokens = eng.sampler.sample(logits, batch.seqs)
+        tokens = eng.sampler.sample(logits, batch.seqs, greedy)
         host = self._host_buffer(tokens.shape[0], tokens.dtype)
         host.copy_(tokens, non_blocking=self._pin)
         ready = None

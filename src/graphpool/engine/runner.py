@@ -11,9 +11,9 @@ import torch
 
 from graphpool.engine.config import EngineConfig
 from graphpool.engine.decode_step import (
-    decode_forward,
-    decode_forward_microbatches,
     decode_input_specs,
+    decode_step,
+    decode_step_microbatches,
     run_decode,
 )
 from graphpool.engine.host_copy import tensor_to_device, to_device
@@ -84,7 +84,7 @@ class ModelRunner:
         # NOTE: microbatch overlap: every decode step is two microbatches (rows split in halves, the first
         # the larger), so the pool's sizes and decisions are per microbatch
         self.num_microbatches = config.num_microbatches
-        forward = decode_forward if self.num_microbatches == 1 else decode_forward_microbatches
+        forward = decode_step if self.num_microbatches == 1 else decode_step_microbatches
         self.pool = GraphPool(
             functools.partial(forward, model, kv_caches, max_len_bound=self.len_bound),
             decode_input_specs(self.max_blocks), config.pool_config(), device=self.device, capturer=capturer,
@@ -220,33 +220,37 @@ class ModelRunner:
             return self._rows_step([], [], chunks, decision)[0]
 
     @torch.inference_mode()
-    def mixed(self, seqs: list[Sequence], slots: list[int], chunks: list[PrefillChunk]) -> tuple[torch.Tensor, bool]:
+    def mixed(self, seqs: list[Sequence], slots: list[int],
+              chunks: list[PrefillChunk]) -> tuple[torch.Tensor, torch.Tensor, bool]:
         """A decode step that carries prompt chunks (`_rows_step`; the pool decides as for any decode step)."""
         return self._rows_step(seqs, slots, chunks)
 
     def _rows_step(self, seqs: list[Sequence], slots: list[int], chunks: list[PrefillChunk],
-                   decision: Decision | None = None) -> tuple[torch.Tensor, bool]:
+                   decision: Decision | None = None) -> tuple[torch.Tensor, torch.Tensor, bool]:
         """The decoding sequences' rows, then one decode row a chunk token (context = its position + 1 over
         its request's block table: `_paged_prefill`'s form, so fresh and resumed chunks alike), as one decode
-        step -> (logits of the decode rows, then of the last chunks' last rows; whether a graph replayed)."""
+        step -> (logits of the decode rows, then of the last chunks' last rows; their argmaxes; whether a
+        graph replayed)."""
         ids, positions, chunk_slots, owner = self._token_rows(chunks)
         bm = self.block_manager
         tables = [np.stack([bm.row(s.request_id) for s in seqs])] if seqs else []
         tables.append(np.stack([bm.row(c.seq.request_id) for c in chunks])[owner])
-        logits, graph = self.decode_rows([s.last_token for s in seqs] + ids,
+        logits, greedy, graph = self.decode_rows([s.last_token for s in seqs] + ids,
                                          [s.num_tokens for s in seqs] + [p + 1 for p in positions],
                                          slots + chunk_slots, np.concatenate(tables), decision)
         wanted = list(range(len(seqs))) + _last_rows(chunks, len(seqs))
         if not wanted:
-            return torch.empty((0, 0), device=self.device), graph
-        # NOTE: a copy (a replay's logits are a view of the graph's output buffer, reused by the next replay)
-        return logits.index_select(0, to_device(wanted, torch.int64, self.device)), graph
+            return torch.empty((0, 0), device=self.device), torch.empty(0, dtype=torch.int64, device=self.device), graph
+        # NOTE: copies (a replay's outputs are views of the graph's output buffers, reused by the next replay)
+        index = to_device(wanted, torch.int64, self.device)
+        return logits.index_select(0, index), greedy.index_select(0, index), graph
 
     @torch.inference_mode()
     def decode(self, seqs: list[Sequence], slots: list[int],
-               input_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, bool]:
-        """One token per sequence -> (logits [bs, vocab], whether a graph was replayed). `input_ids`: the
-        tokens on the device, when the host does not have them yet (async scheduling).
+               input_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, bool]:
+        """One token per sequence -> (logits [bs, vocab], each row's argmax (int64 [bs], taken in the step),
+        whether a graph was replayed). `input_ids`: the tokens on the device, when the host does not have them
+        yet (async scheduling).
 
         The logits are in the model's dtype (graph memory then holds a third of the bytes of float32 + the
         matmul's own output), a view into the graph's output buffer: valid until the next decode. The
@@ -259,7 +263,7 @@ class ModelRunner:
     @torch.inference_mode()
     def decode_rows(self, last_tokens: list[int] | None, lens: list[int], slots: list[int], rows: np.ndarray,
                     decision: Decision | None = None,
-                    input_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, bool]:
+                    input_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, bool]:
         """The decode step from its host data: each row's input token, context length (its position + 1),
         KV slot and block-table row; what rank 0 sends the other ranks under tensor parallel, with the pool's
         `decision` (None: decide here). `input_ids` (rank 0, async scheduling): the input tokens are on the

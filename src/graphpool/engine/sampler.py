@@ -11,10 +11,12 @@ from graphpool.kernels.argmax import argmax_rows
 
 
 class Sampler:
-    """`sample(logits [bs, vocab], seqs) -> next token ids [bs] int64` (on the logits' device).
+    """`sample(logits [bs, vocab], seqs, greedy) -> next token ids [bs] int64` (on the logits' device).
 
     Logits may be in the model's dtype: an all-greedy batch takes the argmax as it is (an upcast is exact,
-    so the argmax is the same) and allocates nothing more; sampling upcasts to float32 first.
+    so the argmax is the same) and allocates nothing more; sampling upcasts to float32 first. `greedy`: the
+    logits' row argmaxes when the decode step took them (inside its graph), used unless penalties change
+    the logits; None: taken here.
 
     Sampling uses the exponential-race form (argmax of p / E with E ~ Exp(1)), which needs one random number
     per vocab entry and lets each seeded request draw them from its own generator: a seeded request's output
@@ -39,10 +41,10 @@ class Sampler:
     def release(self, seq: Sequence) -> None:
         self.token_counts.release(seq)
 
-    def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+    def sample(self, logits: torch.Tensor, seqs: list[Sequence], greedy: torch.Tensor | None = None) -> torch.Tensor:
         penalised = [i for i, s in enumerate(seqs) if s.params.has_penalties]
         if not penalised:
-            return self._choose(logits, seqs)
+            return self._choose(logits, seqs, greedy)
         pen_seqs = [seqs[i] for i in penalised]
         rows = self.token_counts.rows(pen_seqs, logits.shape[1])
         index = torch.tensor(penalised, dtype=torch.int64).to(logits.device, non_blocking=True)
@@ -63,12 +65,12 @@ class Sampler:
             repetition=column("repetition_penalty", 1.0),
         )
         full = logits.to(torch.float32, copy=True).index_copy_(0, index, rows_logits)
-        tokens = self._choose(full, seqs)
+        tokens = self._choose(full, seqs, None)
         self.token_counts.add(rows, tokens.index_select(0, index))
         return tokens
 
-    def _choose(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
-        greedy_tokens = argmax_rows(logits)
+    def _choose(self, logits: torch.Tensor, seqs: list[Sequence], greedy: torch.Tensor | None) -> torch.Tensor:
+        greedy_tokens = argmax_rows(logits) if greedy is None else greedy
         if all(s.params.temperature == 0 for s in seqs):
             return greedy_tokens
         logits = logits.float()

@@ -16,7 +16,9 @@ SwiGLU silu*mul (`kernels/silu_mul.py`) and the varlen prefill attention (`model
 one-row GEMV (`kernels/gemv.py`) and programmatic dependent launch (`kernels/pdl.py`), which stay switchable
 off (``GRAPHPOOL_KERNELS_OFF=gemv,pdl``) for benchmarks' side-by-side runs; (session 22) the one-row qkv GEMV +
 rotary + KV write (`kernels/gemv.fused_linear_rope`, ``GRAPHPOOL_KERNELS_OFF=gemv_rope``; staged in session 21
-for 1-2 near-tie argmax flips in the engine test: the two kernels' rotations contracted differently).
+for 1-2 near-tie argmax flips in the engine test: the two kernels' rotations contracted differently); and the
+row argmax inside the decode step, where a graph holds its launches (`kernels/argmax.py`,
+``GRAPHPOOL_KERNELS_OFF=step_argmax``; in the sampler it stays staged).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ STAGED_ENV = "GRAPHPOOL_STAGED_KERNELS"
 
 STAGED = ("fused_merge", "argmax", "pdl_chain", "norm_gemv", "silu_gemv")
 # NOTE: out of staging, on by default; listed here so a benchmark (or a user who suspects one) can turn them off
-DEFAULT_ON = ("gemv", "pdl", "gemv_rope")
+DEFAULT_ON = ("gemv", "pdl", "gemv_rope", "step_argmax")
 OFF_ENV = "GRAPHPOOL_KERNELS_OFF"
 
 
