@@ -65,7 +65,7 @@ def test_decode_attention_kernels_compile(direct: bool, fused: bool) -> None:
     constexprs = dict(
         GROUP=4, HEAD_DIM=128, BLOCK_SIZE=16, BLOCK_G=16, BLOCK_D=128, BLOCK_N=64,
         DIRECT=direct, DOT_PRECISION="tf32", FUSED_MERGE=fused, BLOCK_S=16, PDL_TRIGGER=direct,
-        PDL_WAIT=fused,
+        PDL_WAIT=fused, SPLIT_LOOP=False,
     )  # fmt: skip
     kernel = _compile(da._decode_split_kernel, types, constexprs)
     assert "mma" in kernel.asm["ptx"]  # the q.k and p.v products run on tensor cores
@@ -82,6 +82,19 @@ def test_decode_attention_kernels_compile(direct: bool, fused: bool) -> None:
             ),
             dict(HEAD_DIM=128, BLOCK_S=16, BLOCK_D=128, PDL_TRIGGER=True, PDL_WAIT=False),
         )
+
+
+def test_staged_split_loop_compiles() -> None:
+    """The staged split loop (a program takes every P-th split below its row's length): the loop over splits
+    around the loop over tiles, tensor-core products, PDL's wait before any global access."""
+    from graphpool.kernels import _triton_decode_attention as da
+
+    constexprs = dict(GROUP=4, HEAD_DIM=64, BLOCK_SIZE=16, BLOCK_G=16, BLOCK_D=64, BLOCK_N=64, DIRECT=False,
+                      DOT_PRECISION="tf32", FUSED_MERGE=False, BLOCK_S=16, PDL_TRIGGER=True, PDL_WAIT=True,
+                      SPLIT_LOOP=True)  # fmt: skip
+    ptx = _compile(da._decode_split_kernel, _attn_types("*fp32"), constexprs).asm["ptx"]
+    assert "mma" in ptx and "%nctaid.z" in ptx  # the stride over splits: the grid's third extent
+    assert _waits_before_any_global_access(ptx)
 
 
 def test_norm_and_rotary_kernels_compile() -> None:
@@ -165,7 +178,7 @@ def test_staged_pdl_chain_kernels_wait_before_touching_memory() -> None:
 
     split = _compile(da._decode_split_kernel, _attn_types("*fp32"), dict(
         GROUP=4, HEAD_DIM=64, BLOCK_SIZE=16, BLOCK_G=16, BLOCK_D=64, BLOCK_N=64, DIRECT=False,
-        DOT_PRECISION="tf32", FUSED_MERGE=False, BLOCK_S=16, PDL_TRIGGER=True, PDL_WAIT=True))
+        DOT_PRECISION="tf32", FUSED_MERGE=False, BLOCK_S=16, PDL_TRIGGER=True, PDL_WAIT=True, SPLIT_LOOP=False))
     merge = _compile(da._decode_merge_kernel,
                      lambda n: {"po_ptr": "*fp32", "plse_ptr": "*fp32", "lens_ptr": "*i32", "out_ptr": "*bf16"}.get(n, "i32"),
                      dict(HEAD_DIM=64, BLOCK_S=16, BLOCK_D=64, PDL_TRIGGER=True, PDL_WAIT=True))

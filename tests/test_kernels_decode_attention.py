@@ -269,3 +269,53 @@ def test_fused_merge_in_interpreter_is_bitwise_the_two_kernels() -> None:
     pytest.importorskip("triton")
     results = run_in_triton_interpreter(_FUSED_SCRIPT)
     assert results == [[True, True, True, 1]] * 3, results
+
+
+_LOOP_SCRIPT = """
+from test_kernels_decode_attention import make_case
+from graphpool.kernels import _triton_decode_attention as tda
+
+cases = [
+    # lens, Hq, Hkv, D, block_size, bound, split_len, dtype
+    ([1, 16, 17, 130], 8, 2, 64, 16, 192, 32, torch.float32),  # 6 splits; short rows end early
+    ([5, 40, 0], 9, 3, 48, 8, 300, 16, torch.float16),  # group 3, odd head_dim, a row with no context
+]
+results = []
+for i, (lens, hq, hkv, d, bsz, bound, split, dtype) in enumerate(cases):
+    q, k, v, bt, cl = make_case(lens, hq, hkv, d, bsz, dtype=dtype, seed=i)
+    one = tda.paged_decode_attention_triton(q, k, v, bt, cl, d**-0.5, bound, split_len=split, fused_merge=False)
+    splits = -(-tda.effective_len_bound(bound, bt.shape[1], bsz) // split)
+    same = [splits > 3]
+    for programs in (1, 2, 3, splits):
+        out = torch.full_like(q, float("nan"))
+        tda.paged_decode_attention_triton(q, k, v, bt, cl, d**-0.5, bound, out=out, split_len=split,
+                                          fused_merge=False, split_programs=programs)
+        same.append(bool(torch.equal(out, one)))
+    results.append(same)
+print(json.dumps(results))
+"""
+
+
+def test_split_loop_in_interpreter_is_bitwise_one_split_a_program() -> None:
+    """The staged split loop: whatever the programs per (sequence, kv head), every split's partial and so the
+    output are the one-split-a-program kernel's, bit for bit (rows that end early, a row with no context)."""
+    pytest.importorskip("triton")
+    assert run_in_triton_interpreter(_LOOP_SCRIPT) == [[True] * 5] * 2
+
+
+def test_loop_programs_fill_the_gpu_and_stay_in_range() -> None:
+    pytest.importorskip("triton")
+    from graphpool.kernels._triton_decode_attention import LOOP_PROGRAMS_PER_SM, loop_programs
+
+    assert loop_programs(8, 16, 132) == 16  # batch of one (8 kv heads): one split a program, as unstaged
+    assert loop_programs(128 * 8, 16, 132) == -(-LOOP_PROGRAMS_PER_SM * 132 // 1024)
+    assert loop_programs(100_000, 16, 132) == 1 and loop_programs(0, 4, 132) == 4
+
+
+def test_split_programs_out_of_range_is_refused() -> None:
+    pytest.importorskip("triton")
+    from graphpool.kernels._triton_decode_attention import paged_decode_attention_triton
+
+    q, k, v, bt, cl = make_case([5, 9], 4, 2, 16, 4, dtype=torch.float32, seed=0)
+    with pytest.raises(ValueError, match="split_programs must be in"):
+        paged_decode_attention_triton(q, k, v, bt, cl, 0.25, 16, split_len=4, split_programs=5)

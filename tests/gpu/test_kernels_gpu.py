@@ -332,3 +332,39 @@ def test_step_argmax_in_a_graph_is_torchs(monkeypatch: pytest.MonkeyPatch) -> No
     calls.clear()
     monkeypatch.setenv(OFF_ENV, "step_argmax")
     assert torch.equal(argmax_rows(x, in_step=True), x.argmax(-1)) and not calls
+
+
+@pytest.mark.parametrize(("bs", "hq", "hkv", "dim"), [(1, 32, 8, 64), (64, 32, 8, 64), (128, 32, 8, 128)])
+def test_staged_split_loop_is_bitwise_one_split_a_program(bs: int, hq: int, hkv: int, dim: int) -> None:
+    """The staged split loop (`split_loop`): rows of 1-1200 tokens under the engine-like bound 4096, bf16, at
+    the programs per (sequence, kv head) `loop_programs` picks and at 1 and 2: the one-split-a-program output
+    bit for bit, eagerly and replayed in a graph over new lengths; both timed in graphs (a report)."""
+    from triton.testing import do_bench_cudagraph
+
+    from graphpool.kernels import _triton_decode_attention as tda
+
+    bound = 4096
+    lens = [min(n, 1200) for n in random_lens(bs, bound, seed=bs)]
+    q, k, v, bt, cl = make_case(lens, hq, hkv, dim, max_blocks=bound // 16, seed=bs)
+    scale = dim**-0.5
+    split = tda.choose_split_len(hkv, bound, tda.device_num_sms(q.device))
+    splits = -(-bound // split)
+    picked = tda.loop_programs(bs * hkv, splits, tda.device_num_sms(q.device))
+    one = tda.paged_decode_attention_triton(q, k, v, bt, cl, scale, bound, fused_merge=False)
+    for programs in sorted({1, 2, picked}):
+        got = tda.paged_decode_attention_triton(q, k, v, bt, cl, scale, bound, fused_merge=False,
+                                                split_programs=programs)  # fmt: skip
+        assert torch.equal(got, one), programs
+    out = torch.empty_like(q)
+    graph, _ = _capture(lambda: tda.paged_decode_attention_triton(q, k, v, bt, cl, scale, bound, out=out,
+                                                                  fused_merge=False, split_programs=picked))
+    cl.copy_(torch.tensor(lens[::-1], dtype=torch.int32, device="cuda"))
+    graph.replay()
+    assert torch.equal(out, tda.paged_decode_attention_triton(q, k, v, bt, cl, scale, bound, fused_merge=False))
+    torch.cuda.synchronize()  # NOTE: do_bench_cudagraph runs on a side stream that waits for nothing
+    times = {
+        name: round(do_bench_cudagraph(lambda kw=kw: tda.paged_decode_attention_triton(
+            q, k, v, bt, cl, scale, bound, out=out, fused_merge=False, **kw)) * 1e3, 1)
+        for name, kw in (("one split a program us", {}), (f"{picked} programs looping us", {"split_programs": picked}))
+    }  # fmt: skip
+    report(f"split loop bs {bs} {hq}/{hkv}x{dim}, bound {bound}, rows <= 1200", times)

@@ -28,6 +28,7 @@ BLOCK_N = 64  # context tokens per inner-loop tile
 MAX_SPLITS = 64  # caps the merge kernel's tile ([MAX_SPLITS, head_dim] fp32)
 MIN_SPLIT_LEN = 256  # keeps the partial-output traffic a few percent of the K/V bytes at large batches
 PROGRAMS_PER_SM = 2  # target occupancy of a batch-of-one grid
+LOOP_PROGRAMS_PER_SM = 8  # staged split loop: programs a grid aims at (per SM) before they loop over splits
 DEFAULT_NUM_SMS = 132  # used when there is no CUDA device (interpreter runs)
 
 
@@ -53,6 +54,13 @@ def choose_split_len(num_kv_heads: int, len_bound: int, num_sms: int, block_n: i
     target_splits = max(1, min(MAX_SPLITS, -(-PROGRAMS_PER_SM * num_sms // max(1, num_kv_heads))))
     split_len = max(MIN_SPLIT_LEN, block_n, -(-len_bound // target_splits), -(-len_bound // MAX_SPLITS))
     return -(-split_len // block_n) * block_n
+
+
+def loop_programs(pairs: int, num_splits: int, num_sms: int) -> int:
+    """Staged ``split_loop``: programs per (sequence, kv head) so that `pairs` of them make about
+    LOOP_PROGRAMS_PER_SM programs per SM, at least 1 and at most `num_splits` (then one split a program, as
+    unstaged). It may follow the batch: which program computes a split does not change the split's bits."""
+    return max(1, min(num_splits, -(-LOOP_PROGRAMS_PER_SM * num_sms // max(1, pairs))))
 
 
 @triton.jit
@@ -81,54 +89,15 @@ def _merge_one_head(po_ptr, plse_ptr, out_ptr, b, h, n_valid,
 
 
 @triton.jit
-def _decode_split_kernel(
-    q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, out_ptr, po_ptr, plse_ptr, locks_ptr,
-    scale_log2, split_len, num_splits,
-    stride_qb, stride_qh, stride_qd,
-    stride_kb, stride_ko, stride_kh, stride_kd,
-    stride_vb, stride_vo, stride_vh, stride_vd,
-    stride_btb, stride_bts,
-    stride_ob, stride_oh,
-    stride_pob, stride_poh, stride_pos,
-    stride_lb, stride_lh,
-    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-    DIRECT: tl.constexpr, DOT_PRECISION: tl.constexpr, FUSED_MERGE: tl.constexpr, BLOCK_S: tl.constexpr,
-    PDL_TRIGGER: tl.constexpr, PDL_WAIT: tl.constexpr,
+def _attend_split(
+    q, k_ptr, v_ptr, bt_ptr, b, kvh, start, end, scale_log2,
+    stride_kb, stride_ko, stride_kh, stride_kd, stride_vb, stride_vo, stride_vh, stride_vd, stride_btb, stride_bts,
+    offs_n, offs_d, d_mask,
+    BLOCK_SIZE: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
-    pdl_prologue(PDL_TRIGGER, PDL_WAIT)
-    b = tl.program_id(0)
-    kvh = tl.program_id(1)
-    split = tl.program_id(2)
-    ctx = tl.load(lens_ptr + b)
-    start = split * split_len
-    end = tl.minimum(start + split_len, ctx)
-
-    offs_g = tl.arange(0, BLOCK_G)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_n = tl.arange(0, BLOCK_N)
-    heads = kvh * GROUP + offs_g
-    g_mask = offs_g < GROUP
-    d_mask = offs_d < HEAD_DIM
-    if FUSED_MERGE:  # noqa: SIM102 (a constexpr test, resolved at compile time)
-        # NOTE: with no context no split runs, so the first one writes the zeros the merge would
-        if ctx == 0:
-            if split == 0:
-                zeros = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-                tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
-                         zeros.to(out_ptr.dtype.element_ty), mask=g_mask[:, None] & d_mask[None, :])
-            return
-    if not DIRECT:  # noqa: SIM102 (a constexpr test, resolved at compile time)
-        # NOTE: an empty split writes nothing; the merge never reads it.
-        if start >= ctx:
-            return
-
-    # NOTE: padded query rows (g >= GROUP) are zeros; tl.dot needs at least 16 rows.
-    q = tl.load(
-        q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd,
-        mask=g_mask[:, None] & d_mask[None, :],
-        other=0.0,
-    )  # [G, D]
+    """Context tokens [start, end) of one (sequence, kv head) for its group's q rows: the fp32 online softmax's
+    (acc, running max, running sum)."""
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
@@ -160,37 +129,116 @@ def _decode_split_kernel(
         )  # [N, D]
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
+    return acc, m_i, l_i
 
-    out_mask = g_mask[:, None] & d_mask[None, :]
-    if DIRECT:
-        # NOTE: a row with no context (l_i == 0) yields zeros, as the reference does.
-        res = tl.where(l_i[:, None] > 0, acc / l_i[:, None], 0.0)
-        tl.store(
-            out_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
-            res.to(out_ptr.dtype.element_ty),
-            mask=out_mask,
-        )
+
+@triton.jit
+def _store_partial(po_ptr, plse_ptr, acc, m_i, l_i, b, heads, split, stride_pob, stride_poh, stride_pos, stride_lb,
+                   stride_lh, offs_d, out_mask, g_mask):  # fmt: skip
+    """One split's normalized partial output and its log2-sum-exp, for the merge."""
+    tl.store(
+        po_ptr + b * stride_pob + heads[:, None] * stride_poh + split * stride_pos + offs_d[None, :],
+        acc / l_i[:, None],
+        mask=out_mask,
+    )
+    tl.store(plse_ptr + b * stride_lb + heads * stride_lh + split, m_i + tl.log2(l_i), mask=g_mask)
+
+
+@triton.jit
+def _decode_split_kernel(
+    q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, out_ptr, po_ptr, plse_ptr, locks_ptr,
+    scale_log2, split_len, num_splits,
+    stride_qb, stride_qh, stride_qd,
+    stride_kb, stride_ko, stride_kh, stride_kd,
+    stride_vb, stride_vo, stride_vh, stride_vd,
+    stride_btb, stride_bts,
+    stride_ob, stride_oh,
+    stride_pob, stride_poh, stride_pos,
+    stride_lb, stride_lh,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+    DIRECT: tl.constexpr, DOT_PRECISION: tl.constexpr, FUSED_MERGE: tl.constexpr, BLOCK_S: tl.constexpr,
+    PDL_TRIGGER: tl.constexpr, PDL_WAIT: tl.constexpr, SPLIT_LOOP: tl.constexpr,
+):  # fmt: skip
+    pdl_prologue(PDL_TRIGGER, PDL_WAIT)
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    ctx = tl.load(lens_ptr + b)
+    start = split * split_len
+    end = tl.minimum(start + split_len, ctx)
+
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_n = tl.arange(0, BLOCK_N)
+    heads = kvh * GROUP + offs_g
+    g_mask = offs_g < GROUP
+    d_mask = offs_d < HEAD_DIM
+    if FUSED_MERGE:  # noqa: SIM102 (a constexpr test, resolved at compile time)
+        # NOTE: with no context no split runs, so the first one writes the zeros the merge would
+        if ctx == 0:
+            if split == 0:
+                zeros = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+                tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
+                         zeros.to(out_ptr.dtype.element_ty), mask=g_mask[:, None] & d_mask[None, :])
+            return
+    # NOTE: padded query rows (g >= GROUP) are zeros; tl.dot needs at least 16 rows. q is loaded after an empty
+    # split's exit (its addresses too), as before the split loop existed
+    if SPLIT_LOOP:
+        # NOTE: program `split` takes splits split, split + P, ... below the row's last (P programs on axis 2): a
+        # split's arithmetic is the one-split-a-program kernel's, so its bits are too, and the splits past the
+        # row's length cost no program
+        out_mask = g_mask[:, None] & d_mask[None, :]
+        q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd, mask=out_mask,
+                    other=0.0)  # fmt: skip
+        n_valid = tl.minimum(tl.cdiv(ctx, split_len), num_splits)
+        for s in range(split, n_valid, tl.num_programs(2)):
+            s_start = s * split_len
+            acc, m_i, l_i = _attend_split(
+                q, k_ptr, v_ptr, bt_ptr, b, kvh, s_start, tl.minimum(s_start + split_len, ctx), scale_log2,
+                stride_kb, stride_ko, stride_kh, stride_kd, stride_vb, stride_vo, stride_vh, stride_vd, stride_btb,
+                stride_bts, offs_n, offs_d, d_mask, BLOCK_SIZE, BLOCK_G, BLOCK_D, BLOCK_N, DOT_PRECISION,
+            )  # fmt: skip
+            _store_partial(po_ptr, plse_ptr, acc, m_i, l_i, b, heads, s, stride_pob, stride_poh, stride_pos,
+                           stride_lb, stride_lh, offs_d, out_mask, g_mask)  # fmt: skip
     else:
-        tl.store(
-            po_ptr + b * stride_pob + heads[:, None] * stride_poh + split * stride_pos + offs_d[None, :],
-            acc / l_i[:, None],
-            mask=out_mask,
-        )
-        tl.store(plse_ptr + b * stride_lb + heads * stride_lh + split, m_i + tl.log2(l_i), mask=g_mask)
-        if FUSED_MERGE:
-            # NOTE: the last split of a (sequence, kv head) to finish merges them all (no second kernel). The
-            # barrier puts the program's stores before its release; the counter goes back to zero for the next
-            # launch (a replayed graph's too), and the merge reads the partials past L1 (other SMs wrote them).
-            n_valid = tl.minimum(tl.cdiv(ctx, split_len), num_splits)
-            tl.debug_barrier()
-            count = tl.atomic_add(locks_ptr + b * tl.num_programs(1) + kvh, 1, sem="acq_rel", scope="gpu")
-            if count == n_valid - 1:
+        if not DIRECT:  # noqa: SIM102 (a constexpr test, resolved at compile time)
+            # NOTE: an empty split writes nothing; the merge never reads it.
+            if start >= ctx:
+                return
+        q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd,
+                    mask=g_mask[:, None] & d_mask[None, :], other=0.0)  # fmt: skip
+        acc, m_i, l_i = _attend_split(
+            q, k_ptr, v_ptr, bt_ptr, b, kvh, start, end, scale_log2,
+            stride_kb, stride_ko, stride_kh, stride_kd, stride_vb, stride_vo, stride_vh, stride_vd, stride_btb,
+            stride_bts, offs_n, offs_d, d_mask, BLOCK_SIZE, BLOCK_G, BLOCK_D, BLOCK_N, DOT_PRECISION,
+        )  # fmt: skip
+        out_mask = g_mask[:, None] & d_mask[None, :]
+        if DIRECT:
+            # NOTE: a row with no context (l_i == 0) yields zeros, as the reference does.
+            res = tl.where(l_i[:, None] > 0, acc / l_i[:, None], 0.0)
+            tl.store(
+                out_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
+                res.to(out_ptr.dtype.element_ty),
+                mask=out_mask,
+            )
+        else:
+            _store_partial(po_ptr, plse_ptr, acc, m_i, l_i, b, heads, split, stride_pob, stride_poh, stride_pos,
+                           stride_lb, stride_lh, offs_d, out_mask, g_mask)  # fmt: skip
+            if FUSED_MERGE:
+                # NOTE: the last split of a (sequence, kv head) to finish merges them all (no second kernel). The
+                # barrier puts the program's stores before its release; the counter goes back to zero for the next
+                # launch (a replayed graph's too), and the merge reads the partials past L1 (other SMs wrote them).
+                n_valid = tl.minimum(tl.cdiv(ctx, split_len), num_splits)
                 tl.debug_barrier()
-                for g in tl.static_range(GROUP):
-                    _merge_one_head(po_ptr, plse_ptr, out_ptr, b, kvh * GROUP + g, n_valid,
-                                    stride_pob, stride_poh, stride_pos, stride_lb, stride_lh, stride_ob, stride_oh,
-                                    HEAD_DIM, BLOCK_S, BLOCK_D, ".cg")
-                tl.store(locks_ptr + b * tl.num_programs(1) + kvh, 0)
+                count = tl.atomic_add(locks_ptr + b * tl.num_programs(1) + kvh, 1, sem="acq_rel", scope="gpu")
+                if count == n_valid - 1:
+                    tl.debug_barrier()
+                    for g in tl.static_range(GROUP):
+                        _merge_one_head(po_ptr, plse_ptr, out_ptr, b, kvh * GROUP + g, n_valid,
+                                        stride_pob, stride_poh, stride_pos, stride_lb, stride_lh, stride_ob, stride_oh,
+                                        HEAD_DIM, BLOCK_S, BLOCK_D, ".cg")
+                    tl.store(locks_ptr + b * tl.num_programs(1) + kvh, 0)
 
 
 @triton.jit
@@ -246,10 +294,13 @@ def paged_decode_attention_triton(
     num_warps: int = 4,
     num_stages: int | None = None,
     fused_merge: bool | None = None,
+    split_programs: int | None = None,
 ) -> torch.Tensor:
     """Launch the split + merge kernels. The keyword knobs override the defaults (tests, benchmarks).
     `fused_merge`: the last split of each (sequence, kv head) merges them, one kernel instead of two (None:
-    while staged, on only with GRAPHPOOL_STAGED_KERNELS=1, kernels/staging.py)."""
+    while staged, on only with GRAPHPOOL_STAGED_KERNELS=1, kernels/staging.py). `split_programs`: programs per
+    (sequence, kv head), each looping over every P-th split below its row's length (None: the staged
+    ``split_loop`` picks them, `loop_programs`; off, one program a split)."""
     _check_inputs(q, k_cache, v_cache, block_tables, context_lens)
     bs, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
@@ -286,9 +337,14 @@ def paged_decode_attention_triton(
         fused_merge = staged_kernels_on("fused_merge")
     locks = merge_locks(q.device, bs * num_kv_heads) if fused_merge and not direct else None
     fused = locks is not None
+    if split_programs is None and staged_kernels_on("split_loop"):
+        split_programs = loop_programs(bs * num_kv_heads, num_splits, device_num_sms(q.device))
+    if split_programs is not None and not 1 <= split_programs <= num_splits:
+        raise ValueError(f"split_programs must be in [1, {num_splits}], got {split_programs}")
+    loop = split_programs is not None and not direct and not fused
     flags = launch_flags(q.device)
     pdl, chain = flags.pdl, flags.chain
-    _decode_split_kernel[(bs, num_kv_heads, num_splits)](
+    _decode_split_kernel[(bs, num_kv_heads, split_programs if loop else num_splits)](
         q, k_cache, v_cache, block_tables, context_lens, out, part_out, part_lse, locks if fused else part_lse,
         scale * math.log2(math.e), split_len, num_splits,
         q.stride(0), q.stride(1), q.stride(2),
@@ -302,7 +358,7 @@ def paged_decode_attention_triton(
         BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d, BLOCK_N=block_n,
         DIRECT=direct, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         FUSED_MERGE=fused, BLOCK_S=triton.next_power_of_2(num_splits), PDL_TRIGGER=pdl, PDL_WAIT=chain,
-        num_warps=num_warps, launch_pdl=chain, **stages,
+        SPLIT_LOOP=loop, num_warps=num_warps, launch_pdl=chain, **stages,
     )  # fmt: skip
     if not direct and not fused:
         _decode_merge_kernel[(bs, num_heads)](
