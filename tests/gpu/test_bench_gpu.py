@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from graphpool.bench.kernels_ab import KernelsABConfig, run_kernels_bench
 from graphpool.bench.memory import MemoryBenchConfig, run_memory_bench
 from graphpool.bench.step import StepBenchConfig, run_step_bench
 from graphpool.bench.trace import TraceBenchConfig, run_trace_bench
@@ -70,3 +71,19 @@ def test_trace_bench_runs_two_configs_through_the_engine(tmp_path: Path) -> None
     assert warm["contexts"][-1] == 255 and warm["decode_steps"] >= 2 * len(warm["contexts"])
     assert 0 < warm["second_pass_max_ms"] < 250  # nothing left to JIT-compile on the second pass (a JIT: ~0.5 s)
     assert (tmp_path / "trace_itl_cdf.png").exists()
+
+
+def test_kernels_bench_times_both_settings_in_graphs(tmp_path: Path) -> None:
+    """A: the qkv + rotary kernel and the step's Triton argmax off; both are bitwise what they replace, so B's
+    logits and argmaxes are A's exactly; the GEMV and PDL off as well change the logits, a little."""
+    cfg = KernelsABConfig(models=("smollm2-135m",), batch_sizes=(1, 2), engine_sizes=(1,),
+                          off=("gemv_rope", "step_argmax"), context_len=128, rounds=2, reps=3, warmup=1)
+    rows = run_kernels_bench(cfg, tmp_path, ["test"])["rows"]
+    for r in rows:
+        assert math.isfinite(r.b_over_a) and r.ms["A"] > 0 and r.floor_ms > 0
+        assert r.logits_rel_err == 0.0 and r.argmax_agree == 1.0, (r.batch_size, r.logits_rel_err)
+    assert rows[0].engine_ms["A"] > 0 and rows[0].engine_ms["B"] > 0
+    every = KernelsABConfig(models=("smollm2-135m",), batch_sizes=(1,), engine_sizes=(), context_len=128, rounds=1,
+                            reps=2, warmup=1)  # fmt: skip
+    (r,) = run_kernels_bench(every, tmp_path / "every", ["test"])["rows"]
+    assert 0 < r.logits_rel_err < 5e-2 and (tmp_path / "every" / "kernels.png").exists()
