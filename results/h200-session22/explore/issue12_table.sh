@@ -4,6 +4,8 @@
 # defaults: bench profile 1B bs 1 (kernel count) and bench step 1B bs 1-128, 8B bs 1-64.
 # Usage (device): PYTHONPATH=src bash results/h200-session22/explore/issue12_table.sh
 D=$OUT/issue12; mkdir -p $D
+# first the in-process A/B (bench kernels, written in session 22): the same comparison, interleaved
+timeout 240 python3 -m graphpool.cli bench kernels --models llama3.2-1b llama3-8b --batch-sizes 1 8 64 128 --engine-sizes 1 8 --out $D/kernels-ab > $D/kernels-ab.log 2>&1; echo "bench kernels rc=$?"; grep -E '^\| (1|8|64|128) \|' $D/kernels-ab.log | cut -c1-110
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee $D/env.txt
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a $D/env.txt
 for off in gemv,pdl,gemv_rope,step_argmax ""; do
