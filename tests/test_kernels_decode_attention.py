@@ -239,6 +239,7 @@ def test_triton_kernel_in_interpreter_matches_reference() -> None:
 
 _FUSED_SCRIPT = """
 from test_kernels_decode_attention import make_case
+from graphpool.kernels import _triton_attention_merge as merge
 from graphpool.kernels import _triton_decode_attention as tda
 
 cases = [
@@ -257,7 +258,7 @@ for i, (lens, hq, hkv, d, bsz, bound, split, dtype) in enumerate(cases):
         tda.paged_decode_attention_triton(q, k, v, bt, cl, d**-0.5, bound, out=out, split_len=split,
                                           fused_merge=True)
         runs.append(out)
-    locks = tda._LOCKS[q.device]
+    locks = merge._LOCKS[q.device]
     results.append([bool(torch.equal(runs[0], two)), bool(torch.equal(runs[1], two)),
                     all(int(b.abs().sum()) == 0 for b in locks), len(locks)])
 print(json.dumps(results))

@@ -243,6 +243,7 @@ def _poison_scratch(bs: int, hq: int, num_splits: int, dim: int) -> None:
 def test_fused_merge_matches_the_two_kernels(bs, hq, hkv, dim, block_size, bound, max_len, dtype) -> None:
     """The staged one-kernel attention (the last split merges): deterministic launch to launch and replay to
     replay, and the two-kernel result to one rounding, with every launch's scratch poisoned first."""
+    from graphpool.kernels import _triton_attention_merge as merge
     from graphpool.kernels import _triton_decode_attention as tda
     from graphpool.kernels.decode_attention import effective_len_bound
 
@@ -273,7 +274,7 @@ def test_fused_merge_matches_the_two_kernels(bs, hq, hkv, dim, block_size, bound
     assert not one.isnan().any()
     assert all(torch.equal(r, one) for r in runs[1:])
     torch.testing.assert_close(one.float(), two.float(), rtol=MERGE_TOL[dtype], atol=MERGE_TOL[dtype] / 8)
-    assert all(int(buf.abs().sum()) == 0 for buf in tda._LOCKS.get(q.device, []))
+    assert all(int(buf.abs().sum()) == 0 for buf in merge._LOCKS.get(q.device, []))
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])

@@ -4,10 +4,13 @@ Work split: the program grid is ``(bs, num_kv_heads, num_splits)``; each program
 ``split_len`` context tokens of one (sequence, kv head) once and serves all ``group`` query heads that share
 it, with an fp32 online softmax. A second small kernel merges the splits of each (sequence, query head)
 with their log-sum-exp (or, staged: the last split of each (sequence, kv head) to finish merges them, through
-one counter each, so a step has one attention kernel per layer instead of two). ``split_len`` comes from host ints only (kv heads, the length bound, the SM count),
-so the grid is fixed at capture time; it ignores the batch size, so results are batch-invariant. Splits that
-start past a sequence's length exit at once and the merge reads only the splits that hold tokens. With a
-single split the first kernel writes the output directly (bitwise what the merge of one split gives).
+one counter each, so a step has one attention kernel per layer instead of two; `_triton_attention_merge.py`).
+``split_len`` comes from host ints only (kv heads, the length bound, the SM count), so the grid is fixed at
+capture time; it ignores the batch size, so results are batch-invariant. Splits that start past a sequence's
+length exit at once and the merge reads only the splits that hold tokens (staged, ``split_loop``: fewer
+programs on the split axis, each looping over every P-th split below its row's length, so those cost no
+program). With a single split the first kernel writes the output directly (bitwise what the merge of one split
+gives).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
+from graphpool.kernels._triton_attention_merge import _decode_merge_kernel, _merge_one_head, merge_locks
 from graphpool.kernels.decode_attention import _check_inputs, effective_len_bound
 from graphpool.kernels.pdl import launch_flags, pdl_prologue
 from graphpool.kernels.staging import staged_kernels_on
@@ -61,31 +65,6 @@ def loop_programs(pairs: int, num_splits: int, num_sms: int) -> int:
     LOOP_PROGRAMS_PER_SM programs per SM, at least 1 and at most `num_splits` (then one split a program, as
     unstaged). It may follow the batch: which program computes a split does not change the split's bits."""
     return max(1, min(num_splits, -(-LOOP_PROGRAMS_PER_SM * num_sms // max(1, pairs))))
-
-
-@triton.jit
-def _merge_one_head(po_ptr, plse_ptr, out_ptr, b, h, n_valid,
-                    stride_pob, stride_poh, stride_pos, stride_lb, stride_lh, stride_ob, stride_oh,
-                    HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, CACHE: tl.constexpr):
-    """out[b, h] from the first n_valid splits' partial outputs and log-sum-exps (one query head)."""
-    offs_s = tl.arange(0, BLOCK_S)
-    offs_d = tl.arange(0, BLOCK_D)
-    s_mask = offs_s < n_valid
-    d_mask = offs_d < HEAD_DIM
-    lse = tl.load(plse_ptr + b * stride_lb + h * stride_lh + offs_s, mask=s_mask, other=float("-inf"),
-                  cache_modifier=CACHE)
-    m = tl.max(lse, 0)
-    w = tl.where(s_mask, tl.exp2(lse - m), 0.0)  # [S]
-    o = tl.load(
-        po_ptr + b * stride_pob + h * stride_poh + offs_s[:, None] * stride_pos + offs_d[None, :],
-        mask=s_mask[:, None] & d_mask[None, :],
-        other=0.0,
-        cache_modifier=CACHE,
-    )  # [S, D]
-    denom = tl.sum(w, 0)
-    res = tl.sum(w[:, None] * o, 0)
-    res = tl.where(denom > 0, res / denom, 0.0)
-    tl.store(out_ptr + b * stride_ob + h * stride_oh + offs_d, res.to(out_ptr.dtype.element_ty), mask=d_mask)
 
 
 @triton.jit
@@ -239,44 +218,6 @@ def _decode_split_kernel(
                                         stride_pob, stride_poh, stride_pos, stride_lb, stride_lh, stride_ob, stride_oh,
                                         HEAD_DIM, BLOCK_S, BLOCK_D, ".cg")
                     tl.store(locks_ptr + b * tl.num_programs(1) + kvh, 0)
-
-
-@triton.jit
-def _decode_merge_kernel(
-    po_ptr, plse_ptr, lens_ptr, out_ptr,
-    split_len, num_splits,
-    stride_pob, stride_poh, stride_pos,
-    stride_lb, stride_lh,
-    stride_ob, stride_oh,
-    HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, PDL_TRIGGER: tl.constexpr,
-    PDL_WAIT: tl.constexpr,
-):  # fmt: skip
-    pdl_prologue(PDL_TRIGGER, PDL_WAIT)
-    b = tl.program_id(0)
-    h = tl.program_id(1)
-    ctx = tl.load(lens_ptr + b)
-    n_valid = tl.minimum(tl.cdiv(ctx, split_len), num_splits)
-    _merge_one_head(po_ptr, plse_ptr, out_ptr, b, h, n_valid, stride_pob, stride_poh, stride_pos, stride_lb,
-                    stride_lh, stride_ob, stride_oh, HEAD_DIM, BLOCK_S, BLOCK_D, "")
-
-
-# NOTE: the fused merge's counters, one per (row, kv head), per device: zeros at rest (each launch puts its own
-# back), allocated outside graph capture (the pool's warm-up run comes first) and never freed, since a
-# captured graph keeps their address; a larger batch gets a larger buffer, the old ones are kept.
-_LOCKS: dict[torch.device, list[torch.Tensor]] = {}
-
-
-def merge_locks(device: torch.device, n: int) -> torch.Tensor | None:
-    """At least n zeroed int32 counters on `device`, or None during capture when none is large enough."""
-    bufs = _LOCKS.setdefault(device, [])
-    for buf in bufs:
-        if buf.numel() >= n:
-            return buf
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        return None
-    buf = torch.zeros(max(n, 2 * bufs[-1].numel() if bufs else 1024), dtype=torch.int32, device=device)
-    bufs.append(buf)
-    return buf
 
 
 def paged_decode_attention_triton(
