@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from graphpool.bench.kernels_ab import KernelsABConfig, run_kernels_bench, switches
-from graphpool.kernels.staging import OFF_ENV, STAGED_ENV
+from graphpool.bench.kernels_ab import KernelsABConfig, run_kernels_bench
+from graphpool.kernels.staging import OFF_ENV, STAGED_ENV, switches
 from graphpool.model.config import ModelConfig
 
 TINY = ModelConfig(vocab_size=512, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2,

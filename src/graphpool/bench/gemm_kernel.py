@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import os
 import statistics
 import sys
 from pathlib import Path
@@ -28,7 +27,7 @@ from graphpool.bench.common import (
     measure_hbm_bandwidth,
     write_report,
 )
-from graphpool.kernels.staging import OFF_ENV, STAGED_ENV
+from graphpool.kernels.staging import OFF_ENV, STAGED_ENV, switches
 
 MODELS = {  # name: (hidden, q + 2 kv width, intermediate)
     "llama3.2-1b": (2048, 3072, 8192),
@@ -99,7 +98,6 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("bench gemm_kernel needs a CUDA GPU")
-    saved = {name: os.environ.get(name) for name in (OFF_ENV, STAGED_ENV)}
     torch.manual_seed(0)
     bw = measure_hbm_bandwidth(torch.device("cuda"), nbytes=1 << 30)
     print(
@@ -111,33 +109,26 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{'model':<12} {'mode':<9} {'weights_MiB':>11} {'floor_us':>8} {'step_us':>8} {'x_floor':>7} "
           f"{'cublas/mode':>11}")  # fmt: skip
     rows: list[dict[str, object]] = []
-    try:
-        for name in args.models:
-            hidden, qkv, inter = MODELS[name]
-            layers = make_layers(hidden, qkv, inter, args.layers)
-            nbytes = sum(t.numel() * t.element_size() for layer in layers for t in layer.values())
-            floor = nbytes / bw * 1e6
-            x = torch.randn(1, hidden, device="cuda", dtype=torch.bfloat16)
-            base = None
-            for mode, (off, staged) in MODES.items():
-                os.environ[OFF_ENV], os.environ[STAGED_ENV] = off, staged
+    for name in args.models:
+        hidden, qkv, inter = MODELS[name]
+        layers = make_layers(hidden, qkv, inter, args.layers)
+        nbytes = sum(t.numel() * t.element_size() for layer in layers for t in layer.values())
+        floor = nbytes / bw * 1e6
+        x = torch.randn(1, hidden, device="cuda", dtype=torch.bfloat16)
+        base = None
+        for mode, (off, staged) in MODES.items():
+            with switches({OFF_ENV: off, STAGED_ENV: staged}):
                 t = replay_us(functools.partial(step, layers, x), args.reps)
-                base = base or t
-                rows.append(dict(zip(HEADERS, (name, mode, round(nbytes / 2**20), round(floor, 1), round(t, 1),
-                                               round(t / floor, 2), round(base / t, 2)), strict=True)))  # fmt: skip
-                print(f"{name:<12} {mode:<9} {nbytes / 2**20:>11.0f} {floor:>8.1f} {t:>8.1f} {t / floor:>7.2f} "
-                      f"{base / t:>11.2f}", flush=True)  # fmt: skip
-            del layers
-            torch.cuda.empty_cache()
-        if args.out is not None:
-            for path in write_outputs(rows, args.out, collect_env(device=torch.device("cuda")), header):
-                print(f"# wrote {path}")
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+            base = base or t
+            rows.append(dict(zip(HEADERS, (name, mode, round(nbytes / 2**20), round(floor, 1), round(t, 1),
+                                           round(t / floor, 2), round(base / t, 2)), strict=True)))  # fmt: skip
+            print(f"{name:<12} {mode:<9} {nbytes / 2**20:>11.0f} {floor:>8.1f} {t:>8.1f} {t / floor:>7.2f} "
+                  f"{base / t:>11.2f}", flush=True)  # fmt: skip
+        del layers
+        torch.cuda.empty_cache()
+    if args.out is not None:
+        for path in write_outputs(rows, args.out, collect_env(device=torch.device("cuda")), header):
+            print(f"# wrote {path}")
 
 
 if __name__ == "__main__":

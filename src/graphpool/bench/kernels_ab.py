@@ -13,10 +13,8 @@ steps run eagerly (the switches then change nothing: the plumbing is what runs).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import math
-import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,7 +25,7 @@ from graphpool.bench.common import md_table, median, progress, ratio
 from graphpool.bench.decode import DecodeSetup, build_random_model, model_label
 from graphpool.bench.engine_step import engine_step_ms
 from graphpool.bench.step_config import StepBenchConfig
-from graphpool.kernels.staging import DEFAULT_ON, OFF_ENV, STAGED, STAGED_ENV
+from graphpool.kernels.staging import DEFAULT_ON, OFF_ENV, STAGED, STAGED_ENV, switches
 from graphpool.model.config import ModelConfig
 
 
@@ -79,21 +77,6 @@ class ABRow:
     @property
     def b_over_a(self) -> float:
         return ratio(self.ms.get("B", math.nan), self.ms.get("A", math.nan))
-
-
-@contextlib.contextmanager
-def switches(env: Mapping[str, str]) -> Iterator[None]:
-    """The kernel switches set to `env` inside, put back as they were after (unset stays unset)."""
-    before = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        for k, v in before.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def _order(round_: int) -> tuple[str, str]:

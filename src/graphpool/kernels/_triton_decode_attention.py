@@ -68,6 +68,14 @@ def loop_programs(pairs: int, num_splits: int, num_sms: int) -> int:
 
 
 @triton.jit
+def _load_q(q_ptr, b, heads, offs_d, stride_qb, stride_qh, stride_qd, mask):
+    """A (sequence, kv head)'s group of q rows ``[G, D]``; padded rows (g >= GROUP) are zeros: tl.dot needs at
+    least 16 rows."""
+    return tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd, mask=mask,
+                   other=0.0)  # fmt: skip
+
+
+@triton.jit
 def _attend_split(
     q, k_ptr, v_ptr, bt_ptr, b, kvh, start, end, scale_log2,
     stride_kb, stride_ko, stride_kh, stride_kd, stride_vb, stride_vo, stride_vh, stride_vd, stride_btb, stride_bts,
@@ -161,15 +169,13 @@ def _decode_split_kernel(
                 tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
                          zeros.to(out_ptr.dtype.element_ty), mask=g_mask[:, None] & d_mask[None, :])
             return
-    # NOTE: padded query rows (g >= GROUP) are zeros; tl.dot needs at least 16 rows. q is loaded after an empty
-    # split's exit (its addresses too), as before the split loop existed
+    # NOTE: q is loaded after an empty split's exit (its addresses too), as before the split loop existed
     if SPLIT_LOOP:
         # NOTE: program `split` takes splits split, split + P, ... below the row's last (P programs on axis 2): a
         # split's arithmetic is the one-split-a-program kernel's, so its bits are too, and the splits past the
         # row's length cost no program
         out_mask = g_mask[:, None] & d_mask[None, :]
-        q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd, mask=out_mask,
-                    other=0.0)  # fmt: skip
+        q = _load_q(q_ptr, b, heads, offs_d, stride_qb, stride_qh, stride_qd, out_mask)
         n_valid = tl.minimum(tl.cdiv(ctx, split_len), num_splits)
         for s in range(split, n_valid, tl.num_programs(2)):
             s_start = s * split_len
@@ -185,8 +191,7 @@ def _decode_split_kernel(
             # NOTE: an empty split writes nothing; the merge never reads it.
             if start >= ctx:
                 return
-        q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd,
-                    mask=g_mask[:, None] & d_mask[None, :], other=0.0)  # fmt: skip
+        q = _load_q(q_ptr, b, heads, offs_d, stride_qb, stride_qh, stride_qd, g_mask[:, None] & d_mask[None, :])
         acc, m_i, l_i = _attend_split(
             q, k_ptr, v_ptr, bt_ptr, b, kvh, start, end, scale_log2,
             stride_kb, stride_ko, stride_kh, stride_kd, stride_vb, stride_vo, stride_vh, stride_vd, stride_btb,

@@ -27,7 +27,9 @@ against 47.8 (512-token rows under bounds 4096 and 512, H200, session 22).
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator, Mapping
 
 STAGED_ENV = "GRAPHPOOL_STAGED_KERNELS"
 
@@ -57,3 +59,19 @@ def kernel_on(name: str) -> bool:
 def _named(env: str, name: str) -> bool:
     """Whether the comma-separated list in environment variable `env` names `name`."""
     return name in os.environ.get(env, "").split(",")
+
+
+@contextlib.contextmanager
+def switches(env: Mapping[str, str]) -> Iterator[None]:
+    """The kernel switches (`OFF_ENV`, `STAGED_ENV`) set to `env` inside, put back as they were after (unset
+    stays unset): a benchmark's side-by-side settings in one process."""
+    before = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
