@@ -14,6 +14,7 @@ from graphpool.kernels.decode_attention import (
     paged_decode_attention,
     paged_decode_attention_ref,
 )
+from graphpool.kernels.staging import OFF_ENV
 
 
 def make_case(
@@ -305,12 +306,45 @@ def test_split_loop_in_interpreter_is_bitwise_one_split_a_program() -> None:
 
 
 def test_loop_programs_fill_the_gpu_and_stay_in_range() -> None:
-    pytest.importorskip("triton")
-    from graphpool.kernels._triton_decode_attention import LOOP_PROGRAMS_PER_SM, loop_programs
+    from graphpool.kernels.attention_grid import LOOP_PROGRAMS_PER_SM, loop_programs
 
     assert loop_programs(8, 16, 132) == 16  # batch of one (8 kv heads): one split a program, as unstaged
     assert loop_programs(128 * 8, 16, 132) == -(-LOOP_PROGRAMS_PER_SM * 132 // 1024)
     assert loop_programs(100_000, 16, 132) == 1 and loop_programs(0, 4, 132) == 4
+
+
+def test_large_grids_get_the_shallower_pipeline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The split kernel's depth: triton's default up to LARGE_GRID_PROGRAMS_PER_SM programs per SM (a batch
+    of 1-8 at 8 kv heads and 4-16 splits), LARGE_GRID_STAGES past it; the launch asks for it unless
+    ``GRAPHPOOL_KERNELS_OFF=attn_stages`` (or the caller gives num_stages)."""
+    pytest.importorskip("triton")
+    from graphpool.kernels import _triton_decode_attention as tda
+    from graphpool.kernels.attention_grid import (
+        LARGE_GRID_PROGRAMS_PER_SM,
+        LARGE_GRID_STAGES,
+        choose_num_stages,
+    )
+
+    limit = LARGE_GRID_PROGRAMS_PER_SM * 132
+    assert choose_num_stages(8 * 8 * 16, 132) is None and choose_num_stages(limit, 132) is None
+    assert choose_num_stages(limit + 1, 132) == LARGE_GRID_STAGES == choose_num_stages(128 * 8 * 4, 132)
+    launched: list[dict[str, object]] = []
+
+    class Spy:
+        def __getitem__(self, grid):
+            return lambda *args, **kw: launched.append({"grid": grid, **kw})
+
+    monkeypatch.setattr(tda, "_decode_split_kernel", Spy())
+    monkeypatch.setattr(tda, "_decode_merge_kernel", Spy())
+    q, k, v, bt, cl = make_case([300] * 40, 8, 8, 16, 16, max_blocks=64)
+    tda.paged_decode_attention_triton(q, k, v, bt, cl, 0.25, 1024, fused_merge=False)  # 40 x 8 x 4 > 8 x 132
+    tda.paged_decode_attention_triton(q[:1], k, v, bt[:1], cl[:1], 0.25, 1024, fused_merge=False)
+    tda.paged_decode_attention_triton(q[:1], k, v, bt[:1], cl[:1], 0.25, 1024, fused_merge=False, num_stages=4)
+    monkeypatch.setenv(OFF_ENV, "attn_stages")
+    tda.paged_decode_attention_triton(q, k, v, bt, cl, 0.25, 1024, fused_merge=False)
+    splits = [c for c in launched if "SPLIT_LOOP" in c]
+    assert [c["grid"] for c in splits] == [(40, 8, 4), (1, 8, 4), (1, 8, 4), (40, 8, 4)]
+    assert [c.get("num_stages") for c in splits] == [LARGE_GRID_STAGES, None, 4, None]
 
 
 def test_split_programs_out_of_range_is_refused() -> None:

@@ -369,3 +369,39 @@ def test_staged_split_loop_is_bitwise_one_split_a_program(bs: int, hq: int, hkv:
         for name, kw in (("one split a program us", {}), (f"{picked} programs looping us", {"split_programs": picked}))
     }  # fmt: skip
     report(f"split loop bs {bs} {hq}/{hkv}x{dim}, bound {bound}, rows <= 1200", times)
+
+
+@pytest.mark.parametrize(("bs", "hq", "hkv", "dim", "bound"), [(64, 32, 8, 64, 1024), (128, 32, 8, 128, 4096)])
+def test_large_grid_pipeline_depth_keeps_the_bits(bs: int, hq: int, hkv: int, dim: int, bound: int) -> None:
+    """`attn_stages`: a grid past LARGE_GRID_PROGRAMS_PER_SM programs per SM gets 2 stages instead of triton's
+    default 3; the output is bit for bit the default depth's (and every depth's, 1-4), eagerly and replayed
+    over new lengths, so the choice may follow the batch; the depths are timed in graphs (a report)."""
+    from triton.testing import do_bench_cudagraph
+
+    from graphpool.kernels import _triton_decode_attention as tda
+    from graphpool.kernels.attention_grid import LARGE_GRID_STAGES, choose_num_stages
+
+    lens = [min(n, 1200) for n in random_lens(bs, bound, seed=bs)]
+    q, k, v, bt, cl = make_case(lens, hq, hkv, dim, max_blocks=bound // 16, seed=bs)
+    scale, sms = dim**-0.5, tda.device_num_sms(q.device)
+    splits = -(-bound // tda.choose_split_len(hkv, bound, sms))
+    assert choose_num_stages(bs * hkv * splits, sms) == LARGE_GRID_STAGES  # the default launch takes it
+    three = tda.paged_decode_attention_triton(q, k, v, bt, cl, scale, bound, fused_merge=False, num_stages=3)
+    assert rel_err(three, oracle(q, k, v, bt, cl, scale, bound)) < TOL[torch.bfloat16]
+    for depth in (None, 1, 2, 4):
+        got = tda.paged_decode_attention_triton(q, k, v, bt, cl, scale, bound, fused_merge=False, num_stages=depth)
+        assert torch.equal(got, three), depth
+    out = torch.empty_like(q)
+    graph, _ = _capture(lambda: tda.paged_decode_attention_triton(q, k, v, bt, cl, scale, bound, out=out,
+                                                                  fused_merge=False))  # fmt: skip
+    cl.copy_(torch.tensor(lens[::-1], dtype=torch.int32, device="cuda"))
+    graph.replay()
+    assert torch.equal(out, tda.paged_decode_attention_triton(q, k, v, bt, cl, scale, bound, fused_merge=False,
+                                                              num_stages=3))  # fmt: skip
+    torch.cuda.synchronize()  # NOTE: do_bench_cudagraph runs on a side stream that waits for nothing
+    times = {
+        f"{depth} stages us": round(do_bench_cudagraph(lambda depth=depth: tda.paged_decode_attention_triton(
+            q, k, v, bt, cl, scale, bound, out=out, fused_merge=False, num_stages=depth)) * 1e3, 1)
+        for depth in (3, LARGE_GRID_STAGES)
+    }  # fmt: skip
+    report(f"attention depth bs {bs} {hq}/{hkv}x{dim}, bound {bound}, rows <= 1200", times)

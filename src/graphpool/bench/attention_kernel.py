@@ -34,11 +34,8 @@ def bench_one(
 ) -> dict[str, float]:
     from triton.testing import do_bench, do_bench_cudagraph
 
-    from graphpool.kernels._triton_decode_attention import (
-        choose_split_len,
-        device_num_sms,
-        paged_decode_attention_triton,
-    )
+    from graphpool.kernels._triton_decode_attention import paged_decode_attention_triton
+    from graphpool.kernels.attention_grid import choose_split_len, device_num_sms
     from graphpool.kernels.decode_attention import paged_decode_attention_ref
 
     hq, hkv, dim = shape

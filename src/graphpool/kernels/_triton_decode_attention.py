@@ -15,7 +15,6 @@ gives).
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
@@ -23,48 +22,16 @@ import triton
 import triton.language as tl
 
 from graphpool.kernels._triton_attention_merge import _decode_merge_kernel, _merge_one_head, merge_locks
+from graphpool.kernels.attention_grid import (
+    BLOCK_N,
+    choose_num_stages,
+    choose_split_len,
+    device_num_sms,
+    loop_programs,
+)
 from graphpool.kernels.decode_attention import _check_inputs, effective_len_bound
 from graphpool.kernels.pdl import launch_flags, pdl_prologue
-from graphpool.kernels.staging import staged_kernels_on
-
-# NOTE: these shape the grid, not correctness; graphpool.bench.attention_kernel is where to tune them.
-BLOCK_N = 64  # context tokens per inner-loop tile
-MAX_SPLITS = 64  # caps the merge kernel's tile ([MAX_SPLITS, head_dim] fp32)
-MIN_SPLIT_LEN = 256  # keeps the partial-output traffic a few percent of the K/V bytes at large batches
-PROGRAMS_PER_SM = 2  # target occupancy of a batch-of-one grid
-LOOP_PROGRAMS_PER_SM = 8  # staged split loop: programs a grid aims at (per SM) before they loop over splits
-DEFAULT_NUM_SMS = 132  # used when there is no CUDA device (interpreter runs)
-
-
-@functools.cache
-def _num_sms(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
-def device_num_sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return DEFAULT_NUM_SMS
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return _num_sms(index)
-
-
-def choose_split_len(num_kv_heads: int, len_bound: int, num_sms: int, block_n: int = BLOCK_N) -> int:
-    """Tokens per split, a multiple of ``block_n``: enough splits to fill the GPU at batch size 1, at most
-    MAX_SPLITS, at least MIN_SPLIT_LEN tokens.
-
-    NOTE: deliberately independent of the batch size, so a row's output is bitwise the same whatever batch
-    (or padding) it runs in: eager and graph steps agree exactly when they pass the same ``max_len_bound``.
-    """
-    target_splits = max(1, min(MAX_SPLITS, -(-PROGRAMS_PER_SM * num_sms // max(1, num_kv_heads))))
-    split_len = max(MIN_SPLIT_LEN, block_n, -(-len_bound // target_splits), -(-len_bound // MAX_SPLITS))
-    return -(-split_len // block_n) * block_n
-
-
-def loop_programs(pairs: int, num_splits: int, num_sms: int) -> int:
-    """Staged ``split_loop``: programs per (sequence, kv head) so that `pairs` of them make about
-    LOOP_PROGRAMS_PER_SM programs per SM, at least 1 and at most `num_splits` (then one split a program, as
-    unstaged). It may follow the batch: which program computes a split does not change the split's bits."""
-    return max(1, min(num_splits, -(-LOOP_PROGRAMS_PER_SM * num_sms // max(1, pairs))))
+from graphpool.kernels.staging import kernel_on, staged_kernels_on
 
 
 @triton.jit
@@ -267,7 +234,6 @@ def paged_decode_attention_triton(
         raise ValueError(f"split_len must be positive, got {split_len}")
     if block_n < 16 or block_n & (block_n - 1):
         raise ValueError(f"block_n must be a power of two >= 16, got {block_n}")
-    stages = {} if num_stages is None else {"num_stages": num_stages}
     num_splits = -(-bound // split_len)
     direct = num_splits == 1
     # NOTE: scratch sized from host ints only, so this is capturable; a graph keeps it in its private pool.
@@ -288,9 +254,13 @@ def paged_decode_attention_triton(
     if split_programs is not None and not 1 <= split_programs <= num_splits:
         raise ValueError(f"split_programs must be in [1, {num_splits}], got {split_programs}")
     loop = split_programs is not None and not direct and not fused
+    grid = (bs, num_kv_heads, split_programs if loop else num_splits)
+    if num_stages is None and kernel_on("attn_stages"):
+        num_stages = choose_num_stages(math.prod(grid), device_num_sms(q.device))
+    stages = {} if num_stages is None else {"num_stages": num_stages}
     flags = launch_flags(q.device)
     pdl, chain = flags.pdl, flags.chain
-    _decode_split_kernel[(bs, num_kv_heads, split_programs if loop else num_splits)](
+    _decode_split_kernel[grid](
         q, k_cache, v_cache, block_tables, context_lens, out, part_out, part_lse, locks if fused else part_lse,
         scale * math.log2(math.e), split_len, num_splits,
         q.stride(0), q.stride(1), q.stride(2),

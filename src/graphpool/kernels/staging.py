@@ -18,7 +18,9 @@ off (``GRAPHPOOL_KERNELS_OFF=gemv,pdl``) for benchmarks' side-by-side runs; (ses
 rotary + KV write (`kernels/gemv.fused_linear_rope`, ``GRAPHPOOL_KERNELS_OFF=gemv_rope``; staged in session 21
 for 1-2 near-tie argmax flips in the engine test: the two kernels' rotations contracted differently); and the
 row argmax inside the decode step, where a graph holds its launches (`kernels/argmax.py`,
-``GRAPHPOOL_KERNELS_OFF=step_argmax``; in the sampler it stays staged). Staged in session 22, not yet run on a
+``GRAPHPOOL_KERNELS_OFF=step_argmax``; in the sampler it stays staged); (session 23) the decode attention's
+shallower pipeline on large grids (`attention_grid.choose_num_stages`, ``GRAPHPOOL_KERNELS_OFF=attn_stages``: a
+tuning that leaves the bits as they are). Staged in session 22, not yet run on a
 GPU: `split_loop`, the decode attention's grid with fewer programs per (sequence, kv head), each looping over
 every P-th split below its row's length (`_triton_decode_attention.loop_programs`): the engine's bound is
 `max_model_len`, and the splits past a row's length, launched only to exit, cost 1B bs 128 60.4 us a layer
@@ -36,7 +38,7 @@ STAGED_ENV = "GRAPHPOOL_STAGED_KERNELS"
 
 STAGED = ("fused_merge", "argmax", "pdl_chain", "norm_gemv", "silu_gemv", "split_loop")
 # NOTE: out of staging, on by default; listed here so a benchmark (or a user who suspects one) can turn them off
-DEFAULT_ON = ("gemv", "pdl", "gemv_rope", "step_argmax")
+DEFAULT_ON = ("gemv", "pdl", "gemv_rope", "step_argmax", "attn_stages")
 OFF_ENV = "GRAPHPOOL_KERNELS_OFF"
 
 
