@@ -20,11 +20,12 @@ for 1-2 near-tie argmax flips in the engine test: the two kernels' rotations con
 row argmax inside the decode step, where a graph holds its launches (`kernels/argmax.py`,
 ``GRAPHPOOL_KERNELS_OFF=step_argmax``; in the sampler it stays staged); (session 23) the decode attention's
 shallower pipeline on large grids (`attention_grid.choose_num_stages`, ``GRAPHPOOL_KERNELS_OFF=attn_stages``: a
-tuning that leaves the bits as they are). Staged in session 22, not yet run on a
-GPU: `split_loop`, the decode attention's grid with fewer programs per (sequence, kv head), each looping over
-every P-th split below its row's length (`_triton_decode_attention.loop_programs`): the engine's bound is
-`max_model_len`, and the splits past a row's length, launched only to exit, cost 1B bs 128 60.4 us a layer
-against 47.8 (512-token rows under bounds 4096 and 512, H200, session 22).
+tuning that leaves the bits as they are). Staged in session 22: `split_loop`, the decode
+attention's grid with fewer programs per (sequence, kv head), each looping over every P-th split below its row's
+length (`attention_grid.loop_programs`), for the splits past a row's length that the engine's `max_model_len`
+bound launches only to exit. On the H200 (session 23) it is bitwise and does not pay: 1B bs 128 60.7 -> 55.0 us
+a layer with 512-token rows under bound 4096, but 83.8 -> 93.8 with rows filling the bound and 46.1 -> 48.7 at
+bs 64 with rows of 1-1200 tokens.
 """
 
 from __future__ import annotations
