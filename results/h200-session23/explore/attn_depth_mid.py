@@ -1,11 +1,13 @@
 """Session 23, call F (no carry, ~1 min): the attention's pipeline depth (3 = triton's default vs 2) where
 `attn_stages` switches at 8 kv heads under the engine-like bound 4096 (16 splits: 2 stages from bs 9), bs 4-64,
 rows at 512 tokens and at 1-1200 random; 1B / 8B head shapes; split + merge replayed in a graph, us.
-Usage (device): PYTHONPATH=src python3 results/h200-session23/explore/attn_depth_mid.py"""
+Usage (device): PYTHONPATH=src python3 results/h200-session23/explore/attn_depth_mid.py
+(Run as call F with the inputs built inline; they now come from `attention_kernel.paged_inputs`, the same draws in
+the same order.)"""
 import torch
 from triton.testing import do_bench_cudagraph
 
-from graphpool.bench.attention_kernel import SHAPES
+from graphpool.bench.attention_kernel import SHAPES, paged_inputs
 from graphpool.kernels import _triton_decode_attention as tda
 from graphpool.kernels.attention_grid import choose_num_stages, choose_split_len, device_num_sms
 
@@ -21,15 +23,10 @@ def graph_us(args: tuple, out: torch.Tensor, stages: int) -> float:
 
 print("shape rows bs programs picked | 3 stages us, 2 stages us, 2/3, equal")
 for name in ("llama3.2-1b", "llama3-8b"):
-    hq, hkv, dim = SHAPES[name]
+    _, hkv, dim = SHAPES[name]
     for rows in ("512", "rand"):
         for bs in (4, 8, 9, 12, 16, 24, 32, 48, 64):
-            max_blocks = bound // 16
-            nb = 1 + bs * max_blocks
-            q = torch.randn(bs, hq, dim, device="cuda", dtype=torch.bfloat16)
-            k = torch.randn(nb, 16, hkv, dim, device="cuda", dtype=torch.bfloat16)
-            v = torch.randn_like(k)
-            bt = (torch.randperm(nb - 1, device="cuda")[: bs * max_blocks] + 1).view(bs, max_blocks).int()
+            q, k, v, bt = paged_inputs(SHAPES[name], bs, bound)
             lens = (torch.full((bs,), 512) if rows == "512" else torch.randint(1, 1201, (bs,))).to("cuda", torch.int32)
             out = torch.empty_like(q)
             sms = device_num_sms(q.device)

@@ -22,6 +22,27 @@ SHAPES = {  # name: (num_heads, num_kv_heads, head_dim)
 }
 
 
+def paged_inputs(
+    shape: tuple[int, int, int],
+    bs: int,
+    max_len: int,
+    block_size: int = 16,
+    dtype: torch.dtype = torch.bfloat16,
+    device: str | torch.device = "cuda",
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Random decode-attention inputs ``(q, k_cache, v_cache, block_tables)`` for `bs` rows of up to `max_len`
+    tokens: every row gets its own blocks, scattered over the cache (block 0 stays unused, the engine's
+    reserved dummy block), so the kernel's gathers are not sequential. The row lengths are the caller's."""
+    hq, hkv, dim = shape
+    max_blocks = -(-max_len // block_size)
+    num_blocks = 1 + bs * max_blocks
+    q = torch.randn(bs, hq, dim, device=device, dtype=dtype)
+    k = torch.randn(num_blocks, block_size, hkv, dim, device=device, dtype=dtype)
+    v = torch.randn_like(k)
+    bt = (torch.randperm(num_blocks - 1, device=device)[: bs * max_blocks] + 1).view(bs, max_blocks).int()
+    return q, k, v, bt
+
+
 def bench_one(
     shape: tuple[int, int, int],
     bs: int,
@@ -38,14 +59,9 @@ def bench_one(
     from graphpool.kernels.attention_grid import choose_split_len, device_num_sms
     from graphpool.kernels.decode_attention import paged_decode_attention_ref
 
-    hq, hkv, dim = shape
+    _, hkv, dim = shape
     dtype = torch.bfloat16
-    max_blocks = -(-ctx // block_size)
-    num_blocks = 1 + bs * max_blocks
-    q = torch.randn(bs, hq, dim, device="cuda", dtype=dtype)
-    k = torch.randn(num_blocks, block_size, hkv, dim, device="cuda", dtype=dtype)
-    v = torch.randn_like(k)
-    bt = (torch.randperm(num_blocks - 1, device="cuda")[: bs * max_blocks] + 1).view(bs, max_blocks).int()
+    q, k, v, bt = paged_inputs(shape, bs, ctx, block_size, dtype)
     if mixed:
         lens = torch.randint(1, ctx + 1, (bs,), device="cuda", dtype=torch.int32)
     else:

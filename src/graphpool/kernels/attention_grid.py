@@ -56,6 +56,7 @@ def choose_num_stages(programs: int, num_sms: int) -> int | None:
     LARGE_GRID_PROGRAMS_PER_SM programs per SM, else None (triton's default, 3). On the H200 (session 23) 2
     stages took 1B bs 64 / 128 from 45.5 / 83.8 to 42.9 / 80.0 us a layer; at bs 1-8, whose grids stay under
     the threshold, they cost 0.2-0.4 us; at head dim 128 (8B) between bs 12 and 32 under bound 4096 they
-    lost up to 1.5 us a layer (under 1% of that step), one threshold kept for both. It may follow the batch: the depth changes when tiles load, not the
-    arithmetic, so a row's bits stay the same (the GPU test checks it)."""
+    lost up to 1.5 us a layer (under 1% of that step), one threshold kept for both. It may follow the batch:
+    the depth changes when tiles load, not the arithmetic, so a row's bits stay the same (the GPU test checks
+    it)."""
     return LARGE_GRID_STAGES if programs > LARGE_GRID_PROGRAMS_PER_SM * num_sms else None
