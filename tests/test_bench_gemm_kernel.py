@@ -1,5 +1,6 @@
-"""`python -m graphpool.bench.gemm_kernel`'s files (its timings need a GPU: tests/gpu runs none of them, the
-H200 runs are in results/): the JSON, Markdown and plot from a run's rows, and the refusal without CUDA."""
+"""`python -m graphpool.bench.gemm_kernel`'s files (its timings need a GPU: tests/gpu runs none of them): the
+JSON, Markdown and plot from a run's rows, the modes' op sets (one chain on the CPU), and the refusal without
+CUDA."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import torch
 
 from graphpool.bench import gemm_kernel
 from graphpool.bench.common import collect_env
+from graphpool.kernels.switches import check_switches
+from graphpool.model.ops import kernel_ops
 
 
 def _rows() -> list[dict[str, object]]:
@@ -37,3 +40,16 @@ def test_main_needs_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(SystemExit, match="needs a CUDA GPU"):
         gemm_kernel.main(["--models", "llama3.2-1b"])
+
+
+def test_modes_are_op_sets_of_the_kernel_switches() -> None:
+    """Each mode names switches off; on the CPU (the kernels' torch references) every mode's chain is the same."""
+    assert all(check_switches(off) == off for off in gemm_kernel.MODES.values())
+    gen = torch.Generator().manual_seed(0)
+    hidden, qkv, inter = 16, 24, 32
+    layers = [{"norm": torch.rand(hidden, generator=gen) + 0.5, "qkv": torch.randn(qkv, hidden, generator=gen),
+               "o": torch.randn(hidden, hidden, generator=gen), "gate_up": torch.randn(2 * inter, hidden, generator=gen),
+               "down": torch.randn(hidden, inter, generator=gen)} for _ in range(2)]  # fmt: skip
+    x = torch.randn(1, hidden, generator=gen)
+    outs = [gemm_kernel.step(layers, x, kernel_ops(off)) for off in gemm_kernel.MODES.values()]
+    assert outs[0].shape == (1, hidden) and all(torch.equal(o, outs[0]) for o in outs)

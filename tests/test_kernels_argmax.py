@@ -1,4 +1,4 @@
-"""The staged row argmax (kernels/argmax.py): torch.argmax's index — the first maximum, a NaN as the maximum —
+"""The decode step's row argmax (kernels/argmax.py): torch.argmax's index — the first maximum, a NaN as the maximum —
 from the two Triton launches in the interpreter, over ties within and across blocks, NaN and -inf rows, widths
 that are no multiple of the block, and every float dtype; its dispatch; its sm_90 compile is in
 test_kernels_compile_sm90.py."""

@@ -35,7 +35,7 @@ def _attn_types(partials: str) -> Callable[[str], str]:
     def types(name: str) -> str:
         if name in ("q_ptr", "k_ptr", "v_ptr", "out_ptr"):
             return "*bf16"
-        if name in ("bt_ptr", "lens_ptr", "locks_ptr"):
+        if name in ("bt_ptr", "lens_ptr"):
             return "*i32"
         if name in ("po_ptr", "plse_ptr"):
             return partials
@@ -57,60 +57,34 @@ def _private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
 
 
-@pytest.mark.parametrize(("direct", "fused"), [(False, False), (False, True), (True, False)])
-def test_decode_attention_kernels_compile(direct: bool, fused: bool) -> None:
+@pytest.mark.parametrize("direct", [False, True])
+def test_decode_attention_kernels_compile(direct: bool) -> None:
     from graphpool.kernels import _triton_decode_attention as da
 
     types = _attn_types("*bf16" if direct else "*fp32")
     constexprs = dict(
         GROUP=4, HEAD_DIM=128, BLOCK_SIZE=16, BLOCK_G=16, BLOCK_D=128, BLOCK_N=64,
-        DIRECT=direct, DOT_PRECISION="tf32", FUSED_MERGE=fused, BLOCK_S=16, PDL_TRIGGER=direct,
-        PDL_WAIT=fused, SPLIT_LOOP=False,
+        DIRECT=direct, DOT_PRECISION="tf32", PDL_TRIGGER=direct,
     )  # fmt: skip
-    kernel = _compile(da._decode_split_kernel, types, constexprs)
-    assert "mma" in kernel.asm["ptx"]  # the q.k and p.v products run on tensor cores
-    if fused:  # the last split's merge: an acquire-release atomic on the counter, the partials read past L1
-        ptx = kernel.asm["ptx"]
-        assert "atom" in ptx and ".acq_rel" in ptx and ".cg" in ptx, [
-            ln for ln in ptx.splitlines() if "atom" in ln
-        ]
-    if not direct and not fused:
+    ptx = _compile(da._decode_split_kernel, types, constexprs).asm["ptx"]
+    assert "mma" in ptx  # the q.k and p.v products run on tensor cores
+    assert ("griddepcontrol.launch_dependents" in ptx) == direct
+    if not direct:
         _compile(
             da._decode_merge_kernel,
             lambda n: {"po_ptr": "*fp32", "plse_ptr": "*fp32", "lens_ptr": "*i32", "out_ptr": "*bf16"}.get(
                 n, "i32"
             ),
-            dict(HEAD_DIM=128, BLOCK_S=16, BLOCK_D=128, PDL_TRIGGER=True, PDL_WAIT=False),
+            dict(HEAD_DIM=128, BLOCK_S=16, BLOCK_D=128, PDL_TRIGGER=True),
         )
-
-
-def test_staged_split_loop_compiles() -> None:
-    """The staged split loop (a program takes every P-th split below its row's length): the loop over splits
-    around the loop over tiles, tensor-core products, PDL's wait before any global access."""
-    from graphpool.kernels import _triton_decode_attention as da
-
-    constexprs = dict(GROUP=4, HEAD_DIM=64, BLOCK_SIZE=16, BLOCK_G=16, BLOCK_D=64, BLOCK_N=64, DIRECT=False,
-                      DOT_PRECISION="tf32", FUSED_MERGE=False, BLOCK_S=16, PDL_TRIGGER=True, PDL_WAIT=True,
-                      SPLIT_LOOP=True)  # fmt: skip
-    ptx = _compile(da._decode_split_kernel, _attn_types("*fp32"), constexprs).asm["ptx"]
-    assert "mma" in ptx and "%nctaid.z" in ptx  # the stride over splits: the grid's third extent
-    assert _waits_before_any_global_access(ptx)
 
 
 def test_norm_and_rotary_kernels_compile() -> None:
     from graphpool.kernels import _triton_norm_rope as nr
 
-    _compile(
-        nr._rms_norm_kernel,
-        _norm_types,
-        dict(HAS_RESIDUAL=True, BLOCK=4096, PDL_TRIGGER=True, PDL_WAIT=False),
-        num_warps=8,
-    )
+    _compile(nr._rms_norm_kernel, _norm_types, dict(HAS_RESIDUAL=True, BLOCK=4096, PDL_TRIGGER=True), num_warps=8)
 
-    constexprs = dict(
-        HQ=32, HKV=8, HALF=64, BLOCK_HQ=32, BLOCK_HKV=8, BLOCK_HALF=64, BLOCK_SIZE=16, WRITE_KV=True,
-        PDL_CHAIN=False,
-    )
+    constexprs = dict(HQ=32, HKV=8, HALF=64, BLOCK_HQ=32, BLOCK_HKV=8, BLOCK_HALF=64, BLOCK_SIZE=16, WRITE_KV=True)
     _compile(nr._rotary_kernel, _rope_types, constexprs)
 
 
@@ -125,15 +99,15 @@ def test_argmax_kernels_compile() -> None:
     _compile(am._rows_argmax_kernel, lambda n: rows_types.get(n, "i32"), dict(BLOCKS=128))
 
 
-@pytest.mark.parametrize(("has_bias", "pdl"), [(False, False), (True, True)])
-def test_gemv_kernel_compiles(has_bias: bool, pdl: bool) -> None:
-    """The one-row GEMV; with PDL its first weight tile is loaded before griddepcontrol.wait, x after it."""
+@pytest.mark.parametrize(("has_bias", "pdl", "k"), [(False, False, 2048), (True, True, 2048), (False, True, 8192)])
+def test_gemv_kernel_compiles(has_bias: bool, pdl: bool, k: int) -> None:
+    """The one-row GEMV (one tile, or a loop over four); with PDL its first weight tile is loaded before
+    griddepcontrol.wait, x after it."""
     from graphpool.kernels import _triton_gemv as gv
 
-    constexprs = dict(K=2048, BLOCK_N=gv.BLOCK_N, BLOCK_K=gv.MAX_BLOCK_K, HAS_BIAS=has_bias, PDL=pdl, PDL_TRIGGER=pdl,
-                      NORM=has_bias, HAS_RESIDUAL=has_bias, SWIGLU=False, LIBDEVICE_EXP=True)
+    constexprs = dict(K=k, BLOCK_N=gv.BLOCK_N, BLOCK_K=gv.MAX_BLOCK_K, HAS_BIAS=has_bias, PDL=pdl)
     ptx = _compile(gv._gemv_kernel, _norm_types, constexprs, num_warps=gv.NUM_WARPS).asm["ptx"]
-    assert ("griddepcontrol.wait" in ptx) == pdl
+    assert ("griddepcontrol.wait" in ptx) == pdl and "griddepcontrol.launch_dependents" not in ptx
     if pdl:
         before, after = ptx.split("griddepcontrol.wait", 1)
         assert "ld.global" in before and "ld.global" in after
@@ -144,60 +118,35 @@ def test_pdl_trigger_compiles_in_only_when_on() -> None:
 
     def ptx(on: bool) -> str:
         return _compile(
-            nr._rms_norm_kernel,
-            _norm_types,
-            dict(HAS_RESIDUAL=False, BLOCK=2048, PDL_TRIGGER=on, PDL_WAIT=False),
+            nr._rms_norm_kernel, _norm_types, dict(HAS_RESIDUAL=False, BLOCK=2048, PDL_TRIGGER=on)
         ).asm["ptx"]
 
     assert "griddepcontrol.launch_dependents" in ptx(True)
     assert "griddepcontrol" not in ptx(False)
 
 
-def _waits_before_any_global_access(ptx: str) -> bool:
-    before = ptx.split("griddepcontrol.wait", 1)[0] if "griddepcontrol.wait" in ptx else ptx
-    return "griddepcontrol.wait" in ptx and "ld.global" not in before and "st.global" not in before
-
-
-def test_staged_pdl_chain_kernels_wait_before_touching_memory() -> None:
-    """The staged PDL chain: each kernel launched with PDL waits before its first global load or store (a
-    kernel that has not waited may run beside the one ahead of it)."""
+def test_the_kernels_before_a_gemv_trigger_and_never_wait() -> None:
+    """Only the GEMVs are launched with PDL: the norm, SwiGLU and attention kernels trigger their dependents
+    first thing and never wait themselves."""
     from graphpool.kernels import _triton_decode_attention as da
     from graphpool.kernels import _triton_norm_rope as nr
     from graphpool.kernels import _triton_silu_mul as sm
 
-    norm = _compile(
-        nr._rms_norm_kernel,
-        _norm_types,
-        dict(HAS_RESIDUAL=True, BLOCK=2048, PDL_TRIGGER=True, PDL_WAIT=True),
-    )
-
-    rope = _compile(nr._rotary_kernel, _rope_types, dict(HQ=32, HKV=8, HALF=32, BLOCK_HQ=32, BLOCK_HKV=8,
-                                                         BLOCK_HALF=32, BLOCK_SIZE=16, WRITE_KV=True, PDL_CHAIN=True))
+    norm = _compile(nr._rms_norm_kernel, _norm_types, dict(HAS_RESIDUAL=True, BLOCK=2048, PDL_TRIGGER=True))
     silu = _compile(sm._silu_mul_kernel, lambda n: "*bf16" if n.endswith("_ptr") else "i32",
-                    dict(BLOCK=1024, LIBDEVICE_EXP=True, PDL_TRIGGER=True, PDL_WAIT=True))
-
+                    dict(BLOCK=1024, LIBDEVICE_EXP=True, PDL_TRIGGER=True))
     split = _compile(da._decode_split_kernel, _attn_types("*fp32"), dict(
         GROUP=4, HEAD_DIM=64, BLOCK_SIZE=16, BLOCK_G=16, BLOCK_D=64, BLOCK_N=64, DIRECT=False,
-        DOT_PRECISION="tf32", FUSED_MERGE=False, BLOCK_S=16, PDL_TRIGGER=True, PDL_WAIT=True, SPLIT_LOOP=False))
+        DOT_PRECISION="tf32", PDL_TRIGGER=True))
     merge = _compile(da._decode_merge_kernel,
                      lambda n: {"po_ptr": "*fp32", "plse_ptr": "*fp32", "lens_ptr": "*i32", "out_ptr": "*bf16"}.get(n, "i32"),
-                     dict(HEAD_DIM=64, BLOCK_S=16, BLOCK_D=64, PDL_TRIGGER=True, PDL_WAIT=True))
-    for name, kernel in (("norm", norm), ("rotary", rope), ("silu", silu), ("split", split), ("merge", merge)):
+                     dict(HEAD_DIM=64, BLOCK_S=16, BLOCK_D=64, PDL_TRIGGER=True))
+    for name, kernel in (("norm", norm), ("silu", silu), ("split", split), ("merge", merge)):
         ptx = kernel.asm["ptx"]
-        assert _waits_before_any_global_access(ptx), name
-        assert "griddepcontrol.launch_dependents" in ptx, name
+        assert "griddepcontrol.launch_dependents" in ptx and "griddepcontrol.wait" not in ptx, name
 
 
-def test_staged_silu_gemv_kernel_compiles() -> None:
-    from graphpool.kernels import _triton_gemv as gv
-
-    constexprs = dict(K=8192, BLOCK_N=gv.BLOCK_N, BLOCK_K=gv.MAX_BLOCK_K, HAS_BIAS=False, PDL=True, PDL_TRIGGER=False,
-                      NORM=False, HAS_RESIDUAL=False, SWIGLU=True, LIBDEVICE_EXP=True)
-    ptx = _compile(gv._gemv_kernel, _norm_types, constexprs, num_warps=gv.NUM_WARPS).asm["ptx"]
-    assert "div.rn.f32" in ptx and "griddepcontrol.wait" in ptx  # IEEE division, as the SwiGLU kernel's
-
-
-def test_staged_gemv_rope_kernel_compiles() -> None:
+def test_gemv_rope_kernel_compiles() -> None:
     """The qkv GEMV + rotary + KV write at 1B's shapes; with PDL the weight load comes before the wait."""
     from graphpool.kernels import _triton_gemv as gv
     from graphpool.kernels import _triton_gemv_rope as gr

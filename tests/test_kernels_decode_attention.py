@@ -14,7 +14,6 @@ from graphpool.kernels.decode_attention import (
     paged_decode_attention,
     paged_decode_attention_ref,
 )
-from graphpool.kernels.staging import OFF_ENV
 
 
 def make_case(
@@ -238,85 +237,10 @@ def test_triton_kernel_in_interpreter_matches_reference() -> None:
     assert all(e < 2e-3 for e in errors), errors
 
 
-_FUSED_SCRIPT = """
-from test_kernels_decode_attention import make_case
-from graphpool.kernels import _triton_attention_merge as merge
-from graphpool.kernels import _triton_decode_attention as tda
-
-cases = [
-    # lens, Hq, Hkv, D, block_size, bound, split_len, dtype
-    ([1, 16, 17, 130], 8, 2, 64, 16, 192, 64, torch.float32),  # empty splits for short rows
-    ([5, 40], 9, 3, 48, 8, 300, 64, torch.float16),  # group 3, head_dim not a power of two
-    ([0, 33, 0], 4, 4, 32, 4, 64, 16, torch.float32),  # rows with no context
-]
-results = []
-for i, (lens, hq, hkv, d, bsz, bound, split, dtype) in enumerate(cases):
-    q, k, v, bt, cl = make_case(lens, hq, hkv, d, bsz, dtype=dtype, seed=i)
-    two = tda.paged_decode_attention_triton(q, k, v, bt, cl, d**-0.5, bound, split_len=split, fused_merge=False)
-    runs = []
-    for _ in range(2):  # the counters must be back at zero for the second launch
-        out = torch.full_like(q, float("nan"))
-        tda.paged_decode_attention_triton(q, k, v, bt, cl, d**-0.5, bound, out=out, split_len=split,
-                                          fused_merge=True)
-        runs.append(out)
-    locks = merge._LOCKS[q.device]
-    results.append([bool(torch.equal(runs[0], two)), bool(torch.equal(runs[1], two)),
-                    all(int(b.abs().sum()) == 0 for b in locks), len(locks)])
-print(json.dumps(results))
-"""
-
-
-def test_fused_merge_in_interpreter_is_bitwise_the_two_kernels() -> None:
-    """The staged one-kernel variant: the last split merges, as the merge kernel does, bit for bit."""
-    pytest.importorskip("triton")
-    results = run_in_triton_interpreter(_FUSED_SCRIPT)
-    assert results == [[True, True, True, 1]] * 3, results
-
-
-_LOOP_SCRIPT = """
-from test_kernels_decode_attention import make_case
-from graphpool.kernels import _triton_decode_attention as tda
-
-cases = [
-    # lens, Hq, Hkv, D, block_size, bound, split_len, dtype
-    ([1, 16, 17, 130], 8, 2, 64, 16, 192, 32, torch.float32),  # 6 splits; short rows end early
-    ([5, 40, 0], 9, 3, 48, 8, 300, 16, torch.float16),  # group 3, odd head_dim, a row with no context
-]
-results = []
-for i, (lens, hq, hkv, d, bsz, bound, split, dtype) in enumerate(cases):
-    q, k, v, bt, cl = make_case(lens, hq, hkv, d, bsz, dtype=dtype, seed=i)
-    one = tda.paged_decode_attention_triton(q, k, v, bt, cl, d**-0.5, bound, split_len=split, fused_merge=False)
-    splits = -(-tda.effective_len_bound(bound, bt.shape[1], bsz) // split)
-    same = [splits > 3]
-    for programs in (1, 2, 3, splits):
-        out = torch.full_like(q, float("nan"))
-        tda.paged_decode_attention_triton(q, k, v, bt, cl, d**-0.5, bound, out=out, split_len=split,
-                                          fused_merge=False, split_programs=programs)
-        same.append(bool(torch.equal(out, one)))
-    results.append(same)
-print(json.dumps(results))
-"""
-
-
-def test_split_loop_in_interpreter_is_bitwise_one_split_a_program() -> None:
-    """The staged split loop: whatever the programs per (sequence, kv head), every split's partial and so the
-    output are the one-split-a-program kernel's, bit for bit (rows that end early, a row with no context)."""
-    pytest.importorskip("triton")
-    assert run_in_triton_interpreter(_LOOP_SCRIPT) == [[True] * 5] * 2
-
-
-def test_loop_programs_fill_the_gpu_and_stay_in_range() -> None:
-    from graphpool.kernels.attention_grid import LOOP_PROGRAMS_PER_SM, loop_programs
-
-    assert loop_programs(8, 16, 132) == 16  # batch of one (8 kv heads): one split a program, as unstaged
-    assert loop_programs(128 * 8, 16, 132) == -(-LOOP_PROGRAMS_PER_SM * 132 // 1024)
-    assert loop_programs(100_000, 16, 132) == 1 and loop_programs(0, 4, 132) == 4
-
-
 def test_large_grids_get_the_shallower_pipeline(monkeypatch: pytest.MonkeyPatch) -> None:
     """The split kernel's depth: triton's default up to LARGE_GRID_PROGRAMS_PER_SM programs per SM (a batch
-    of 1-8 at 8 kv heads and 4-16 splits), LARGE_GRID_STAGES past it; the launch asks for it unless
-    ``GRAPHPOOL_KERNELS_OFF=attn_stages`` (or the caller gives num_stages)."""
+    of 1-8 at 8 kv heads and 4-16 splits), LARGE_GRID_STAGES past it; the launch asks for it unless the
+    ``attn_stages`` switch is off (or the caller gives num_stages)."""
     pytest.importorskip("triton")
     from graphpool.kernels import _triton_decode_attention as tda
     from graphpool.kernels.attention_grid import (
@@ -337,20 +261,10 @@ def test_large_grids_get_the_shallower_pipeline(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(tda, "_decode_split_kernel", Spy())
     monkeypatch.setattr(tda, "_decode_merge_kernel", Spy())
     q, k, v, bt, cl = make_case([300] * 40, 8, 8, 16, 16, max_blocks=64)
-    tda.paged_decode_attention_triton(q, k, v, bt, cl, 0.25, 1024, fused_merge=False)  # 40 x 8 x 4 > 8 x 132
-    tda.paged_decode_attention_triton(q[:1], k, v, bt[:1], cl[:1], 0.25, 1024, fused_merge=False)
-    tda.paged_decode_attention_triton(q[:1], k, v, bt[:1], cl[:1], 0.25, 1024, fused_merge=False, num_stages=4)
-    monkeypatch.setenv(OFF_ENV, "attn_stages")
-    tda.paged_decode_attention_triton(q, k, v, bt, cl, 0.25, 1024, fused_merge=False)
-    splits = [c for c in launched if "SPLIT_LOOP" in c]
+    tda.paged_decode_attention_triton(q, k, v, bt, cl, 0.25, 1024)  # 40 x 8 x 4 > 8 x 132
+    tda.paged_decode_attention_triton(q[:1], k, v, bt[:1], cl[:1], 0.25, 1024)
+    tda.paged_decode_attention_triton(q[:1], k, v, bt[:1], cl[:1], 0.25, 1024, num_stages=4)
+    tda.paged_decode_attention_triton(q, k, v, bt, cl, 0.25, 1024, attn_stages=False)
+    splits = [c for c in launched if "DIRECT" in c]
     assert [c["grid"] for c in splits] == [(40, 8, 4), (1, 8, 4), (1, 8, 4), (40, 8, 4)]
     assert [c.get("num_stages") for c in splits] == [LARGE_GRID_STAGES, None, 4, None]
-
-
-def test_split_programs_out_of_range_is_refused() -> None:
-    pytest.importorskip("triton")
-    from graphpool.kernels._triton_decode_attention import paged_decode_attention_triton
-
-    q, k, v, bt, cl = make_case([5, 9], 4, 2, 16, 4, dtype=torch.float32, seed=0)
-    with pytest.raises(ValueError, match="split_programs must be in"):
-        paged_decode_attention_triton(q, k, v, bt, cl, 0.25, 16, split_len=4, split_programs=5)

@@ -1,7 +1,8 @@
 """The one-row GEMV (kernels/gemv.py): ``w @ x + b`` from the Triton kernel in the interpreter against
 float64 (K no multiple of the tile, N no multiple of BLOCK_N, a bias, a strided row, a leading batch shape);
-the dispatch (which operands take the kernel) and the kernel switches; its sm_90 compile (and PDL's
-griddepcontrol placement) is in test_kernels_compile_sm90.py; the H200 tests in tests/gpu/test_kernels_gemv_gpu.py."""
+the dispatch (which operands take the kernel) and the kernel switches (names checked, resolved once into the
+model's operations, reaching the launch); its sm_90 compile (and PDL's griddepcontrol placement) is in
+test_kernels_compile_sm90.py; the GPU tests in tests/gpu/test_kernels_gemv_gpu.py."""
 
 from __future__ import annotations
 
@@ -9,8 +10,7 @@ import pytest
 import torch
 
 from graphpool.kernels.gemv import linear, uses_gemv
-from graphpool.kernels.pdl import pdl_on
-from graphpool.kernels.staging import OFF_ENV, STAGED_ENV, kernel_on, staged_kernels_on
+from graphpool.kernels.switches import KERNEL_SWITCHES, check_switches
 from test_kernels_decode_attention import run_in_triton_interpreter
 
 _SCRIPT = """
@@ -34,76 +34,6 @@ print(json.dumps(errors))
 """
 
 
-_NORM_SCRIPT = """
-from graphpool.kernels._triton_gemv import Tiles, norm_gemv_triton
-from graphpool.kernels.norm_rope import add_rms_norm_ref, rms_norm_ref
-
-gen = torch.Generator().manual_seed(1)
-errors = []
-for dtype in (torch.float32, torch.float16):
-    for n, k, block_k, with_residual, bias in ((40, 300, 128, True, False), (24, 256, 64, False, True),
-                                               (9, 1000, 512, True, True)):
-        x = torch.randn(1, k, generator=gen).to(dtype)
-        res = torch.randn(1, k, generator=gen).to(dtype) if with_residual else None
-        g = (torch.rand(k, generator=gen) + 0.5).to(dtype)
-        w = (torch.randn(n, k, generator=gen) / k**0.5).to(dtype)
-        b = torch.randn(n, generator=gen).to(dtype) if bias else None
-        y, new_res = norm_gemv_triton(x, res, g, 1e-5, w, b, tiles=Tiles(8, block_k, num_stages=1))
-        if res is None:
-            h, want_res = rms_norm_ref(x.double(), g.double(), 1e-5), x
-        else:
-            h = add_rms_norm_ref(x.double(), res.double(), g.double(), 1e-5)[0]
-            want_res = (x + res)  # the stream after the add, rounded as torch rounds it
-        ref = h @ w.double().T + (b.double() if bias else 0.0)
-        ok = y.shape == (1, n) and y.dtype == dtype and torch.equal(new_res, want_res)
-        errors.append(float((y.double() - ref).abs().max() / ref.abs().max()) if ok else 1.0)
-print(json.dumps(errors))
-"""
-
-
-def test_norm_gemv_matches_float64_in_the_interpreter() -> None:
-    """The staged norm + GEMV: the product of the normalized row within fp32 (fp16) rounding of float64,
-    and the residual stream after the add bitwise torch's ``x + residual``."""
-    errors = run_in_triton_interpreter(_NORM_SCRIPT)
-    assert len(errors) == 6
-    assert max(errors[:3]) < 1e-5
-    assert max(errors[3:]) < 1e-2
-
-
-_SILU_SCRIPT = """
-from graphpool.kernels._triton_gemv import Tiles, gemv_triton
-from graphpool.kernels._triton_silu_mul import silu_mul_triton
-
-gen = torch.Generator().manual_seed(2)
-same = []
-for dtype in (torch.float32, torch.float16):
-    for n, inter, block_k, bias in ((40, 300, 128, False), (9, 1000, 512, True)):
-        gate_up = (torch.randn(1, 2 * inter, generator=gen) * 3).to(dtype)
-        w = (torch.randn(n, inter, generator=gen) / inter**0.5).to(dtype)
-        b = torch.randn(n, generator=gen).to(dtype) if bias else None
-        tiles = Tiles(8, block_k, num_stages=1)
-        fused = gemv_triton(gate_up, w, b, tiles=tiles, swiglu=True)
-        two = gemv_triton(silu_mul_triton(gate_up), w, b, tiles=tiles)
-        same.append(fused.shape == (1, n) and torch.equal(fused, two))
-print(json.dumps(same))
-"""
-
-
-def test_silu_gemv_is_the_two_kernels_bitwise_in_the_interpreter() -> None:
-    """The staged SwiGLU + GEMV computes the SwiGLU kernel's bits on the fly, so its product is the GEMV's of
-    the SwiGLU kernel's output, bit for bit."""
-    assert run_in_triton_interpreter(_SILU_SCRIPT) == [True] * 4
-
-
-def test_fused_ops_decline_off_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
-    from graphpool.kernels.gemv import fused_norm_linear, fused_silu_linear
-
-    monkeypatch.setenv(STAGED_ENV, "norm_gemv,silu_gemv")
-    x, g, w = torch.randn(1, 16), torch.rand(16) + 0.5, torch.randn(8, 16)
-    assert fused_norm_linear(x, None, g, 1e-6, w) is None
-    assert fused_silu_linear(torch.randn(1, 32), w) is None
-
-
 def test_gemv_matches_float64_in_the_interpreter() -> None:
     errors = run_in_triton_interpreter(_SCRIPT)
     assert len(errors) == 10
@@ -112,45 +42,41 @@ def test_gemv_matches_float64_in_the_interpreter() -> None:
     assert errors[4] == errors[9] == 0.0
 
 
-def test_switches_name_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(OFF_ENV, raising=False)
-    monkeypatch.delenv(STAGED_ENV, raising=False)
-    assert kernel_on("gemv") and kernel_on("pdl")  # on by default
-    assert not pdl_on(torch.device("cpu"))  # never off CUDA
-    monkeypatch.setenv(OFF_ENV, "pdl")
-    assert kernel_on("gemv") and not kernel_on("pdl")
-    monkeypatch.setenv(OFF_ENV, "gemv,pdl")
-    assert not kernel_on("gemv")
-    with pytest.raises(ValueError, match="unknown kernel switch"):
-        kernel_on("gemm")
-    assert not staged_kernels_on("argmax")
-    monkeypatch.setenv(STAGED_ENV, "argmax")
-    assert staged_kernels_on("argmax") and not staged_kernels_on("fused_merge")
-    monkeypatch.setenv(STAGED_ENV, "1")
-    assert staged_kernels_on("fused_merge")
-    with pytest.raises(ValueError, match="unknown staged kernel"):
-        staged_kernels_on("gemv")
+def test_switches_name_kernels() -> None:
+    assert check_switches("pdl, gemv,pdl") == ("gemv", "pdl")  # the switches' order, no repeats
+    assert check_switches(["attn_stages"]) == ("attn_stages",) and check_switches("") == ()
+    assert check_switches(KERNEL_SWITCHES) == KERNEL_SWITCHES
+    with pytest.raises(ValueError, match=r"unknown kernel switch.*'gemm'.*known: gemv, pdl"):
+        check_switches("gemv,gemm")
+    with pytest.raises(ValueError, match="comma-separated"):
+        check_switches(3)  # type: ignore[arg-type]
 
 
-def test_dispatch_is_torch_off_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(OFF_ENV, raising=False)
+def test_pdl_is_never_on_off_cuda() -> None:
+    pytest.importorskip("triton")
+    from graphpool.kernels.pdl import pdl_on
+
+    assert not pdl_on(torch.device("cpu")) and not pdl_on(torch.device("cpu"), enabled=False)
+
+
+def test_dispatch_is_torch_off_cuda() -> None:
     x, w, b = torch.randn(1, 16), torch.randn(8, 16), torch.randn(8)
     assert not uses_gemv(x, w)
     assert torch.equal(linear(x, w, b), torch.nn.functional.linear(x, w, b))
 
 
-def test_dispatch_rules(monkeypatch: pytest.MonkeyPatch) -> None:
+class FakeCuda(torch.Tensor):
+    @property
+    def is_cuda(self) -> bool:  # type: ignore[override]
+        return True
+
+
+def cuda_like(t: torch.Tensor) -> torch.Tensor:
+    return t.as_subclass(FakeCuda)
+
+
+def test_dispatch_rules() -> None:
     """Which operands would take the kernel on CUDA (is_cuda faked: the rules are host-side facts)."""
-    monkeypatch.delenv(OFF_ENV, raising=False)
-
-    class FakeCuda(torch.Tensor):
-        @property
-        def is_cuda(self) -> bool:  # type: ignore[override]
-            return True
-
-    def cuda_like(t: torch.Tensor) -> torch.Tensor:
-        return t.as_subclass(FakeCuda)
-
     w = torch.randn(8, 16, dtype=torch.bfloat16)
     assert uses_gemv(cuda_like(torch.randn(1, 16, dtype=torch.bfloat16)), w)
     assert uses_gemv(cuda_like(torch.randn(1, 1, 16, dtype=torch.bfloat16)), w)
@@ -158,5 +84,44 @@ def test_dispatch_rules(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not uses_gemv(cuda_like(torch.randn(1, 16)), w.float())  # fp32 stays on cuBLAS
     assert not uses_gemv(cuda_like(torch.randn(1, 16, dtype=torch.bfloat16)), w.T.contiguous().T)
     assert not uses_gemv(cuda_like(torch.randn(1, 8, dtype=torch.bfloat16)), w)  # K mismatch: torch's error
-    monkeypatch.setenv(OFF_ENV, "gemv")
-    assert not uses_gemv(cuda_like(torch.randn(1, 16, dtype=torch.bfloat16)), w)
+
+
+def test_kernel_ops_resolve_the_switches() -> None:
+    """A switched-off kernel is left out of the op set (or its switch bound to the launcher), once."""
+    from graphpool.kernels import argmax, decode_attention, gemv, norm_rope, silu_mul
+    from graphpool.model.ops import TORCH_OPS, argmax_torch, kernel_ops, no_fusion, resolve_ops
+
+    on = kernel_ops()
+    assert (on.linear, on.fused_linear_rope, on.rms_norm, on.add_rms_norm, on.silu_mul, on.decode_attention,
+            on.step_argmax) == (gemv.linear, gemv.fused_linear_rope, norm_rope.rms_norm, norm_rope.add_rms_norm,
+                                silu_mul.silu_mul, decode_attention.paged_decode_attention, argmax.argmax_rows)
+    off = kernel_ops(KERNEL_SWITCHES)
+    assert off.linear is torch.nn.functional.linear and off.fused_linear_rope is no_fusion
+    assert off.step_argmax is argmax_torch
+    assert off.decode_attention.keywords == {"pdl": False, "attn_stages": False}  # type: ignore[attr-defined]
+    for fn in (off.rms_norm, off.add_rms_norm, off.silu_mul):
+        assert fn.keywords == {"pdl": False}  # type: ignore[attr-defined]
+    pdl_off = kernel_ops(["pdl"])
+    assert pdl_off.linear.func is gemv.linear and pdl_off.linear.keywords == {"pdl": False}  # type: ignore[attr-defined]
+    assert kernel_ops(["gemv_rope"]).fused_linear_rope is no_fusion and kernel_ops(["gemv_rope"]).linear is gemv.linear
+    assert resolve_ops("torch", torch.device("cpu")) is TORCH_OPS
+    assert resolve_ops("torch", torch.device("cpu"), ["step_argmax"]).step_argmax is argmax_torch
+    with pytest.raises(ValueError, match="unknown kernel switch"):
+        kernel_ops(["argmax"])
+
+
+def test_the_pdl_switch_reaches_the_launch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`pdl` off in the op set: the GEMV's launcher is asked for no PDL (is_cuda faked, the launcher recorded)."""
+    from types import SimpleNamespace
+
+    from graphpool.kernels import gemv
+    from graphpool.model.ops import kernel_ops
+
+    calls: list[bool] = []
+    fake = SimpleNamespace(gemv_triton=lambda x, w, b, *, pdl: calls.append(pdl) or torch.zeros(1, w.shape[0]))
+    monkeypatch.setattr(gemv, "triton_impl", lambda module: fake)
+    x, w = cuda_like(torch.randn(1, 16, dtype=torch.bfloat16)), torch.randn(8, 16, dtype=torch.bfloat16)
+    kernel_ops().linear(x, w, None)
+    kernel_ops(["pdl"]).linear(x, w, None)
+    kernel_ops(["gemv"]).linear(x.as_subclass(torch.Tensor), w, None)  # nn.functional.linear: no launch
+    assert calls == [True, False]

@@ -1,22 +1,20 @@
-"""The qkv GEMV + rotary + KV write (kernels/_triton_gemv_rope.py; ``GRAPHPOOL_KERNELS_OFF=gemv_rope``):
+"""The qkv GEMV + rotary + KV write (kernels/_triton_gemv_rope.py; the ``gemv_rope`` switch):
 in the Triton interpreter the kernel's qkv row and caches are the one-row GEMV's, then the rotary reference's
 and its KV write, bit for bit (q/k/v head counts, head dims, a bias, K over two tiles); the dispatch declines off
 CUDA; and the model's wiring: a decode step of one row takes the fused op (the rotary op is then not called for
 it), prefill never does, and greedy outputs equal the unfused model's. The sm_90 compile is in
-test_kernels_compile_sm90.py, the H200 tests in tests/gpu/test_kernels_gemv_gpu.py."""
+test_kernels_compile_sm90.py, the GPU tests in tests/gpu/test_kernels_gemv_gpu.py."""
 
 from __future__ import annotations
 
 import dataclasses
 
-import pytest
 import torch
 
 from graphpool.engine.config import EngineConfig
 from graphpool.engine.engine import LLMEngine
 from graphpool.kernels.gemv import fused_linear_rope
 from graphpool.kernels.norm_rope import rotary_and_write_kv_unchecked
-from graphpool.kernels.staging import OFF_ENV
 from graphpool.model.config import ModelConfig
 from graphpool.model.llama import LlamaModel
 from graphpool.model.ops import TORCH_OPS, ModelOps
@@ -28,7 +26,6 @@ _SCRIPT = """
 from graphpool.kernels._triton_gemv import gemv_triton
 from graphpool.kernels._triton_gemv_rope import gemv_rope_triton
 from graphpool.kernels.norm_rope import apply_rotary_and_write_kv_ref
-from graphpool.kernels.pdl import LaunchFlags
 
 gen = torch.Generator().manual_seed(0)
 diffs = []
@@ -43,7 +40,7 @@ for dtype in (torch.float32, torch.float16):
         kc, vc = torch.zeros(4, 8, hkv, d, dtype=dtype), torch.zeros(4, 8, hkv, d, dtype=dtype)
         kc2, vc2 = kc.clone(), vc.clone()
         got = gemv_rope_triton(x, w, b, pos, cos, sin, kc, vc, slot, (hq, hkv, d))
-        q, kk, v = gemv_triton(x, w, b, flags=LaunchFlags(False, False)).split((hq * d, hkv * d, hkv * d), -1)
+        q, kk, v = gemv_triton(x, w, b).split((hq * d, hkv * d, hkv * d), -1)
         qr, kr = apply_rotary_and_write_kv_ref(pos, q.view(1, hq, d), kk.view(1, hkv, d), v.view(1, hkv, d), cos,
                                                sin, kc2, vc2, slot)
         ref = torch.cat([qr.reshape(1, -1), kr.reshape(1, -1), v], -1)
@@ -56,8 +53,7 @@ def test_gemv_rope_is_the_gemv_then_rotary_bitwise_in_the_interpreter() -> None:
     assert run_in_triton_interpreter(_SCRIPT) == [0] * 6
 
 
-def test_fused_linear_rope_declines_off_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(OFF_ENV, raising=False)
+def test_fused_linear_rope_declines_off_cuda() -> None:
     cache = torch.zeros(2, 4, 1, 8)
     args = (torch.randn(8, 4), torch.randn(8, 4), cache, cache, torch.tensor([0]), (2, 1, 8))
     assert fused_linear_rope(torch.randn(1, 16), torch.randn(32, 16), None, torch.tensor([3]), *args) is None
@@ -115,7 +111,6 @@ from graphpool.engine.engine import LLMEngine
 from graphpool.kernels._triton_gemv import gemv_triton
 from graphpool.kernels._triton_gemv_rope import gemv_rope_triton
 from graphpool.kernels._triton_norm_rope import rotary_triton
-from graphpool.kernels.pdl import LaunchFlags
 from graphpool.model.config import ModelConfig
 from graphpool.model.llama import LlamaModel
 from graphpool.model.ops import TORCH_OPS
@@ -128,7 +123,7 @@ fused_calls = []
 
 def linear(x, w, b=None):
     if x.numel() == x.shape[-1]:
-        return gemv_triton(x, w, b, flags=LaunchFlags(False, False))
+        return gemv_triton(x, w, b)
     return torch.nn.functional.linear(x, w, b)
 
 def rotary(positions, q, k, v, cos, sin, k_cache, v_cache, slots):

@@ -196,7 +196,7 @@ def test_kernel_compiles_for_sm90_with_ieee_division_and_libdevice_exp(
     }
 
     def ptx(libdevice_exp: bool) -> str:
-        constexprs = {"BLOCK": 1024, "LIBDEVICE_EXP": libdevice_exp, "PDL_TRIGGER": False, "PDL_WAIT": False}
+        constexprs = {"BLOCK": 1024, "LIBDEVICE_EXP": libdevice_exp, "PDL_TRIGGER": False}
         signature = {
             name: "constexpr" if name in constexprs else types[name] for name in sm._silu_mul_kernel.arg_names
         }

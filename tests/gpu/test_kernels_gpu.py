@@ -225,61 +225,9 @@ def test_fused_rotary_and_kv_write_matches_reference_and_replays(hq: int, hkv: i
         check(q_rot, k_rot)
 
 
-# NOTE: one rounding of the output dtype. The H200 (session 18) showed the fused merge is not bitwise the
-# merge kernel at 9 splits (bs 7, bound 4096) while it was at 1-3: the same `_merge_one_head` code, compiled
-# inside two different kernels, may sum the splits in another order. A race (a split merged before another's
-# partial landed) would read the NaN-poisoned scratch below and fail by far more than this.
-MERGE_TOL = {torch.bfloat16: 2**-7, torch.float16: 2**-10, torch.float32: 1e-5}
-
-
-def _poison_scratch(bs: int, hq: int, num_splits: int, dim: int) -> None:
-    """Free NaN-filled blocks of the split kernel's scratch sizes, so its next torch.empty gets NaNs back."""
-    part_out = torch.full((bs, hq, num_splits, dim), float("nan"), device="cuda")
-    part_lse = torch.full((bs, hq, num_splits), float("nan"), device="cuda")
-    del part_out, part_lse
-
-
-@pytest.mark.parametrize(("bs", "hq", "hkv", "dim", "block_size", "bound", "max_len", "dtype"), CASES)
-def test_fused_merge_matches_the_two_kernels(bs, hq, hkv, dim, block_size, bound, max_len, dtype) -> None:
-    """The staged one-kernel attention (the last split merges): deterministic launch to launch and replay to
-    replay, and the two-kernel result to one rounding, with every launch's scratch poisoned first."""
-    from graphpool.kernels import _triton_attention_merge as merge
-    from graphpool.kernels import _triton_decode_attention as tda
-    from graphpool.kernels.decode_attention import effective_len_bound
-
-    q, k, v, bt, cl = make_case(random_lens(bs, max_len, 3), hq, hkv, dim, block_size, dtype)
-    scale = dim**-0.5
-    eff = effective_len_bound(bound, bt.shape[1], block_size)
-    num_splits = -(-eff // tda.choose_split_len(hkv, eff, tda.device_num_sms(q.device)))
-    two = tda.paged_decode_attention_triton(q, k, v, bt, cl, scale, bound, fused_merge=False)
-    runs = []
-    for _ in range(3):  # each launch leaves its counters at zero for the next
-        _poison_scratch(bs, hq, num_splits, dim)
-        runs.append(tda.paged_decode_attention_triton(q, k, v, bt, cl, scale, bound, fused_merge=True))
-    out = torch.empty_like(q)
-    graph, result = _capture(
-        lambda: tda.paged_decode_attention_triton(q, k, v, bt, cl, scale, bound, out=out, fused_merge=True)
-    )
-    for _ in range(3):
-        result.fill_(float("nan"))
-        graph.replay()
-        runs.append(result.clone())
-    torch.cuda.synchronize()
-    one = runs[0]
-    diff = (one.float() - two.float()).abs()
-    report(
-        f"kernels_gpu fused merge vs two kernels bs{bs} splits{num_splits} {dtype}",
-        {"differing": int((diff > 0).sum()), "of": diff.numel(), "max abs diff": float(diff.max())},
-    )
-    assert not one.isnan().any()
-    assert all(torch.equal(r, one) for r in runs[1:])
-    torch.testing.assert_close(one.float(), two.float(), rtol=MERGE_TOL[dtype], atol=MERGE_TOL[dtype] / 8)
-    assert all(int(buf.abs().sum()) == 0 for buf in merge._LOCKS.get(q.device, []))
-
-
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_staged_argmax_is_torchs_on_the_gpu(dtype: torch.dtype) -> None:
-    """The staged row argmax against torch.argmax on decode-sized logits (ties across blocks, NaN, -inf rows),
+def test_triton_argmax_is_torchs_on_the_gpu(dtype: torch.dtype) -> None:
+    """The Triton row argmax against torch.argmax on decode-sized logits (ties across blocks, NaN, -inf rows),
     and both timed with CUDA events (a report: the speed is bench profile's to judge)."""
     from graphpool.kernels._triton_argmax import argmax_rows_triton
 
@@ -308,19 +256,19 @@ def test_staged_argmax_is_torchs_on_the_gpu(dtype: torch.dtype) -> None:
 
 
 def test_step_argmax_in_a_graph_is_torchs(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The decode step's argmax (`argmax_rows(in_step=True)`: Triton, on by default) captured in a CUDA graph
-    and replayed over new logits in the same buffer (a tie across blocks, a NaN) gives torch's indices; with
-    ``GRAPHPOOL_KERNELS_OFF=step_argmax`` the step takes torch's argmax (the same indices)."""
+    """The decode step's argmax (`ModelOps.step_argmax`: Triton, on by default) captured in a CUDA graph and
+    replayed over new logits in the same buffer (a tie across blocks, a NaN) gives torch's indices; with the
+    ``step_argmax`` switch off the op set takes torch's argmax (the same indices)."""
     from graphpool.kernels import _triton_argmax
-    from graphpool.kernels.argmax import argmax_rows
-    from graphpool.kernels.staging import OFF_ENV
+    from graphpool.model.ops import kernel_ops
 
     calls = []
     launch = _triton_argmax.argmax_rows_triton
     monkeypatch.setattr(_triton_argmax, "argmax_rows_triton", lambda x: calls.append(x.shape) or launch(x))
     gen = torch.Generator(device="cuda").manual_seed(1)
     x = torch.randn(8, 128256, device="cuda", generator=gen).bfloat16()
-    graph, (graph_out,) = _capture(lambda: [argmax_rows(x, in_step=True)])
+    step_argmax = kernel_ops().step_argmax
+    graph, (graph_out,) = _capture(lambda: [step_argmax(x)])
     assert calls
     for trial in range(3):
         x.copy_(torch.randn(8, 128256, device="cuda", generator=gen) * 3)
@@ -331,44 +279,7 @@ def test_step_argmax_in_a_graph_is_torchs(monkeypatch: pytest.MonkeyPatch) -> No
         graph.replay()
         assert torch.equal(graph_out, x.argmax(-1)), trial
     calls.clear()
-    monkeypatch.setenv(OFF_ENV, "step_argmax")
-    assert torch.equal(argmax_rows(x, in_step=True), x.argmax(-1)) and not calls
-
-
-@pytest.mark.parametrize(("bs", "hq", "hkv", "dim"), [(1, 32, 8, 64), (64, 32, 8, 64), (128, 32, 8, 128)])
-def test_staged_split_loop_is_bitwise_one_split_a_program(bs: int, hq: int, hkv: int, dim: int) -> None:
-    """The staged split loop (`split_loop`): rows of 1-1200 tokens under the engine-like bound 4096, bf16, at
-    the programs per (sequence, kv head) `loop_programs` picks and at 1 and 2: the one-split-a-program output
-    bit for bit, eagerly and replayed in a graph over new lengths; both timed in graphs (a report)."""
-    from triton.testing import do_bench_cudagraph
-
-    from graphpool.kernels import _triton_decode_attention as tda
-
-    bound = 4096
-    lens = [1200] if bs == 1 else [min(n, 1200) for n in random_lens(bs, bound, seed=bs)]
-    q, k, v, bt, cl = make_case(lens, hq, hkv, dim, max_blocks=bound // 16, seed=bs)
-    scale = dim**-0.5
-    split = tda.choose_split_len(hkv, bound, tda.device_num_sms(q.device))
-    splits = -(-bound // split)
-    picked = tda.loop_programs(bs * hkv, splits, tda.device_num_sms(q.device))
-    one = tda.paged_decode_attention_triton(q, k, v, bt, cl, scale, bound, fused_merge=False)
-    for programs in sorted({1, 2, picked}):
-        got = tda.paged_decode_attention_triton(q, k, v, bt, cl, scale, bound, fused_merge=False,
-                                                split_programs=programs)  # fmt: skip
-        assert torch.equal(got, one), programs
-    out = torch.empty_like(q)
-    graph, _ = _capture(lambda: tda.paged_decode_attention_triton(q, k, v, bt, cl, scale, bound, out=out,
-                                                                  fused_merge=False, split_programs=picked))
-    cl.copy_(torch.tensor(lens[::-1], dtype=torch.int32, device="cuda"))
-    graph.replay()
-    assert torch.equal(out, tda.paged_decode_attention_triton(q, k, v, bt, cl, scale, bound, fused_merge=False))
-    torch.cuda.synchronize()  # NOTE: do_bench_cudagraph runs on a side stream that waits for nothing
-    times = {
-        name: round(do_bench_cudagraph(lambda kw=kw: tda.paged_decode_attention_triton(
-            q, k, v, bt, cl, scale, bound, out=out, fused_merge=False, **kw)) * 1e3, 1)
-        for name, kw in (("one split a program us", {}), (f"{picked} programs looping us", {"split_programs": picked}))
-    }  # fmt: skip
-    report(f"split loop bs {bs} {hq}/{hkv}x{dim}, bound {bound}, rows <= 1200", times)
+    assert torch.equal(kernel_ops(["step_argmax"]).step_argmax(x), x.argmax(-1)) and not calls
 
 
 @pytest.mark.parametrize(("bs", "hq", "hkv", "dim", "bound"), [(64, 32, 8, 64, 1024), (128, 32, 8, 128, 4096)])
@@ -386,22 +297,20 @@ def test_large_grid_pipeline_depth_keeps_the_bits(bs: int, hq: int, hkv: int, di
     scale, sms = dim**-0.5, tda.device_num_sms(q.device)
     splits = -(-bound // tda.choose_split_len(hkv, bound, sms))
     assert choose_num_stages(bs * hkv * splits, sms) == LARGE_GRID_STAGES  # the default launch takes it
-    three = tda.paged_decode_attention_triton(q, k, v, bt, cl, scale, bound, fused_merge=False, num_stages=3)
+    three = tda.paged_decode_attention_triton(q, k, v, bt, cl, scale, bound, num_stages=3)
     assert rel_err(three, oracle(q, k, v, bt, cl, scale, bound)) < TOL[torch.bfloat16]
     for depth in (None, 1, 2, 4):
-        got = tda.paged_decode_attention_triton(q, k, v, bt, cl, scale, bound, fused_merge=False, num_stages=depth)
+        got = tda.paged_decode_attention_triton(q, k, v, bt, cl, scale, bound, num_stages=depth)
         assert torch.equal(got, three), depth
     out = torch.empty_like(q)
-    graph, _ = _capture(lambda: tda.paged_decode_attention_triton(q, k, v, bt, cl, scale, bound, out=out,
-                                                                  fused_merge=False))  # fmt: skip
+    graph, _ = _capture(lambda: tda.paged_decode_attention_triton(q, k, v, bt, cl, scale, bound, out=out))
     cl.copy_(torch.tensor(lens[::-1], dtype=torch.int32, device="cuda"))
     graph.replay()
-    assert torch.equal(out, tda.paged_decode_attention_triton(q, k, v, bt, cl, scale, bound, fused_merge=False,
-                                                              num_stages=3))  # fmt: skip
+    assert torch.equal(out, tda.paged_decode_attention_triton(q, k, v, bt, cl, scale, bound, num_stages=3))
     torch.cuda.synchronize()  # NOTE: do_bench_cudagraph runs on a side stream that waits for nothing
     times = {
         f"{depth} stages us": round(do_bench_cudagraph(lambda depth=depth: tda.paged_decode_attention_triton(
-            q, k, v, bt, cl, scale, bound, out=out, fused_merge=False, num_stages=depth)) * 1e3, 1)
+            q, k, v, bt, cl, scale, bound, out=out, num_stages=depth)) * 1e3, 1)
         for depth in (3, LARGE_GRID_STAGES)
     }  # fmt: skip
     report(f"attention depth bs {bs} {hq}/{hkv}x{dim}, bound {bound}, rows <= 1200", times)

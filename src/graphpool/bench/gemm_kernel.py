@@ -4,8 +4,8 @@ Run on a GPU: ``python -m graphpool.bench.gemm_kernel [--models llama3.2-1b llam
 Per model, ``--layers`` decoder layers' projections with the kernels between them that a layer has (RMSNorm
 -> qkv -> o -> residual add + RMSNorm -> gate_up -> SwiGLU -> down; the attention left out), each fed by the
 one before, every weight distinct (so each is streamed from HBM, not the L2), captured in one CUDA graph and
-replayed: cuBLAS, the GEMV, the GEMV with programmatic dependent launch, and (staged) every kernel so
-launched. The floor is the weights' bytes / the copy bandwidth measured in the same run. Medians of
+replayed: cuBLAS, the GEMV, and the GEMV with programmatic dependent launch (the model's operations built
+with the kernel switches `gemv` and `pdl` off, `pdl` off, and the defaults). The floor is the weights' bytes / the copy bandwidth measured in the same run. Medians of
 ``--reps`` replays; ``--out DIR`` also writes them as JSON, Markdown and a bar plot.
 """
 
@@ -27,14 +27,14 @@ from graphpool.bench.common import (
     measure_hbm_bandwidth,
     write_report,
 )
-from graphpool.kernels.staging import OFF_ENV, STAGED_ENV, switches
+from graphpool.model.ops import ModelOps, kernel_ops
 
 MODELS = {  # name: (hidden, q + 2 kv width, intermediate)
     "llama3.2-1b": (2048, 3072, 8192),
     "llama3-8b": (4096, 6144, 14336),
 }
-# mode: (GRAPHPOOL_KERNELS_OFF, GRAPHPOOL_STAGED_KERNELS); "chain": the staged PDL chain (kernels/pdl.py)
-MODES = {"cublas": ("gemv,pdl", ""), "gemv": ("pdl", ""), "gemv+pdl": ("", ""), "chain": ("", "pdl_chain")}
+# mode: the kernel switches turned off (kernels/switches.py)
+MODES: dict[str, tuple[str, ...]] = {"cublas": ("gemv", "pdl"), "gemv": ("pdl",), "gemv+pdl": ()}
 
 
 def make_layers(hidden: int, qkv: int, inter: int, layers: int) -> list[dict[str, torch.Tensor]]:
@@ -48,18 +48,16 @@ def make_layers(hidden: int, qkv: int, inter: int, layers: int) -> list[dict[str
     ]  # fmt: skip
 
 
-def step(layers: list[dict[str, torch.Tensor]], x: torch.Tensor) -> torch.Tensor:
-    from graphpool.kernels.gemv import linear
-    from graphpool.kernels.norm_rope import add_rms_norm, rms_norm
-    from graphpool.kernels.silu_mul import silu_mul
-
+def step(layers: list[dict[str, torch.Tensor]], x: torch.Tensor, ops: ModelOps) -> torch.Tensor:
+    """The chain of `layers` on the row `x` with the model's operations `ops`."""
+    linear = ops.linear
     hidden = x.shape[-1]
-    h, residual = rms_norm(x, layers[0]["norm"], 1e-5), x
+    h, residual = ops.rms_norm(x, layers[0]["norm"], 1e-5), x
     for layer in layers:
-        attn = linear(linear(h, layer["qkv"])[:, :hidden], layer["o"])
-        h, residual = add_rms_norm(attn, residual, layer["norm"], 1e-5)
-        h, residual = add_rms_norm(linear(silu_mul(linear(h, layer["gate_up"])), layer["down"]), residual,
-                                   layer["norm"], 1e-5)  # fmt: skip
+        attn = linear(linear(h, layer["qkv"], None)[:, :hidden], layer["o"], None)
+        h, residual = ops.add_rms_norm(attn, residual, layer["norm"], 1e-5)
+        down = linear(ops.silu_mul(linear(h, layer["gate_up"], None)), layer["down"], None)
+        h, residual = ops.add_rms_norm(down, residual, layer["norm"], 1e-5)
     return h
 
 
@@ -116,9 +114,8 @@ def main(argv: list[str] | None = None) -> None:
         floor = nbytes / bw * 1e6
         x = torch.randn(1, hidden, device="cuda", dtype=torch.bfloat16)
         base = None
-        for mode, (off, staged) in MODES.items():
-            with switches({OFF_ENV: off, STAGED_ENV: staged}):
-                t = replay_us(functools.partial(step, layers, x), args.reps)
+        for mode, off in MODES.items():
+            t = replay_us(functools.partial(step, layers, x, kernel_ops(off)), args.reps)
             base = base or t
             rows.append(dict(zip(HEADERS, (name, mode, round(nbytes / 2**20), round(floor, 1), round(t, 1),
                                            round(t / floor, 2), round(base / t, 2)), strict=True)))  # fmt: skip

@@ -1,13 +1,14 @@
 """`graphpool bench kernels`: the engine's decode step with two settings of the kernel switches, side by side in
-one process: A with default-on kernels turned off (``GRAPHPOOL_KERNELS_OFF``), B with the defaults plus staged
-kernels turned on (``GRAPHPOOL_STAGED_KERNELS``; `kernels/staging.py`).
+one process: A with default-on kernels turned off (`--off`, the names of ``--disable-kernels``;
+`kernels/switches.py`), B the defaults. The two are two models over the same weights, their operations built
+with the two settings.
 
-Each batch size captures one graph of `decode_step` (logits and their argmax, as the engine's pool does) under
-each setting, then times the two replays in alternating rounds (A first in even rounds, B first in odd ones),
+Each batch size captures one graph of `decode_step` (logits and their argmax, as the engine's pool does) of
+each model, then times the two replays in alternating rounds (A first in even rounds, B first in odd ones),
 so drift and order effects fall on both; the medians, B/A and each against the HBM floor measured in the same
 run are reported, with how far B's logits and argmaxes are from A's. The engine's whole decode step (async
-scheduling) is timed the same way at `engine_sizes`, each engine built under its setting. Without CUDA the
-steps run eagerly (the switches then change nothing: the plumbing is what runs).
+scheduling) is timed the same way at `engine_sizes`, an engine over each model. Without CUDA the steps run
+eagerly (the switches then change nothing: the plumbing is what runs).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 import argparse
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -25,8 +26,9 @@ from graphpool.bench.common import md_table, median, progress, ratio
 from graphpool.bench.decode import DecodeSetup, build_random_model, model_label
 from graphpool.bench.engine_step import engine_step_ms
 from graphpool.bench.step_config import StepBenchConfig
-from graphpool.kernels.staging import DEFAULT_ON, OFF_ENV, STAGED, STAGED_ENV, switches
+from graphpool.kernels.switches import KERNEL_SWITCHES
 from graphpool.model.config import ModelConfig
+from graphpool.model.llama import LlamaModel
 
 
 @dataclass(frozen=True)
@@ -34,8 +36,7 @@ class KernelsABConfig:
     models: tuple[str | ModelConfig, ...] = ("llama3.2-1b",)
     batch_sizes: tuple[int, ...] = (1, 8, 64, 128)
     engine_sizes: tuple[int, ...] = (1, 8)  # of batch_sizes: the engine's async step timed there too
-    off: tuple[str, ...] = DEFAULT_ON  # A: these default-on kernels off
-    on: tuple[str, ...] = ()  # B: these staged kernels on (B is otherwise the defaults)
+    off: tuple[str, ...] = KERNEL_SWITCHES  # A: these default-on kernels off (B: the defaults)
     context_len: int = 1024
     block_size: int = 16
     rounds: int = 6
@@ -47,21 +48,15 @@ class KernelsABConfig:
     def __post_init__(self) -> None:
         if not self.models or not self.batch_sizes:
             raise ValueError("kernels bench: give at least one model and one batch size")
-        if not self.off and not self.on:
-            raise ValueError("kernels bench: A and B are the same settings: give --off or --on names")
-        for names, known, flag in ((self.off, DEFAULT_ON, "--off"), (self.on, STAGED, "--on")):
-            unknown = [n for n in names if n not in known]
-            if unknown:
-                raise ValueError(f"kernels bench: {flag} {', '.join(unknown)}: not one of {', '.join(known)}")
+        if not self.off:
+            raise ValueError("kernels bench: A and B are the same settings: give --off names")
+        unknown = [n for n in self.off if n not in KERNEL_SWITCHES]
+        if unknown:
+            raise ValueError(f"kernels bench: --off {', '.join(unknown)}: not one of {', '.join(KERNEL_SWITCHES)}")
         if any(b < 1 for b in self.batch_sizes) or any(b not in self.batch_sizes for b in self.engine_sizes):
             raise ValueError("kernels bench: batch sizes must be >= 1 and engine sizes among them")
         if self.rounds < 1 or self.reps < 1 or self.warmup < 0 or self.context_len < 1:
             raise ValueError("kernels bench: rounds, reps and context_len must be >= 1, warmup >= 0")
-
-    def settings(self) -> dict[str, dict[str, str]]:
-        """The two settings' environment: {"A": ..., "B": ...}."""
-        return {"A": {OFF_ENV: ",".join(self.off), STAGED_ENV: ""},
-                "B": {OFF_ENV: "", STAGED_ENV: ",".join(self.on)}}
 
 
 @dataclass
@@ -83,30 +78,39 @@ def _order(round_: int) -> tuple[str, str]:
     return ("A", "B") if round_ % 2 == 0 else ("B", "A")
 
 
+def with_kernels_off(model: LlamaModel, off: tuple[str, ...]) -> LlamaModel:
+    """A model over `model`'s weights (shared, not copied) whose operations have the kernel switches `off` off."""
+    twin = LlamaModel(model.config, device=model.device, dtype=model.dtype, attn_backend=model.attn_backend,
+                      max_positions=model.max_positions, disabled_kernels=off)  # fmt: skip
+    twin.load_state_dict(model.state_dict(), assign=True)
+    return twin.eval()
+
+
 @torch.inference_mode()
 def bench_model(model: str | ModelConfig, cfg: KernelsABConfig, device: torch.device, dtype: torch.dtype,
                 bandwidth: float) -> list[ABRow]:
     m = build_random_model(model, device, dtype, "auto", max_positions=cfg.context_len + 16)
+    models = {"A": with_kernels_off(m, cfg.off), "B": m}
     setup = DecodeSetup.create(m, max(cfg.batch_sizes), cfg.context_len, cfg.block_size)
-    step, cuda, settings = setup.engine_step_fn(), device.type == "cuda", cfg.settings()
+    # NOTE: one KV cache and one set of inputs: the two steps differ only in the models' operations
+    steps = {side: replace(setup, model=mm).engine_step_fn() for side, mm in models.items()}
+    cuda = device.type == "cuda"
     rows = []
     for bs in cfg.batch_sizes:
         static = setup.batch(bs)
         row = ABRow(model_label(model), bs, (setup.weight_bytes_read(bs) + setup.kv_bytes_read(bs)) / bandwidth * 1e3)
         runs, outs = {}, {}
-        for side, env in settings.items():
-            with switches(env):
-                if cuda:
-                    graph, outs[side], _ = common.capture_graph(lambda static=static: step(static))
-                    runs[side] = graph.replay
-                else:
-                    outs[side] = step(static)
-                    runs[side] = lambda static=static: step(static)
+        for side, step in steps.items():
+            if cuda:
+                graph, outs[side], _ = common.capture_graph(lambda static=static, step=step: step(static))
+                runs[side] = graph.replay
+            else:
+                outs[side] = step(static)
+                runs[side] = lambda static=static, step=step: step(static)
         times: dict[str, list[float]] = {"A": [], "B": []}
         for r in range(cfg.rounds):
             for side in _order(r):
-                with switches(settings[side]):
-                    times[side] += common.time_ms(runs[side], device, cfg.warmup, cfg.reps)
+                times[side] += common.time_ms(runs[side], device, cfg.warmup, cfg.reps)
         row.ms = {side: median(ts) for side, ts in times.items()}
         (la, ga), (lb, gb) = outs["A"], outs["B"]
         row.logits_rel_err = common.rel_err(lb, la)
@@ -121,8 +125,8 @@ def bench_model(model: str | ModelConfig, cfg: KernelsABConfig, device: torch.de
         times = {"A": [], "B": []}
         for r in range(2):
             for side in _order(r):
-                with switches(settings[side]):
-                    times[side].append(engine_step_ms(m, m.config, row.batch_size, step_cfg, async_scheduling=True))
+                times[side].append(engine_step_ms(models[side], m.config, row.batch_size, step_cfg,
+                                                  async_scheduling=True))
         row.engine_ms = {side: min(ts) for side, ts in times.items()}
         progress(f"  {row.model} bs={row.batch_size}: engine async A {row.engine_ms['A']:.3f} ms, "
                  f"B {row.engine_ms['B']:.3f} ms")
@@ -130,11 +134,9 @@ def bench_model(model: str | ModelConfig, cfg: KernelsABConfig, device: torch.de
 
 
 def markdown(rows: Sequence[ABRow], cfg: KernelsABConfig, bandwidth: float, cuda: bool) -> str:
-    settings = cfg.settings()
     what = "graph replay" if cuda else "eager step (no CUDA: the switches change nothing here)"
-    out = [f"A: `{OFF_ENV}={settings['A'][OFF_ENV]}`; B: the defaults"
-           + (f" + `{STAGED_ENV}={settings['B'][STAGED_ENV]}`" if cfg.on else "")
-           + f". The engine's `decode_step` ({what}), medians of {cfg.rounds} alternating rounds x {cfg.reps}; "
+    out = [f"A: `--disable-kernels {','.join(cfg.off)}`; B: the defaults"
+           f". The engine's `decode_step` ({what}), medians of {cfg.rounds} alternating rounds x {cfg.reps}; "
            f"HBM bandwidth {bandwidth / 1e12:.2f} TB/s; context {cfg.context_len} tokens per sequence.\n"]
     for label in dict.fromkeys(r.model for r in rows):
         mine = [r for r in rows if r.model == label]
@@ -180,7 +182,7 @@ def run_kernels_bench(cfg: KernelsABConfig, out_dir: Path, argv: Sequence[str] |
     env = common.collect_env(argv, device)
     print(env.header_markdown(), flush=True)
     bandwidth = common.measure_hbm_bandwidth(device, nbytes=(2 << 30) if device.type == "cuda" else (64 << 20))
-    progress(f"kernels bench on {env.gpu}, torch {env.torch_version}: A {cfg.settings()['A']}, B {cfg.settings()['B']}")
+    progress(f"kernels bench on {env.gpu}, torch {env.torch_version}: A kernels off {','.join(cfg.off)}, B the defaults")
     rows: list[ABRow] = []
     for model in cfg.models:
         rows += bench_model(model, cfg, device, dtype, bandwidth)
@@ -197,8 +199,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--models", nargs="+", default=list(KernelsABConfig.models), help="random-weight presets")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=list(KernelsABConfig.batch_sizes))
     p.add_argument("--engine-sizes", type=int, nargs="*", default=list(KernelsABConfig.engine_sizes))
-    p.add_argument("--off", default=",".join(DEFAULT_ON), help=f"A: default-on kernels off ({', '.join(DEFAULT_ON)})")
-    p.add_argument("--on", default="", help=f"B: staged kernels on ({', '.join(STAGED)})")
+    p.add_argument("--off", default=",".join(KERNEL_SWITCHES),
+                   help=f"A: default-on kernels off ({', '.join(KERNEL_SWITCHES)}); B: the defaults")
     p.add_argument("--context-len", type=int, default=1024)
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--reps", type=int, default=10)
@@ -211,7 +213,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace, argv: Sequence[str] | None = None) -> None:
     cfg = KernelsABConfig(
         models=tuple(args.models), batch_sizes=tuple(args.batch_sizes), engine_sizes=tuple(args.engine_sizes),
-        off=tuple(n for n in args.off.split(",") if n), on=tuple(n for n in args.on.split(",") if n),
+        off=tuple(n for n in args.off.split(",") if n),
         context_len=args.context_len, rounds=args.rounds, reps=args.reps, warmup=args.warmup, device=args.device,
         dtype=args.dtype,
     )  # fmt: skip

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from graphpool.kernels.switches import check_switches
 from graphpool.model.loader import DEFAULT_MODEL
 
 if TYPE_CHECKING:
@@ -76,6 +77,8 @@ class EngineConfig:
     max_num_batched_tokens: int | None = None
     enable_prefix_caching: bool = True  # share the KV blocks of identical prompt prefixes between requests
     attn_backend: str = "auto"
+    # default-on kernels to turn off (names of kernels/switches.KERNEL_SWITCHES; a tuple or "gemv,pdl")
+    disabled_kernels: tuple[str, ...] | str = ()
     seed: int = 0
     profile_steps: bool = False  # synchronize around each step's forward to time it (benchmarks only)
     record_step_timeline: bool = False  # keep a timeline of steps (engine.timeline; the server's /debug/steps)
@@ -118,6 +121,7 @@ class EngineConfig:
             raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
         if self.attn_backend not in _ATTN_BACKENDS:
             raise ValueError(f"attn_backend must be one of {_ATTN_BACKENDS}, got {self.attn_backend!r}")
+        object.__setattr__(self, "disabled_kernels", check_switches(self.disabled_kernels))
         for name in ("max_num_seqs", "max_model_len", "block_size",
                      "graph_max_batch_size", "graph_split_batch_size", "graph_grow_step_size"):
             _check_positive_int(name, getattr(self, name))

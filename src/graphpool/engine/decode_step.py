@@ -8,7 +8,6 @@ from collections.abc import Mapping
 
 import torch
 
-from graphpool.kernels.argmax import argmax_rows
 from graphpool.model.attn_metadata import AttentionMetadata
 from graphpool.pool import GraphPool, InputSpec
 from graphpool.pool.lockstep import Decision
@@ -52,10 +51,10 @@ def decode_step(
     static: Mapping[str, torch.Tensor], max_len_bound: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The engine's step: `decode_forward`'s logits and each row's argmax of them (int64 [bs]), the greedy
-    token, taken inside the step so a graph holds it (`argmax_rows(in_step=True)`: two Triton launches, which
-    cost nothing on the host there; torch's argmax took 36 us of device time at 1B bs 1 on the H200)."""
+    token, taken inside the step so a graph holds it (`ModelOps.step_argmax`: two Triton launches on CUDA,
+    which cost nothing on the host there)."""
     logits = decode_forward(model, kv_caches, static, max_len_bound)
-    return logits, argmax_rows(logits, in_step=True)
+    return logits, model.ops.step_argmax(logits)
 
 
 def _microbatch_step(
@@ -65,7 +64,7 @@ def _microbatch_step(
     """The microbatches' logits in one tensor (one LM head), their argmaxes, and each microbatch's row count."""
     hidden = model.forward_microbatches([(s["input_ids"], _meta(s, max_len_bound)) for s in statics], kv_caches)
     logits = model.compute_logits(torch.cat(hidden), upcast=False)
-    return logits, argmax_rows(logits, in_step=True), [h.shape[0] for h in hidden]
+    return logits, model.ops.step_argmax(logits), [h.shape[0] for h in hidden]
 
 
 def decode_step_microbatches(

@@ -50,8 +50,9 @@ class LLMEngine:
 
     def __init__(self, config: EngineConfig, *, loaded: LoadedModel | None = None,
                  capturer: Capturer | None = None) -> None:
-        """`loaded`: a `load_model(...)` result to reuse (same device and dtype as the config; tests and
-        benchmarks build several engines over one model). `capturer`: the pool's graph capturer (default:
+        """`loaded`: a `load_model(...)` result to reuse (same device and dtype as the config, its operations
+        as built: `disabled_kernels` applies to a model the engine loads; tests and benchmarks build several
+        engines over one model). `capturer`: the pool's graph capturer (default:
         CUDA graphs on a GPU, none on the CPU); tests pass `graphpool.pool.testing.EagerCapturer()` to run the
         graph path (padding, static buffers, replay) on the CPU.
 
@@ -78,7 +79,7 @@ class LLMEngine:
             from graphpool.model.loader import load_model
 
             loaded = load_model(config.model, self.device, self.dtype, backend, seed=config.seed,
-                                max_positions=config.max_model_len)
+                                max_positions=config.max_model_len, disabled_kernels=config.disabled_kernels)
         self.model, self.model_config, self.tokenizer = loaded
         if getattr(self.model, "max_positions", config.max_model_len) < config.max_model_len:
             raise ValueError(f"the loaded model's rotary cache covers {self.model.max_positions} positions, "

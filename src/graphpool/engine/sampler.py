@@ -7,7 +7,6 @@ import torch
 from graphpool.engine.host_copy import to_device
 from graphpool.engine.penalties import TokenCounts, apply_penalties
 from graphpool.engine.sequence import Sequence
-from graphpool.kernels.argmax import argmax_rows
 
 
 class Sampler:
@@ -70,7 +69,7 @@ class Sampler:
         return tokens
 
     def _choose(self, logits: torch.Tensor, seqs: list[Sequence], greedy: torch.Tensor | None) -> torch.Tensor:
-        greedy_tokens = argmax_rows(logits) if greedy is None else greedy
+        greedy_tokens = logits.argmax(dim=-1) if greedy is None else greedy
         if all(s.params.temperature == 0 for s in seqs):
             return greedy_tokens
         logits = logits.float()
@@ -88,7 +87,7 @@ class Sampler:
         for i, s in enumerate(seqs):
             if s.generator is not None:
                 noise[i].exponential_(generator=s.generator)
-        sampled = argmax_rows(probs / noise)
+        sampled = (probs / noise).argmax(dim=-1)
         is_greedy = to_device([p.temperature == 0 for p in params], torch.bool, logits.device)
         return torch.where(is_greedy, greedy_tokens, sampled)
 

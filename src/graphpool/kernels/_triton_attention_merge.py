@@ -1,35 +1,30 @@
 """The decode attention's merge (imported lazily with `_triton_decode_attention`: GPU only): a query head's
-output from its splits' partial outputs and log2-sum-exps, as the second kernel of a step's attention or,
-staged (fused merge), inside the split kernel by the last split of a (sequence, kv head) to finish; and the
-fused merge's counters."""
+output from its splits' partial outputs and log2-sum-exps, the second kernel of a step's attention."""
 
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
-from graphpool.kernels.pdl import pdl_prologue
+from graphpool.kernels.pdl import pdl_trigger
 
 
 @triton.jit
 def _merge_one_head(po_ptr, plse_ptr, out_ptr, b, h, n_valid,
                     stride_pob, stride_poh, stride_pos, stride_lb, stride_lh, stride_ob, stride_oh,
-                    HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, CACHE: tl.constexpr):
+                    HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
     """out[b, h] from the first n_valid splits' partial outputs and log-sum-exps (one query head)."""
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
     s_mask = offs_s < n_valid
     d_mask = offs_d < HEAD_DIM
-    lse = tl.load(plse_ptr + b * stride_lb + h * stride_lh + offs_s, mask=s_mask, other=float("-inf"),
-                  cache_modifier=CACHE)
+    lse = tl.load(plse_ptr + b * stride_lb + h * stride_lh + offs_s, mask=s_mask, other=float("-inf"))
     m = tl.max(lse, 0)
     w = tl.where(s_mask, tl.exp2(lse - m), 0.0)  # [S]
     o = tl.load(
         po_ptr + b * stride_pob + h * stride_poh + offs_s[:, None] * stride_pos + offs_d[None, :],
         mask=s_mask[:, None] & d_mask[None, :],
         other=0.0,
-        cache_modifier=CACHE,
     )  # [S, D]
     denom = tl.sum(w, 0)
     res = tl.sum(w[:, None] * o, 0)
@@ -45,31 +40,12 @@ def _decode_merge_kernel(
     stride_lb, stride_lh,
     stride_ob, stride_oh,
     HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, PDL_TRIGGER: tl.constexpr,
-    PDL_WAIT: tl.constexpr,
 ):  # fmt: skip
-    pdl_prologue(PDL_TRIGGER, PDL_WAIT)
+    pdl_trigger(PDL_TRIGGER)
     b = tl.program_id(0)
     h = tl.program_id(1)
     ctx = tl.load(lens_ptr + b)
     n_valid = tl.minimum(tl.cdiv(ctx, split_len), num_splits)
     _merge_one_head(po_ptr, plse_ptr, out_ptr, b, h, n_valid, stride_pob, stride_poh, stride_pos, stride_lb,
-                    stride_lh, stride_ob, stride_oh, HEAD_DIM, BLOCK_S, BLOCK_D, "")
+                    stride_lh, stride_ob, stride_oh, HEAD_DIM, BLOCK_S, BLOCK_D)
 
-
-# NOTE: the fused merge's counters, one per (row, kv head), per device: zeros at rest (each launch puts its own
-# back), allocated outside graph capture (the pool's warm-up run comes first) and never freed, since a
-# captured graph keeps their address; a larger batch gets a larger buffer, the old ones are kept.
-_LOCKS: dict[torch.device, list[torch.Tensor]] = {}
-
-
-def merge_locks(device: torch.device, n: int) -> torch.Tensor | None:
-    """At least n zeroed int32 counters on `device`, or None during capture when none is large enough."""
-    bufs = _LOCKS.setdefault(device, [])
-    for buf in bufs:
-        if buf.numel() >= n:
-            return buf
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        return None
-    buf = torch.zeros(max(n, 2 * bufs[-1].numel() if bufs else 1024), dtype=torch.int32, device=device)
-    bufs.append(buf)
-    return buf

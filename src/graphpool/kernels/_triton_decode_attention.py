@@ -3,14 +3,11 @@
 Work split: the program grid is ``(bs, num_kv_heads, num_splits)``; each program reads one chunk of
 ``split_len`` context tokens of one (sequence, kv head) once and serves all ``group`` query heads that share
 it, with an fp32 online softmax. A second small kernel merges the splits of each (sequence, query head)
-with their log-sum-exp (or, staged: the last split of each (sequence, kv head) to finish merges them, through
-one counter each, so a step has one attention kernel per layer instead of two; `_triton_attention_merge.py`).
-``split_len`` comes from host ints only (kv heads, the length bound, the SM count), so the grid is fixed at
-capture time; it ignores the batch size, so results are batch-invariant. Splits that start past a sequence's
-length exit at once and the merge reads only the splits that hold tokens (staged, ``split_loop``: fewer
-programs on the split axis, each looping over every P-th split below its row's length, so those cost no
-program). With a single split the first kernel writes the output directly (bitwise what the merge of one split
-gives).
+with their log-sum-exp (`_triton_attention_merge.py`). ``split_len`` comes from host ints only (kv heads, the
+length bound, the SM count), so the grid is fixed at capture time; it ignores the batch size, so results are
+batch-invariant. Splits that start past a sequence's length exit at once and the merge reads only the splits
+that hold tokens. With a single split the first kernel writes the output directly (bitwise what the merge of
+one split gives).
 """
 
 from __future__ import annotations
@@ -21,17 +18,10 @@ import torch
 import triton
 import triton.language as tl
 
-from graphpool.kernels._triton_attention_merge import _decode_merge_kernel, _merge_one_head, merge_locks
-from graphpool.kernels.attention_grid import (
-    BLOCK_N,
-    choose_num_stages,
-    choose_split_len,
-    device_num_sms,
-    loop_programs,
-)
+from graphpool.kernels._triton_attention_merge import _decode_merge_kernel
+from graphpool.kernels.attention_grid import BLOCK_N, choose_num_stages, choose_split_len, device_num_sms
 from graphpool.kernels.decode_attention import _check_inputs, effective_len_bound
-from graphpool.kernels.pdl import launch_flags, pdl_prologue
-from graphpool.kernels.staging import kernel_on, staged_kernels_on
+from graphpool.kernels.pdl import pdl_on, pdl_trigger
 
 
 @triton.jit
@@ -100,8 +90,8 @@ def _store_partial(po_ptr, plse_ptr, acc, m_i, l_i, b, heads, split, stride_pob,
 
 @triton.jit
 def _decode_split_kernel(
-    q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, out_ptr, po_ptr, plse_ptr, locks_ptr,
-    scale_log2, split_len, num_splits,
+    q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, out_ptr, po_ptr, plse_ptr,
+    scale_log2, split_len,
     stride_qb, stride_qh, stride_qd,
     stride_kb, stride_ko, stride_kh, stride_kd,
     stride_vb, stride_vo, stride_vh, stride_vd,
@@ -111,10 +101,9 @@ def _decode_split_kernel(
     stride_lb, stride_lh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-    DIRECT: tl.constexpr, DOT_PRECISION: tl.constexpr, FUSED_MERGE: tl.constexpr, BLOCK_S: tl.constexpr,
-    PDL_TRIGGER: tl.constexpr, PDL_WAIT: tl.constexpr, SPLIT_LOOP: tl.constexpr,
+    DIRECT: tl.constexpr, DOT_PRECISION: tl.constexpr, PDL_TRIGGER: tl.constexpr,
 ):  # fmt: skip
-    pdl_prologue(PDL_TRIGGER, PDL_WAIT)
+    pdl_trigger(PDL_TRIGGER)
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -128,68 +117,28 @@ def _decode_split_kernel(
     heads = kvh * GROUP + offs_g
     g_mask = offs_g < GROUP
     d_mask = offs_d < HEAD_DIM
-    if FUSED_MERGE:  # noqa: SIM102 (a constexpr test, resolved at compile time)
-        # NOTE: with no context no split runs, so the first one writes the zeros the merge would
-        if ctx == 0:
-            if split == 0:
-                zeros = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-                tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
-                         zeros.to(out_ptr.dtype.element_ty), mask=g_mask[:, None] & d_mask[None, :])
+    if not DIRECT:  # noqa: SIM102 (a constexpr test, resolved at compile time)
+        # NOTE: an empty split writes nothing; the merge never reads it.
+        if start >= ctx:
             return
-    # NOTE: q is loaded after an empty split's exit (its addresses too), as before the split loop existed
-    if SPLIT_LOOP:
-        # NOTE: program `split` takes splits split, split + P, ... below the row's last (P programs on axis 2): a
-        # split's arithmetic is the one-split-a-program kernel's, so its bits are too, and the splits past the
-        # row's length cost no program
-        out_mask = g_mask[:, None] & d_mask[None, :]
-        q = _load_q(q_ptr, b, heads, offs_d, stride_qb, stride_qh, stride_qd, out_mask)
-        n_valid = tl.minimum(tl.cdiv(ctx, split_len), num_splits)
-        for s in range(split, n_valid, tl.num_programs(2)):
-            s_start = s * split_len
-            acc, m_i, l_i = _attend_split(
-                q, k_ptr, v_ptr, bt_ptr, b, kvh, s_start, tl.minimum(s_start + split_len, ctx), scale_log2,
-                stride_kb, stride_ko, stride_kh, stride_kd, stride_vb, stride_vo, stride_vh, stride_vd, stride_btb,
-                stride_bts, offs_n, offs_d, d_mask, BLOCK_SIZE, BLOCK_G, BLOCK_D, BLOCK_N, DOT_PRECISION,
-            )  # fmt: skip
-            _store_partial(po_ptr, plse_ptr, acc, m_i, l_i, b, heads, s, stride_pob, stride_poh, stride_pos,
-                           stride_lb, stride_lh, offs_d, out_mask, g_mask)  # fmt: skip
+    q = _load_q(q_ptr, b, heads, offs_d, stride_qb, stride_qh, stride_qd, g_mask[:, None] & d_mask[None, :])
+    acc, m_i, l_i = _attend_split(
+        q, k_ptr, v_ptr, bt_ptr, b, kvh, start, end, scale_log2,
+        stride_kb, stride_ko, stride_kh, stride_kd, stride_vb, stride_vo, stride_vh, stride_vd, stride_btb,
+        stride_bts, offs_n, offs_d, d_mask, BLOCK_SIZE, BLOCK_G, BLOCK_D, BLOCK_N, DOT_PRECISION,
+    )  # fmt: skip
+    out_mask = g_mask[:, None] & d_mask[None, :]
+    if DIRECT:
+        # NOTE: a row with no context (l_i == 0) yields zeros, as the reference does.
+        res = tl.where(l_i[:, None] > 0, acc / l_i[:, None], 0.0)
+        tl.store(
+            out_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
+            res.to(out_ptr.dtype.element_ty),
+            mask=out_mask,
+        )
     else:
-        if not DIRECT:  # noqa: SIM102 (a constexpr test, resolved at compile time)
-            # NOTE: an empty split writes nothing; the merge never reads it.
-            if start >= ctx:
-                return
-        q = _load_q(q_ptr, b, heads, offs_d, stride_qb, stride_qh, stride_qd, g_mask[:, None] & d_mask[None, :])
-        acc, m_i, l_i = _attend_split(
-            q, k_ptr, v_ptr, bt_ptr, b, kvh, start, end, scale_log2,
-            stride_kb, stride_ko, stride_kh, stride_kd, stride_vb, stride_vo, stride_vh, stride_vd, stride_btb,
-            stride_bts, offs_n, offs_d, d_mask, BLOCK_SIZE, BLOCK_G, BLOCK_D, BLOCK_N, DOT_PRECISION,
-        )  # fmt: skip
-        out_mask = g_mask[:, None] & d_mask[None, :]
-        if DIRECT:
-            # NOTE: a row with no context (l_i == 0) yields zeros, as the reference does.
-            res = tl.where(l_i[:, None] > 0, acc / l_i[:, None], 0.0)
-            tl.store(
-                out_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
-                res.to(out_ptr.dtype.element_ty),
-                mask=out_mask,
-            )
-        else:
-            _store_partial(po_ptr, plse_ptr, acc, m_i, l_i, b, heads, split, stride_pob, stride_poh, stride_pos,
-                           stride_lb, stride_lh, offs_d, out_mask, g_mask)  # fmt: skip
-            if FUSED_MERGE:
-                # NOTE: the last split of a (sequence, kv head) to finish merges them all (no second kernel). The
-                # barrier puts the program's stores before its release; the counter goes back to zero for the next
-                # launch (a replayed graph's too), and the merge reads the partials past L1 (other SMs wrote them).
-                n_valid = tl.minimum(tl.cdiv(ctx, split_len), num_splits)
-                tl.debug_barrier()
-                count = tl.atomic_add(locks_ptr + b * tl.num_programs(1) + kvh, 1, sem="acq_rel", scope="gpu")
-                if count == n_valid - 1:
-                    tl.debug_barrier()
-                    for g in tl.static_range(GROUP):
-                        _merge_one_head(po_ptr, plse_ptr, out_ptr, b, kvh * GROUP + g, n_valid,
-                                        stride_pob, stride_poh, stride_pos, stride_lb, stride_lh, stride_ob, stride_oh,
-                                        HEAD_DIM, BLOCK_S, BLOCK_D, ".cg")
-                    tl.store(locks_ptr + b * tl.num_programs(1) + kvh, 0)
+        _store_partial(po_ptr, plse_ptr, acc, m_i, l_i, b, heads, split, stride_pob, stride_poh, stride_pos,
+                       stride_lb, stride_lh, offs_d, out_mask, g_mask)  # fmt: skip
 
 
 def paged_decode_attention_triton(
@@ -206,14 +155,12 @@ def paged_decode_attention_triton(
     block_n: int = BLOCK_N,
     num_warps: int = 4,
     num_stages: int | None = None,
-    fused_merge: bool | None = None,
-    split_programs: int | None = None,
+    pdl: bool = True,
+    attn_stages: bool = True,
 ) -> torch.Tensor:
     """Launch the split + merge kernels. The keyword knobs override the defaults (tests, benchmarks).
-    `fused_merge`: the last split of each (sequence, kv head) merges them, one kernel instead of two (None:
-    while staged, on only with GRAPHPOOL_STAGED_KERNELS=1, kernels/staging.py). `split_programs`: programs per
-    (sequence, kv head), each looping over every P-th split below its row's length (None: the staged
-    ``split_loop`` picks them, `loop_programs`; off, one program a split)."""
+    `num_stages` None: `choose_num_stages`'s depth, or triton's default when `attn_stages` (the switch) is
+    False. `pdl` (the switch): both kernels let a PDL-launched GEMV after them start early."""
     _check_inputs(q, k_cache, v_cache, block_tables, context_lens)
     bs, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
@@ -245,24 +192,14 @@ def paged_decode_attention_triton(
         part_lse = torch.empty(bs, num_heads, num_splits, dtype=torch.float32, device=q.device)
 
     block_d = triton.next_power_of_2(head_dim)
-    if fused_merge is None:
-        fused_merge = staged_kernels_on("fused_merge")
-    locks = merge_locks(q.device, bs * num_kv_heads) if fused_merge and not direct else None
-    fused = locks is not None
-    if split_programs is None and staged_kernels_on("split_loop"):
-        split_programs = loop_programs(bs * num_kv_heads, num_splits, device_num_sms(q.device))
-    if split_programs is not None and not 1 <= split_programs <= num_splits:
-        raise ValueError(f"split_programs must be in [1, {num_splits}], got {split_programs}")
-    loop = split_programs is not None and not direct and not fused
-    grid = (bs, num_kv_heads, split_programs if loop else num_splits)
-    if num_stages is None and kernel_on("attn_stages"):
+    grid = (bs, num_kv_heads, num_splits)
+    if num_stages is None and attn_stages:
         num_stages = choose_num_stages(math.prod(grid), device_num_sms(q.device))
     stages = {} if num_stages is None else {"num_stages": num_stages}
-    flags = launch_flags(q.device)
-    pdl, chain = flags.pdl, flags.chain
+    pdl = pdl_on(q.device, pdl)
     _decode_split_kernel[grid](
-        q, k_cache, v_cache, block_tables, context_lens, out, part_out, part_lse, locks if fused else part_lse,
-        scale * math.log2(math.e), split_len, num_splits,
+        q, k_cache, v_cache, block_tables, context_lens, out, part_out, part_lse,
+        scale * math.log2(math.e), split_len,
         q.stride(0), q.stride(1), q.stride(2),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), k_cache.stride(3),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), v_cache.stride(3),
@@ -272,11 +209,10 @@ def paged_decode_attention_triton(
         part_lse.stride(0), part_lse.stride(1),
         GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
         BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d, BLOCK_N=block_n,
-        DIRECT=direct, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        FUSED_MERGE=fused, BLOCK_S=triton.next_power_of_2(num_splits), PDL_TRIGGER=pdl, PDL_WAIT=chain,
-        SPLIT_LOOP=loop, num_warps=num_warps, launch_pdl=chain, **stages,
+        DIRECT=direct, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", PDL_TRIGGER=pdl,
+        num_warps=num_warps, **stages,
     )  # fmt: skip
-    if not direct and not fused:
+    if not direct:
         _decode_merge_kernel[(bs, num_heads)](
             part_out, part_lse, context_lens, out,
             split_len, num_splits,
@@ -284,7 +220,6 @@ def paged_decode_attention_triton(
             part_lse.stride(0), part_lse.stride(1),
             out.stride(0), out.stride(1),
             HEAD_DIM=head_dim,
-            BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d, PDL_TRIGGER=pdl, PDL_WAIT=chain,
-            num_warps=4, launch_pdl=chain,
+            BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d, PDL_TRIGGER=pdl, num_warps=4,
         )  # fmt: skip
     return out

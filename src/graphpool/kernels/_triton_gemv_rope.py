@@ -1,5 +1,4 @@
-"""The one-row qkv projection, rotary and the KV-cache write in one kernel (issue 12's "QKV projection output +
-rotary + KV-cache write"; on by default, ``GRAPHPOOL_KERNELS_OFF=gemv_rope`` turns it off).
+"""The one-row qkv projection, rotary and the KV-cache write in one kernel (the ``gemv_rope`` switch).
 
 The one-row GEMV (`_triton_gemv.py`) with its output features owned in rotary pairs: a program computes 2
 pairs ``(d, d + D/2)`` of one head (4 features, the GEMV's tiling), so the neox rotation of its outputs needs
@@ -17,7 +16,7 @@ import triton.language as tl
 
 from graphpool.kernels._triton_gemv import MAX_BLOCK_K, NUM_WARPS, _row, gemv_features
 from graphpool.kernels._triton_norm_rope import rotate_pair
-from graphpool.kernels.pdl import launch_flags
+from graphpool.kernels.pdl import pdl_on
 
 
 @triton.jit
@@ -34,8 +33,7 @@ def _gemv_rope_kernel(
     j = tl.arange(0, 4)
     # NOTE: features j = (half index) * 2 + pair: d0, d0 + 1, d0 + D/2, d0 + D/2 + 1 of the head
     offs_n = head * HEAD_DIM + d0 + (j % 2) + (j // 2) * half
-    y = gemv_features(x_ptr, w_ptr, x_ptr, x_ptr, x_ptr, 0.0, offs_n, offs_n >= 0, stride_wn, pid, K, BLOCK_K, PDL,
-                      False, False, False, False)  # fmt: skip
+    y = gemv_features(x_ptr, w_ptr, offs_n, offs_n >= 0, stride_wn, K, BLOCK_K, PDL)
     if HAS_BIAS:
         y += tl.load(b_ptr + offs_n).to(tl.float32)
     # NOTE: the GEMV's output rounding, then the rotary kernel's fp32 rotation and rounding
@@ -73,14 +71,16 @@ def gemv_rope_triton(
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
     heads: tuple[int, int, int],
+    *,
+    pdl: bool = True,
 ) -> torch.Tensor:
     """``x [1, K]`` -> the qkv row ``[1, (Hq + 2 Hkv) * D]`` with q and k rotated at ``positions[0]``, and
     k, v stored at ``slot_mapping[0]`` of the caches ``[num_blocks, block_size, Hkv, D]``; `heads`: (Hq, Hkv,
-    D). The caller checks shapes (`gemv.fused_linear_rope`)."""
+    D); `pdl`: as `gemv_triton`'s. The caller checks shapes (`gemv.fused_linear_rope`)."""
     hq, hkv, dim = heads
     n, k = weight.shape
     out = torch.empty(1, n, dtype=x.dtype, device=x.device)
-    pdl = launch_flags(x.device).pdl
+    pdl = pdl_on(x.device, pdl)
     _gemv_rope_kernel[(n // 4,)](
         _row(x, k), weight, bias if bias is not None else weight, out, positions, cos, sin, slot_mapping, k_cache,
         v_cache, weight.stride(0), cos.stride(0), sin.stride(0), *k_cache.stride()[:3], *v_cache.stride()[:3],

@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from graphpool.kernels.pdl import launch_flags, pdl_prologue
+from graphpool.kernels.pdl import pdl_on, pdl_trigger
 
 
 @triton.jit
@@ -18,9 +18,9 @@ def _rms_norm_kernel(
     x_ptr, r_ptr, w_ptr, out_ptr, rout_ptr,
     stride_x, stride_r, stride_o, stride_ro,
     n_cols, eps,
-    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, PDL_TRIGGER: tl.constexpr, PDL_WAIT: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, PDL_TRIGGER: tl.constexpr,
 ):  # fmt: skip
-    pdl_prologue(PDL_TRIGGER, PDL_WAIT)
+    pdl_trigger(PDL_TRIGGER)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -39,8 +39,9 @@ def _rms_norm_kernel(
 
 
 def rms_norm_triton(
-    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None, *, pdl: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`pdl`: trigger a PDL-launched kernel after this one, where the device has PDL (the ``pdl`` switch)."""
     hidden = x.shape[-1]
     x2 = x.reshape(-1, hidden)
     if x2.stride(-1) != 1:
@@ -55,15 +56,14 @@ def rms_norm_triton(
     rows = x2.shape[0]
     if rows > 0:
         block = triton.next_power_of_2(hidden)
-        flags = launch_flags(x.device)
         _rms_norm_kernel[(rows,)](
             x2, r2 if r2 is not None else x2, weight.contiguous(), out,
             new_residual if new_residual is not None else out,
             x2.stride(0), r2.stride(0) if r2 is not None else 0, out.stride(0),
             new_residual.stride(0) if new_residual is not None else 0,
             hidden, eps,
-            HAS_RESIDUAL=residual is not None, BLOCK=block, PDL_TRIGGER=flags.pdl, PDL_WAIT=flags.chain,
-            num_warps=min(16, max(1, block // 512)), launch_pdl=flags.chain,
+            HAS_RESIDUAL=residual is not None, BLOCK=block, PDL_TRIGGER=pdl_on(x.device, pdl),
+            num_warps=min(16, max(1, block // 512)),
         )  # fmt: skip
     out = out.view(x.shape)
     return out, (new_residual.view(x.shape) if new_residual is not None else None)
@@ -73,7 +73,7 @@ def rms_norm_triton(
 def rotate_pair(x1, x2, c, s):
     """The neox rotation of fp32 pairs ``(x1, x2)`` by ``(c, s)``, its contractions written out: left to the
     compiler, the same expressions became ``fma(s, x1, c * x2)`` here and ``fma(c, x2, s * x1)`` in the fused
-    qkv kernel, one fp32 ulp apart at times, and so now and then one bf16 ulp (session 22)."""
+    qkv kernel, one fp32 ulp apart at times, and so now and then one bf16 ulp."""
     return tl.fma(x1, c, -(x2 * s)), tl.fma(x2, c, x1 * s)
 
 
@@ -105,9 +105,7 @@ def _rotary_kernel(
     stride_kcb, stride_kco, stride_kch, stride_vcb, stride_vco, stride_vch,
     HQ: tl.constexpr, HKV: tl.constexpr, HALF: tl.constexpr, BLOCK_HQ: tl.constexpr,
     BLOCK_HKV: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_SIZE: tl.constexpr, WRITE_KV: tl.constexpr,
-    PDL_CHAIN: tl.constexpr,
 ):  # fmt: skip
-    pdl_prologue(PDL_CHAIN, PDL_CHAIN)
     t = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + t).to(tl.int64)
     offs = tl.arange(0, BLOCK_HALF)
@@ -163,7 +161,6 @@ def rotary_triton(
         v, k_cache, v_cache, slots = k, k_out, k_out, positions  # placeholders, never touched
         block_size = 1
         kc_strides = vc_strides = (0, 0, 0)
-    chain = launch_flags(q.device).chain
     _rotary_kernel[(tokens,)](
         positions, q, k, cos, sin, q_out, k_out,
         v, k_cache, v_cache, slots,
@@ -173,6 +170,6 @@ def rotary_triton(
         HQ=hq, HKV=hkv, HALF=dim // 2,
         BLOCK_HQ=triton.next_power_of_2(hq), BLOCK_HKV=triton.next_power_of_2(hkv),
         BLOCK_HALF=triton.next_power_of_2(dim // 2), BLOCK_SIZE=block_size, WRITE_KV=kv_write is not None,
-        PDL_CHAIN=chain, num_warps=4, launch_pdl=chain,
+        num_warps=4,
     )  # fmt: skip
     return q_out, k_out

@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from graphpool.kernels.pdl import launch_flags, pdl_prologue
+from graphpool.kernels.pdl import pdl_on, pdl_trigger
 
 MAX_BLOCK = 1024  # outputs per program; 8 per thread at 4 warps (16-byte loads in bf16)
 
@@ -31,9 +31,9 @@ def silu_times_up(gate, up, dtype: tl.constexpr, LIBDEVICE_EXP: tl.constexpr):
 @triton.jit
 def _silu_mul_kernel(
     x_ptr, out_ptr, stride_x, stride_o, n_cols,
-    BLOCK: tl.constexpr, LIBDEVICE_EXP: tl.constexpr, PDL_TRIGGER: tl.constexpr, PDL_WAIT: tl.constexpr,
+    BLOCK: tl.constexpr, LIBDEVICE_EXP: tl.constexpr, PDL_TRIGGER: tl.constexpr,
 ):  # fmt: skip
-    pdl_prologue(PDL_TRIGGER, PDL_WAIT)
+    pdl_trigger(PDL_TRIGGER)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -44,8 +44,11 @@ def _silu_mul_kernel(
     tl.store(out_ptr + row * stride_o + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def silu_mul_triton(x: torch.Tensor, *, block: int | None = None, num_warps: int = 4) -> torch.Tensor:
-    """``x [..., 2 * I]`` -> ``[..., I]``; ``block`` (a power of two) overrides the tile (tests)."""
+def silu_mul_triton(
+    x: torch.Tensor, *, block: int | None = None, num_warps: int = 4, pdl: bool = True
+) -> torch.Tensor:
+    """``x [..., 2 * I]`` -> ``[..., I]``; ``block`` (a power of two) overrides the tile (tests); `pdl`: trigger
+    a PDL-launched kernel after this one, where the device has PDL (the ``pdl`` switch)."""
     width = x.shape[-1]
     inter = width // 2
     x2 = x.reshape(-1, width)
@@ -58,10 +61,9 @@ def silu_mul_triton(x: torch.Tensor, *, block: int | None = None, num_warps: int
         raise ValueError(f"block must be a positive power of two, got {block}")
     rows = x2.shape[0]
     if rows > 0 and inter > 0:
-        flags = launch_flags(x.device)
         _silu_mul_kernel[(rows, triton.cdiv(inter, block))](
             x2, out, x2.stride(0), out.stride(0), inter,
-            BLOCK=block, LIBDEVICE_EXP=not triton.knobs.runtime.interpret, PDL_TRIGGER=flags.pdl,
-            PDL_WAIT=flags.chain, num_warps=num_warps, launch_pdl=flags.chain,
+            BLOCK=block, LIBDEVICE_EXP=not triton.knobs.runtime.interpret, PDL_TRIGGER=pdl_on(x.device, pdl),
+            num_warps=num_warps,
         )  # fmt: skip
     return out.view(*x.shape[:-1], inter)

@@ -1,6 +1,6 @@
 """The decode attention's launch shape, chosen on the host from ints only (kv heads, the length bound, the SM
 count, the batch where the bits allow it), so a captured graph's grid is fixed at capture: tokens per split,
-the staged split loop's programs, the split kernel's pipeline depth. No triton here: the CPU tests and the
+the split kernel's pipeline depth. No triton here: the CPU tests and the
 benchmarks import it without a GPU."""
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ BLOCK_N = 64  # context tokens per inner-loop tile
 MAX_SPLITS = 64  # caps the merge kernel's tile ([MAX_SPLITS, head_dim] fp32)
 MIN_SPLIT_LEN = 256  # keeps the partial-output traffic a few percent of the K/V bytes at large batches
 PROGRAMS_PER_SM = 2  # target occupancy of a batch-of-one grid
-LOOP_PROGRAMS_PER_SM = 8  # staged split loop: programs a grid aims at (per SM) before they loop over splits
 LARGE_GRID_PROGRAMS_PER_SM = 8  # past this many split programs per SM, a shallower K/V pipeline (below)
 LARGE_GRID_STAGES = 2
 DEFAULT_NUM_SMS = 132  # used when there is no CUDA device (interpreter runs)
@@ -44,19 +43,9 @@ def choose_split_len(num_kv_heads: int, len_bound: int, num_sms: int, block_n: i
     return -(-split_len // block_n) * block_n
 
 
-def loop_programs(pairs: int, num_splits: int, num_sms: int) -> int:
-    """Staged ``split_loop``: programs per (sequence, kv head) so that `pairs` of them make about
-    LOOP_PROGRAMS_PER_SM programs per SM, at least 1 and at most `num_splits` (then one split a program, as
-    unstaged). It may follow the batch: which program computes a split does not change the split's bits."""
-    return max(1, min(num_splits, -(-LOOP_PROGRAMS_PER_SM * num_sms // max(1, pairs))))
-
-
 def choose_num_stages(programs: int, num_sms: int) -> int | None:
     """The split kernel's software-pipeline depth: LARGE_GRID_STAGES once the grid has more than
-    LARGE_GRID_PROGRAMS_PER_SM programs per SM, else None (triton's default, 3). On the H200 (session 23) 2
-    stages took 1B bs 64 / 128 from 45.5 / 83.8 to 42.9 / 80.0 us a layer; at bs 1-8, whose grids stay under
-    the threshold, they cost 0.2-0.4 us; at head dim 128 (8B) between bs 12 and 32 under bound 4096 they
-    lost up to 1.5 us a layer (under 1% of that step), one threshold kept for both. It may follow the batch:
-    the depth changes when tiles load, not the arithmetic, so a row's bits stay the same (the GPU test checks
-    it)."""
+    LARGE_GRID_PROGRAMS_PER_SM programs per SM, else None (triton's default, 3): the large grids gain, the
+    small ones would lose (docs/kernels.md); the ``attn_stages`` switch. It may follow the batch: the depth
+    changes when tiles load, not the arithmetic, so a row's bits stay the same (the GPU test checks it)."""
     return LARGE_GRID_STAGES if programs > LARGE_GRID_PROGRAMS_PER_SM * num_sms else None

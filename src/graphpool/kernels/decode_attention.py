@@ -105,17 +105,21 @@ def paged_decode_attention(
     max_len_bound: int,
     *,
     out: torch.Tensor | None = None,
+    pdl: bool = True,
+    attn_stages: bool = True,
 ) -> torch.Tensor:
     """Paged decode attention: the Triton flash-decoding kernel on CUDA, the torch reference elsewhere.
 
     q ``[bs, Hq, D]`` (bf16/fp16/fp32), caches ``[num_blocks, block_size, Hkv, D]``, block_tables
     ``[bs, max_blocks]`` int32, context_lens ``[bs]`` int32 (including the current token, already written).
-    Returns ``[bs, Hq, D]`` in q's dtype (written into ``out`` when given).
+    Returns ``[bs, Hq, D]`` in q's dtype (written into ``out`` when given). `pdl`, `attn_stages`: the kernel
+    switches of those names.
     """
     impl = triton_impl("_triton_decode_attention") if q.is_cuda else None
     if impl is not None:
         return impl.paged_decode_attention_triton(
-            q, k_cache, v_cache, block_tables, context_lens, scale, max_len_bound, out=out
+            q, k_cache, v_cache, block_tables, context_lens, scale, max_len_bound, out=out, pdl=pdl,
+            attn_stages=attn_stages,
         )
     result = paged_decode_attention_ref(q, k_cache, v_cache, block_tables, context_lens, scale, max_len_bound)
     if out is None:

@@ -43,24 +43,26 @@ def add_rms_norm_ref(
     return rms_norm_ref(s, weight, eps), s
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm over the last dim of ``x [..., hidden]``: one Triton kernel on CUDA, the reference elsewhere."""
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, *, pdl: bool = True) -> torch.Tensor:
+    """RMSNorm over the last dim of ``x [..., hidden]``: one Triton kernel on CUDA, the reference elsewhere;
+    `pdl` (the ``pdl`` switch): the kernel lets a PDL-launched GEMV after it start early."""
     impl = triton_impl("_triton_norm_rope") if x.is_cuda else None
     if impl is None:
         return rms_norm_ref(x, weight, eps)
     _check_norm(x, weight, None)
-    return impl.rms_norm_triton(x, weight, eps, None)[0]
+    return impl.rms_norm_triton(x, weight, eps, None, pdl=pdl)[0]
 
 
 def add_rms_norm(
-    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, *, pdl: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Residual add then RMSNorm in one kernel: returns ``(rms_norm(x + residual), x + residual)``."""
+    """Residual add then RMSNorm in one kernel: returns ``(rms_norm(x + residual), x + residual)``; `pdl` as
+    `rms_norm`'s."""
     impl = triton_impl("_triton_norm_rope") if x.is_cuda else None
     if impl is None:
         return add_rms_norm_ref(x, residual, weight, eps)
     _check_norm(x, weight, residual)
-    out, new_residual = impl.rms_norm_triton(x, weight, eps, residual)
+    out, new_residual = impl.rms_norm_triton(x, weight, eps, residual, pdl=pdl)
     assert new_residual is not None
     return out, new_residual
 

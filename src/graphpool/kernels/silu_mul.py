@@ -34,10 +34,11 @@ def silu_mul_ref(x: torch.Tensor) -> torch.Tensor:
     return silu_mul_unchecked(x)
 
 
-def silu_mul(x: torch.Tensor) -> torch.Tensor:
-    """``silu(gate) * up`` of ``x [..., 2 * I]``: one Triton kernel on CUDA, the reference elsewhere."""
+def silu_mul(x: torch.Tensor, *, pdl: bool = True) -> torch.Tensor:
+    """``silu(gate) * up`` of ``x [..., 2 * I]``: one Triton kernel on CUDA, the reference elsewhere; `pdl`
+    (the ``pdl`` switch): the kernel lets a PDL-launched GEMV after it start early."""
     _check(x)
     impl = triton_impl("_triton_silu_mul") if x.is_cuda else None
     if impl is None:
         return silu_mul_unchecked(x)
-    return impl.silu_mul_triton(x)
+    return impl.silu_mul_triton(x, pdl=pdl)

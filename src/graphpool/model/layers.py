@@ -83,13 +83,7 @@ class SwiGLU(nn.Module):
 
     def forward(self, x: torch.Tensor, reduce: bool = True) -> torch.Tensor:
         """`reduce=False`: the output before down_proj's all-reduce (a rank's partial sum under tensor parallel)."""
-        return self.from_gate_up(self.gate_up_proj(x), reduce)
-
-    def from_gate_up(self, gate_up: torch.Tensor, reduce: bool = True) -> torch.Tensor:
-        """`forward` after the gate/up projection (when one kernel did the layer's norm and it)."""
         down = self.down_proj
-        # NOTE: down's partial sum either way (RowLinear.partial: its bias on rank 0 only)
-        out = self.ops.fused_silu_linear(gate_up, down.weight, down.bias)
-        if out is None:
-            out = down.partial(self.ops.silu_mul(gate_up))
+        # NOTE: down's partial sum (RowLinear.partial: its bias on rank 0 only)
+        out = down.partial(self.ops.silu_mul(self.gate_up_proj(x)))
         return down.tp.all_reduce(out) if reduce else out

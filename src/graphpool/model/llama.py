@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 from torch import nn
@@ -59,17 +59,10 @@ class LlamaAttention(nn.Module):
         if qkv is not None:
             q = qkv[:, : proj.sizes[0]].view(-1, self.num_heads, self.head_dim)
             return self._attend(q, None, meta, kv_cache, reduce)
-        return self.from_qkv(proj(x), meta, kv_cache, reduce)
-
-    def from_qkv(
-        self, qkv: torch.Tensor, meta: AttentionMetadata, kv_cache: KVCache, reduce: bool = True
-    ) -> torch.Tensor:
-        """`forward` after the qkv projection (when one kernel did the layer's norm and it: fused_norm_linear)."""
-        q, k, v = qkv.split(self.qkv_proj.sizes, dim=-1)
+        q, k, v = proj(x).split(proj.sizes, dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        k_cache, v_cache = kv_cache
         q, k = self.ops.rotary_and_write_kv(
             meta.positions, q, k, v, self.rotary.cos, self.rotary.sin, k_cache, v_cache, meta.slot_mapping
         )
@@ -127,10 +120,7 @@ class LlamaDecoderLayer(nn.Module):
     def attention_stage(
         self, x: torch.Tensor, residual: torch.Tensor | None, meta: AttentionMetadata, kv_cache: KVCache
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        norm1, proj = self.input_layernorm, self.self_attn.qkv_proj
-        fused = self.ops.fused_norm_linear(x, residual, norm1.weight, norm1.eps, proj.weight, proj.bias)
-        if fused is not None:
-            return self.self_attn.from_qkv(fused[0], meta, kv_cache, reduce=False), fused[1]
+        norm1 = self.input_layernorm
         if residual is None:
             residual, h = x, self.ops.rms_norm(x, norm1.weight, norm1.eps)
         else:
@@ -143,10 +133,7 @@ class LlamaDecoderLayer(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if residual is None:
             raise ValueError("the MLP stage follows an attention stage: it needs the residual stream")
-        norm2, proj = self.post_attention_layernorm, self.mlp.gate_up_proj
-        fused = self.ops.fused_norm_linear(x, residual, norm2.weight, norm2.eps, proj.weight, proj.bias)
-        if fused is not None:
-            return self.mlp.from_gate_up(fused[0], reduce=False), fused[1]
+        norm2 = self.post_attention_layernorm
         h, residual = self.ops.add_rms_norm(x, residual, norm2.weight, norm2.eps)
         return self.mlp(h, reduce=False), residual
 
@@ -156,7 +143,8 @@ class LlamaModel(nn.Module):
 
     Parameters are allocated uninitialised on `device` in `dtype`; a loader fills them. `attn_backend`
     picks the operations (`ModelOps`): "torch" (reference) or "triton" (graphpool.kernels on CUDA; falls back
-    to torch with a warning where unavailable). `ops` overrides the choice (tests).
+    to torch with a warning where unavailable), with the kernel switches named in `disabled_kernels` off
+    (`kernels/switches.py`). `ops` overrides the choice (tests).
     """
 
     def __init__(
@@ -168,12 +156,13 @@ class LlamaModel(nn.Module):
         attn_backend: AttnBackend = "torch",
         max_positions: int | None = None,
         ops: ModelOps | None = None,
+        disabled_kernels: Iterable[str] = (),
     ) -> None:
         super().__init__()
         device = torch.device(device)
         self.config = config
         self.dtype = dtype
-        self.ops = ops if ops is not None else resolve_ops(attn_backend, device)
+        self.ops = ops if ops is not None else resolve_ops(attn_backend, device, disabled_kernels)
         self.attn_backend: AttnBackend = self.ops.backend
         self.max_positions = max_positions or config.max_position_embeddings
         if self.max_positions <= 0:

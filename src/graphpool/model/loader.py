@@ -85,13 +85,15 @@ def load_model(
     *,
     seed: int = 0,
     max_positions: int | None = None,
+    disabled_kernels: tuple[str, ...] = (),
 ) -> tuple[LlamaModel, ModelConfig, Tokenizer | None]:
     """Build and fill the model. Returns (model, config, tokenizer or None for random presets).
 
-    `max_positions` caps the rotary cache (defaults to the model's max_position_embeddings).
+    `max_positions` caps the rotary cache (defaults to the model's max_position_embeddings);
+    `disabled_kernels`: kernel switches off in the model's operations (`kernels/switches.py`).
     """
     kwargs = {"device": torch.device(device), "dtype": dtype, "attn_backend": attn_backend,
-              "max_positions": max_positions}
+              "max_positions": max_positions, "disabled_kernels": disabled_kernels}
     source = model_source(name_or_path)
     if isinstance(source, ModelConfig):
         model = LlamaModel(source, **kwargs)

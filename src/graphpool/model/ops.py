@@ -2,23 +2,29 @@
 
 Backend "torch" is the reference (CPU and GPU, graph-capturable). Backend "triton" uses, on CUDA, the Triton
 paged decode attention plus fused residual-add+RMSNorm, rotary+KV-write and SwiGLU silu*mul kernels: fewer
-kernels per step, and a Triton GEMV for the linear layers of a one-row step. Both follow the same numerics contract (norm statistics in float32, rotary in float32 over
-the same cache, silu rounded to the activation dtype before the product).
+kernels per step, and a Triton GEMV for the linear layers of a one-row step. Both follow the same numerics
+contract (norm statistics in float32, rotary in float32 over the same cache, silu rounded to the activation
+dtype before the product). The kernel switches (`kernels/switches.py`) are resolved here, once, when the
+model is built: a switched-off kernel's function is not in the op set, or its launcher gets the switch bound.
 """
 
 from __future__ import annotations
 
+import functools
 import warnings
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Literal
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+from typing import Any, Literal
 
 import torch
+
+from graphpool.kernels.argmax import argmax_rows
 
 # NOTE: the kernels' reference numerics (one copy), in their check-free forms: no host checks per layer.
 from graphpool.kernels.norm_rope import rms_norm_unchecked as rms_norm_torch
 from graphpool.kernels.norm_rope import rotary_and_write_kv_unchecked as rotary_and_write_kv_torch
 from graphpool.kernels.silu_mul import silu_mul_unchecked as silu_mul_torch
+from graphpool.kernels.switches import check_switches
 from graphpool.model.attn_ops import paged_decode_attention_torch
 
 AttnBackend = Literal["torch", "triton"]
@@ -35,6 +41,11 @@ def no_fusion(*_: object) -> None:
     return None
 
 
+def argmax_torch(x: Tensor) -> Tensor:
+    """torch's row argmax (the decode step's with ``step_argmax`` off)."""
+    return x.argmax(dim=-1)
+
+
 @dataclass(frozen=True)
 class ModelOps:
     backend: AttnBackend
@@ -44,16 +55,15 @@ class ModelOps:
     rotary_and_write_kv: Callable[..., tuple[Tensor, Tensor]]
     silu_mul: Callable[[Tensor], Tensor]  # the gate/up projection's [T, 2I] -> silu(gate) * up [T, I]
     linear: Callable[[Tensor, Tensor, Tensor | None], Tensor]  # x @ w.T + b, every projection and the LM head
-    # (x, residual | None, norm weight, eps, w, b) -> (linear(rms_norm(x + residual)), x + residual) from one
-    # kernel that does both (a layer's norm and the projection after it), or None: then the model runs them
-    fused_norm_linear: Callable[..., tuple[Tensor, Tensor] | None]
-    # (gate_up, w, b) -> linear(silu_mul(gate_up), w, b) from one kernel (SwiGLU and down_proj), or None
-    fused_silu_linear: Callable[..., Tensor | None]
     # (x, w, b, positions, cos, sin, k_cache, v_cache, slots, (Hq, Hkv, D)) -> the qkv projection with q and k
     # rotated and k, v stored in the caches, from one kernel, or None: then the model runs them one by one
     fused_linear_rope: Callable[..., Tensor | None]
+    # logits [bs, vocab] -> int64 [bs]: the decode step's greedy token of each row (inside its graph)
+    step_argmax: Callable[[Tensor], Tensor]
 
 
+# NOTE: the step's argmax is the Triton one on CUDA tensors whatever the backend: in a graph it costs less
+# than torch's, with the same indices
 TORCH_OPS = ModelOps(
     "torch",
     paged_decode_attention_torch,
@@ -63,29 +73,41 @@ TORCH_OPS = ModelOps(
     silu_mul_torch,
     torch.nn.functional.linear,
     no_fusion,
-    no_fusion,
-    no_fusion,
+    argmax_rows,
 )
 
 
-def kernel_ops() -> ModelOps:
-    """The `graphpool.kernels` entry points (Triton on CUDA tensors, their torch references elsewhere)."""
+def _bind(fn: Callable[..., Any], **switches: bool) -> Callable[..., Any]:
+    """`fn` with its switched-off kernel arguments bound (`fn` itself when every switch is on)."""
+    off = {name: False for name, on in switches.items() if not on}
+    return functools.partial(fn, **off) if off else fn
+
+
+def torch_ops(disabled: Iterable[str] = ()) -> ModelOps:
+    """TORCH_OPS; of the kernel switches only ``step_argmax`` applies to it."""
+    return replace(TORCH_OPS, step_argmax=argmax_torch) if "step_argmax" in check_switches(disabled) else TORCH_OPS
+
+
+def kernel_ops(disabled: Iterable[str] = ()) -> ModelOps:
+    """The `graphpool.kernels` entry points (Triton on CUDA tensors, their torch references elsewhere), with
+    the kernel switches named in `disabled` off."""
     from graphpool.kernels.decode_attention import paged_decode_attention
-    from graphpool.kernels.gemv import fused_linear_rope, fused_norm_linear, fused_silu_linear, linear
+    from graphpool.kernels.gemv import fused_linear_rope, linear
     from graphpool.kernels.norm_rope import add_rms_norm, apply_rotary_and_write_kv, rms_norm
     from graphpool.kernels.silu_mul import silu_mul
 
+    off = check_switches(disabled)
+    pdl = "pdl" not in off
     return ModelOps(
         "triton",
-        paged_decode_attention,
-        rms_norm,
-        add_rms_norm,
+        _bind(paged_decode_attention, pdl=pdl, attn_stages="attn_stages" not in off),
+        _bind(rms_norm, pdl=pdl),
+        _bind(add_rms_norm, pdl=pdl),
         apply_rotary_and_write_kv,
-        silu_mul,
-        linear,
-        fused_norm_linear,
-        fused_silu_linear,
-        fused_linear_rope,
+        _bind(silu_mul, pdl=pdl),
+        torch.nn.functional.linear if "gemv" in off else _bind(linear, pdl=pdl),
+        no_fusion if "gemv" in off or "gemv_rope" in off else _bind(fused_linear_rope, pdl=pdl),
+        argmax_torch if "step_argmax" in off else argmax_rows,
     )
 
 
@@ -98,16 +120,17 @@ def default_attn_backend(backend: str, device: torch.device) -> AttnBackend:
     return backend  # type: ignore[return-value]
 
 
-def resolve_ops(backend: AttnBackend, device: torch.device) -> ModelOps:
+def resolve_ops(backend: AttnBackend, device: torch.device, disabled: Iterable[str] = ()) -> ModelOps:
+    """The op set of `backend` on `device`, with the kernel switches named in `disabled` off."""
     if backend not in ("torch", "triton"):
         raise ValueError(f"attn_backend must be 'torch' or 'triton', got {backend!r}")
     if backend == "torch":
-        return TORCH_OPS
+        return torch_ops(disabled)
     if device.type != "cuda":
         warnings.warn("the triton backend needs a CUDA device; using the torch backend", stacklevel=3)
-        return TORCH_OPS
+        return torch_ops(disabled)
     try:
-        return kernel_ops()
+        return kernel_ops(disabled)
     except ImportError as exc:
         warnings.warn(f"graphpool.kernels unavailable ({exc}); using the torch backend", stacklevel=3)
-        return TORCH_OPS
+        return torch_ops(disabled)
