@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from graphpool.engine.args import add_engine_args, engine_config_from_args
@@ -55,3 +56,28 @@ def test_generate_summary_line_is_the_pool_description_on_a_gpu() -> None:
     assert "off (--disable-cudagraph)" in describe_graphs(engine)  # type: ignore[arg-type]
     config.torch_device = torch.device("cpu")
     assert "need a CUDA GPU" in describe_graphs(engine)  # type: ignore[arg-type]
+
+
+def test_disable_kernels_is_an_engine_flag_checked_once(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--disable-kernels` reaches EngineConfig.disabled_kernels (in the switches' order) from every command,
+    is listed in --help, refused when it names no switch, and said on the `generate` command's loading line."""
+    from graphpool.cli import build_parser, main
+    from graphpool.engine.config import EngineConfig
+    from graphpool.server.main import build_parser as server_parser
+
+    flags = ["--device", "cpu", "--disable-kernels", "step_argmax,gemv"]
+    for args in (build_parser().parse_args(["generate", "--prompt", "x", *flags]),
+                 build_parser().parse_args(["serve", *flags]), server_parser().parse_args(flags)):
+        assert engine_config_from_args(args).disabled_kernels == ("gemv", "step_argmax")
+    assert EngineConfig(device="cpu").disabled_kernels == ()
+    assert EngineConfig(device="cpu", disabled_kernels=["pdl", "pdl"]).disabled_kernels == ("pdl",)
+    with pytest.raises(ValueError, match=r"unknown kernel switch.*'argmax'"):
+        EngineConfig(device="cpu", disabled_kernels="argmax")
+    help_text = " ".join(server_parser().format_help().split())
+    assert "--disable-kernels" in help_text and "gemv, pdl, gemv_rope, step_argmax, attn_stages" in help_text
+    assert main(["generate", "--prompt", "x", "--disable-kernels", "gemm", "--device", "cpu"]) == 2
+    assert "unknown kernel switch" in capsys.readouterr().err
+    # NOTE: an unknown model fails after the loading line, before any weight is read
+    assert main(["generate", "--prompt", "x", "--device", "cpu", "--disable-kernels", "pdl,gemv",
+                 "--model", "no-such-model"]) == 2
+    assert "; kernels off: gemv, pdl" in capsys.readouterr().err

@@ -258,6 +258,19 @@ def test_describe_startup_says_what_the_pool_captured_and_holds() -> None:
     )
 
 
+def test_disabled_kernels_show_at_start_up_and_on_metrics() -> None:
+    from graphpool.engine.config import EngineConfig
+    from graphpool.server.main import describe_startup
+
+    engine = FakeEngine()
+    assert "kernels off" not in describe_startup(engine, EngineConfig(device="cpu"), 1.0)[0]
+    line = describe_startup(engine, EngineConfig(device="cpu", disabled_kernels="pdl,gemv"), 1.0)[0]
+    assert line.endswith("; kernels off: gemv, pdl")
+    values = metric_values(ServerMetrics(disabled_kernels=("gemv", "pdl")).render().decode())
+    enabled = {dict(labels)["kernel"]: v for (name, labels), v in values.items() if name == "graphpool_kernel_enabled"}
+    assert enabled == {"gemv": 0.0, "pdl": 0.0, "gemv_rope": 1.0, "step_argmax": 1.0, "attn_stages": 1.0}
+
+
 def test_serve_subcommand_refuses_bad_flags_before_loading() -> None:
     from graphpool.cli import build_parser, main
 

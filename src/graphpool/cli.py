@@ -58,8 +58,9 @@ def run_generate(args: argparse.Namespace) -> int:
     graphs = "on" if config.graphs_enabled else (
         "OFF (CPU device: CUDA graphs need a GPU; decode runs eagerly)" if device.type != "cuda"
         else "OFF (--disable-cudagraph)")
+    kernels = f"; kernels off: {', '.join(config.disabled_kernels)}" if config.disabled_kernels else ""
     print(f"loading {config.model} on {device} ({str(config.torch_dtype).removeprefix('torch.')}); "
-          f"CUDA graphs {graphs}", file=sys.stderr)
+          f"CUDA graphs {graphs}{kernels}", file=sys.stderr)
     try:
         llm = LLM(**{f: getattr(config, f) for f in config.__dataclass_fields__})
         if args.chat:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any
 
+from graphpool.kernels.switches import KERNEL_SWITCHES
+
 if TYPE_CHECKING:
     from graphpool.engine.config import EngineConfig
 
@@ -28,6 +30,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         help="auto: bfloat16 on CUDA, float32 on CPU")
     add("--attn-backend", "attn_backend", choices=["auto", "torch", "triton"],
         help="decode attention: auto = triton on CUDA, torch on CPU")
+    add("--disable-kernels", "disabled_kernels", metavar="NAMES",
+        help=f"default-on kernels to turn off, comma-separated: {', '.join(KERNEL_SWITCHES)} (default: none)")
     add("--max-num-seqs", "max_num_seqs", type=int, help="most requests decoding at once (default 256)")
     add("--max-model-len", "max_model_len", type=int, help="prompt + output tokens per request (default 2048)")
     add("--max-num-batched-tokens", "max_num_batched_tokens", type=int,

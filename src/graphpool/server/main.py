@@ -9,7 +9,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 logger = logging.getLogger("graphpool.server")
@@ -80,7 +80,8 @@ def describe_startup(engine: Any, config: Any, load_seconds: float) -> list[str]
         f"model {engine.model_name} on {config.torch_device} ({str(config.torch_dtype).removeprefix('torch.')}), "
         f"loaded in {load_seconds:.1f} s; max_model_len {engine.max_model_len}"
         + (f"; tensor parallel over {config.tensor_parallel_size} ranks (this process is rank 0)"
-           if getattr(config, "tensor_parallel_size", 1) > 1 else ""),
+           if getattr(config, "tensor_parallel_size", 1) > 1 else "")
+        + (f"; kernels off: {', '.join(config.disabled_kernels)}" if getattr(config, "disabled_kernels", ()) else ""),
         f"KV cache: {stats.num_kv_blocks} blocks of {config.block_size} tokens "
         f"({stats.num_kv_blocks * config.block_size} token slots), {stats.num_free_kv_blocks} free",
     ]
@@ -115,9 +116,11 @@ def make_server(
     log_level: str = "info",
     shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT_S,
     on_ready: Callable[[], None] | None = None,
+    disabled_kernels: Sequence[str] = (),
 ):
     """A GracefulServer (uvicorn.Server) for ``engine`` (an LLMEngine); ``server.run()`` blocks;
-    ``begin_shutdown()`` (or SIGTERM) drains and stops it, ``should_exit`` stops it without draining."""
+    ``begin_shutdown()`` (or SIGTERM) drains and stops it, ``should_exit`` stops it without draining.
+    `disabled_kernels`: the engine config's, for /metrics."""
     import uvicorn
 
     from graphpool.server.app import build_app
@@ -125,7 +128,7 @@ def make_server(
     from graphpool.server.lifecycle import GracefulServer
     from graphpool.server.metrics import ServerMetrics
 
-    metrics = ServerMetrics()
+    metrics = ServerMetrics(disabled_kernels=disabled_kernels)
     async_engine = AsyncEngine(engine, observer=metrics)
     app = build_app(async_engine, metrics, served_model_name)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False)
@@ -197,7 +200,8 @@ def serve(args: argparse.Namespace, config: Any = None) -> int:
         )
 
     server = make_server(
-        engine, args.host, args.port, args.served_model_name, args.log_level, args.shutdown_timeout, ready
+        engine, args.host, args.port, args.served_model_name, args.log_level, args.shutdown_timeout, ready,
+        config.disabled_kernels,
     )
     try:
         server.run(sockets=[sock])

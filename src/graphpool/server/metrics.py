@@ -11,15 +11,16 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from graphpool.engine.pool_summary import describe
+from graphpool.kernels.switches import KERNEL_SWITCHES
 
 logger = logging.getLogger("graphpool.server")
 
@@ -120,7 +121,8 @@ class EngineCollector(Collector):
 class ServerMetrics:
     """All metrics of one server; also the engine loop's step observer."""
 
-    def __init__(self, log_interval_s: float = 10.0) -> None:
+    def __init__(self, log_interval_s: float = 10.0, disabled_kernels: Sequence[str] = ()) -> None:
+        """`disabled_kernels`: the engine config's kernel switches turned off (a gauge per switch)."""
         self.log_interval_s = log_interval_s
         self._last_log = (time.monotonic(), 0)  # (when, generation tokens then)
         self.registry = CollectorRegistry(auto_describe=True)
@@ -159,6 +161,12 @@ class ServerMetrics:
             buckets=REQUEST_SECONDS_BUCKETS,
             registry=r,
         )
+        self.kernel_enabled = Gauge(
+            f"{PREFIX}_kernel_enabled", "1 when a default-on kernel is on, 0 when --disable-kernels turned it off",
+            ["kernel"], registry=r,
+        )  # fmt: skip
+        for name in KERNEL_SWITCHES:
+            self.kernel_enabled.labels(name).set(name not in disabled_kernels)
         self._last_step: object | None = None
 
     # ---- StepObserver (engine thread) ----
