@@ -1,13 +1,12 @@
 #!/usr/bin/env bash
-# All three benchmarks on one GPU in one call (the lead runs it on the H200 through the device tool):
+# The step, memory and trace benchmarks on one GPU in one go:
 #   bash scripts/gpu_bench.sh            # writes under $OUT (default ./gpu_bench_out)
-# Budget: under 8.5 minutes in all. Each stage has its own time limit, cut to what is left before DEADLINE
-# (480 s; SIGINT, then KILL 15 s later), so one slow stage cannot eat the rest; each bench rewrites its report
-# as it goes (the trace after every run, the step bench after every phase), so a stage cut short keeps numbers.
-# Order: the predictable stages first, the step bench last (its torch.compile column is the slow, variable
-# part, and it runs after both models' eager/graph numbers are saved). Expected on the H200: memory ~15 s,
-# trace ~3.5-4 min (3 loads x 8 s x 7 configs), step ~1 min + ~20-60 s per torch.compile (4 of them).
-# What comes back (<= 8 files): summary.md, log.txt, results.tar.gz (all JSON/Markdown/PNG), and the 3 PNGs.
+# Each stage has its own time limit, cut to what is left before DEADLINE (480 s; SIGINT, then KILL 15 s later),
+# so one slow stage cannot eat the rest; each bench rewrites its report as it goes (the trace after every run,
+# the step bench after every phase), so a stage cut short keeps its numbers. Order: the predictable stages
+# first, the step bench last (its torch.compile column is the slow, variable part, and it runs after both
+# models' eager/graph numbers are saved). Typical stage times: docs/benchmarks.md.
+# Writes to $OUT: summary.md, log.txt, results.tar.gz (all JSON/Markdown/PNG), and the 3 PNGs.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu_bench_out}

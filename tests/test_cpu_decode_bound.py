@@ -1,4 +1,4 @@
-"""The CPU path (issue 11, section 4): without CUDA graphs the decode attention's length bound follows the
+"""The CPU path: without CUDA graphs the decode attention's length bound follows the
 batch (not max_model_len) and the torch attention reads only the blocks of each row group's longest context;
 greedy outputs stay those of attention over the fixed full bound."""
 

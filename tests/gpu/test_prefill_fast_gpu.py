@@ -1,4 +1,4 @@
-"""Fast prefill on the GPU (issue 11 §2): the one-call varlen prefill attention against the previous
+"""Fast prefill on the GPU: the one-call varlen prefill attention against the previous
 per-sequence SDPA loop, in bf16 on CUDA, and the default model's prefill logits with either.
 
 Tolerances: both run flash kernels on the same bf16 inputs with float32 accumulation, so they differ at most by

@@ -1,4 +1,4 @@
-"""The byte budget in the driver's view (issue 9): an MLP step with two inputs, a tuple output and fresh
+"""The byte budget in the driver's view: an MLP step with two inputs, a tuple output and fresh
 allocations inside, random batch sizes through capture-on-miss under a budget; device memory held since the
 pool was created (``mem_get_info``) against the bytes the pool accounts.
 

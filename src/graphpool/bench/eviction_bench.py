@@ -1,5 +1,5 @@
-"""Eviction cost on a GPU: the eviction call itself, and the eager step right after it, with the release of
-before issue 9 (reset the graph, then a process-wide ``torch.cuda.empty_cache()``) and the current one (the
+"""Eviction cost on a GPU: the eviction call itself, and the eager step right after it, with two releases:
+a process-wide flush (reset the graph, then ``torch.cuda.empty_cache()``) and the pool's own (the
 evicted graph's own MemPool only), side by side in one run, trials interleaved, medians.
 
     python -m graphpool.bench.eviction_bench [--trials 30] [--rows 4096] [--graph-size 256]
@@ -24,7 +24,7 @@ from graphpool.pool.pool import GraphPool
 
 
 class FlushingCapturer(CudaGraphCapturer):
-    """The release before issue 9: give the graph back, then empty the whole caching allocator."""
+    """A process-wide release: give the graph back, then empty the whole caching allocator."""
 
     def release(self, graph: CapturedGraph) -> None:
         super().release(graph)
@@ -46,8 +46,8 @@ def run(trials: int = 30, rows: int = 4096, graph_size: int = 256, device: str =
     eager_batch = step.inputs(rows, seed=0)
     cfg = PoolConfig(miss_policy="capture", batch_sizes=(graph_size,))
     pools = {
-        "old: graph + process-wide empty_cache()": GraphPool(step, TOY_SPECS, cfg, dev, FlushingCapturer(dev)),
-        "new: the graph's MemPool only": GraphPool(step, TOY_SPECS, cfg, dev, CudaGraphCapturer(dev)),
+        "flush: graph + process-wide empty_cache()": GraphPool(step, TOY_SPECS, cfg, dev, FlushingCapturer(dev)),
+        "pool: the graph's MemPool only": GraphPool(step, TOY_SPECS, cfg, dev, CudaGraphCapturer(dev)),
     }
     times: dict[str, dict[str, list[float]]] = {k: {"evict": [], "after": [], "plain": []} for k in pools}
     with torch.inference_mode():

@@ -107,7 +107,7 @@ def bench_layout(setup: DecodeSetup, cfg: MemoryBenchConfig, layout: str, captur
     res.points.append((st.resident_graphs, _held(device, base), st.resident_bytes / MIB))
     progress(f"  {layout}: {st.resident_graphs} graphs hold {res.points[-1][1]:.0f} MiB (driver view)")
     for n in sorted(cfg.evict_to, reverse=True):
-        # NOTE: evict the largest sizes first, keeping the n smallest (what the seed's LRU ends up keeping).
+        # NOTE: evict the largest sizes first, keeping the n smallest (what LightLLM's LRU ends up keeping).
         for s in sorted(pool.resident_sizes(), reverse=True)[: max(0, pool.stats().resident_graphs - n)]:
             pool.evict(s)
         st = pool.stats()

@@ -1,4 +1,4 @@
-"""`bench profile`'s prefill part (issue 11 §1): one engine step that prefills one short prompt, through
+"""`bench profile`'s prefill part: one engine step that prefills one short prompt, through
 `LLMEngine.step` (scheduler, the runner's real prefill, sampling, prefix-cache commit, detokenization), after
 warm-up steps of the same length; where the step's wall time goes."""
 

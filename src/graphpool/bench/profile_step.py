@@ -1,5 +1,5 @@
 """`graphpool bench profile`: the kernels of one engine-level decode step per batch size, per layer, with
-their time shares (issue 12), and where the time of one short prefill step goes (issue 11 §1), from
+their time shares, and where the time of one short prefill step goes, from
 torch.profiler. On the CPU it profiles CPU activity only (its ops, by self time, stand in for kernels)."""
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ from graphpool.engine.timeline import records_from_export
 CONFIG_LABELS = {
     "a": "no graphs",
     "b": "capture all at start-up",
-    "c": "seed: LRU 16, capture on miss, shared",
+    "c": "LightLLM LRU 16, capture on miss, shared",
     "d": "graphpool default",
     "e": "graphpool + byte budget",
     "f": "graphpool, no start-up warm-up",
@@ -45,7 +45,7 @@ CONFIG_LABELS = {
     "i": "graphpool + async scheduling",
     "j": "graphpool + microbatch overlap",
 }
-# the prefill of the seed and of graphpool before session 17: every prefill step eager, decodes wait for it
+# eager prefill (LightLLM's): every prefill step runs eagerly and decodes wait for it
 _EAGER_PREFILL = ("--graph-prefill-max-tokens", "0", "--no-enable-mixed-steps")
 
 
@@ -280,10 +280,10 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seeds", type=int, default=3, help="seeds per configuration (trace seeds first-seed..)")
     p.add_argument("--first-seed", type=int, default=0, help="first trace seed (split seeds over calls)")
     p.add_argument("--configs", default="abcde",
-                   help="letters: (a) no graphs, (b) capture every ladder size at start-up, (c) the seed: LRU 16, "
+                   help="letters: (a) no graphs, (b) capture every ladder size at start-up, (c) LightLLM's LRU 16, "
                         "capture on miss, shared mempool, no warm-up, (d) graphpool default, (e) graphpool with "
                         "--graph-memory-budget, (f) graphpool default without the start-up warm-up (lazy capture), (g) "
-                        "eager prefill steps and no mixed steps (the default before session 17), (h) no mixed steps, "
+                        "eager prefill steps and no mixed steps, (h) no mixed steps, "
                         "(i) + --async-scheduling, (j) + --enable-microbatch-overlap (with "
                         "--server-arg=--tensor-parallel-size=2)")
     p.add_argument("--budget", default="256MiB", help="--graph-memory-budget of configuration (e)")

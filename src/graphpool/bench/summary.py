@@ -5,7 +5,7 @@
 
 RESULTS_DIR holds step/step.json, memory/memory.json, trace/trace.json (any may be missing; a bench's JSON
 directly in RESULTS_DIR also counts). The doc's generated block lies between the BEGIN/END markers below;
-everything outside it is prose. Targets (issue 5) are reported as met or missed with the numbers; they are
+everything outside it is prose. Targets are reported as met or missed with the numbers; they are
 never asserted.
 """
 
@@ -170,7 +170,7 @@ def trace_targets(mine: dict[str, dict[str, Any]], budget_mib: float, targets: T
                             f"{r['startup_capture_s']:.2f} s vs {b['startup_capture_s']:.2f} s ({100 * s:.0f}%)",
                             _verdict(s <= 0.1)])
         if d:
-            targets.append([f"{name}: captures while serving < seed LRU-16's",
+            targets.append([f"{name}: captures while serving < LightLLM LRU-16's",
                             f"{r['captures_serving']} vs {d['captures_serving']}",
                             _verdict(r["captures_serving"] < d["captures_serving"])])
     if f:
@@ -184,7 +184,7 @@ def headline(mine: dict[str, dict[str, Any]], rate: float) -> str:
              _p99(r) / _p99(d) if d else math.nan, _num(r["startup_capture_s"]), r["captures_serving"],
              _num(r["peak_graph_mib"]), _num(r["tokens_per_s"])] for k, r in mine.items() if k != "a"]
     return (f"At {rate:g} req/s (the over-capacity load):\n\n"
-            + md_table(["policy", "ITL p99 ms", "vs capture-all", "vs seed LRU-16", "start-up capture s",
+            + md_table(["policy", "ITL p99 ms", "vs capture-all", "vs LightLLM LRU-16", "start-up capture s",
                         "captures serving", "peak graph MiB", "tok/s"], rows))
 
 
@@ -231,7 +231,7 @@ def summarize(results_dir: Path, link_dir: Path | None = None) -> str:
             runs = data["results"]["runs"]
             rate = busiest_load(runs)
             head = headline(_by_config(runs, rate), rate)
-    out.append("### Targets (issue 5)\n\n" + md_table(["target", "measured", "verdict"], targets))
+    out.append("### Targets\n\n" + md_table(["target", "measured", "verdict"], targets))
     if head:
         out.append("### Headline\n\n" + head)
     return "\n".join(out)

@@ -28,8 +28,8 @@ def serving_configs(ladder: Sequence[int], budget_bytes: int) -> list[ServingCon
 
     all_sizes = tuple(ladder)  # NOTE: explicit sizes: "capture every size", whatever "all" means to the engine
     n = len(ladder)
-    # NOTE: the seed captures every size at start-up and its LRU then keeps the 16 smallest; warming exactly
-    # those gives the same resident set (its start-up capture time is then understated, not overstated).
+    # NOTE: LightLLM's pool captures every size at start-up and its LRU then keeps the 16 smallest; warming
+    # exactly those gives the same resident set (its start-up capture time is then understated, not overstated).
     seed_resident = tuple(sorted(ladder)[:16])
     pool_defaults = PoolConfig()
     cover = tuple(pool_defaults.ladder().padding_cover(pool_defaults.max_padding_ratio)[:16])
@@ -40,7 +40,7 @@ def serving_configs(ladder: Sequence[int], budget_bytes: int) -> list[ServingCon
         ServingConfig("a", "no graphs", {"disable_cudagraph": True}),
         ServingConfig("b", "capture all at start-up", {"max_graph_pool_size": n, "graph_warmup": all_sizes, **capture}),
         ServingConfig("c", "lazy, unbounded", {"max_graph_pool_size": n, "graph_warmup": "none", **capture}),
-        ServingConfig("d", "seed: LRU 16", {"max_graph_pool_size": 16, "graph_warmup": seed_resident, **capture}),
+        ServingConfig("d", "LightLLM LRU 16", {"max_graph_pool_size": 16, "graph_warmup": seed_resident, **capture}),
         ServingConfig("e", f"graphpool ({pool_defaults.miss_policy}, per_graph)", {**ours, "graph_warmup": "none"}),
         ServingConfig("f", f"graphpool + budget {budget_bytes // MIB} MiB",
                       {**ours, "graph_warmup": "none", "graph_memory_budget": budget_bytes}),
@@ -135,7 +135,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
                         "~4 min for the 7 configs on the H200)")
     p.add_argument("--configs", default="abcdefg",
                    help="letters of the configurations: (a) no graphs, (b) capture all at start-up, (c) lazy "
-                        "unbounded, (d) seed LRU 16, (e) graphpool, (f) graphpool + budget, (g) graphpool + "
+                        "unbounded, (d) LightLLM LRU 16, (e) graphpool, (f) graphpool + budget, (g) graphpool + "
                         "warm padding cover")
     p.add_argument("--budget-mib", type=int, default=256, help="graph memory budget of config (f)")
     p.add_argument("--kv-gib", type=float, default=8.0, help="KV cache size, the same for every config")

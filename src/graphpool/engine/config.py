@@ -84,8 +84,8 @@ class EngineConfig:
     record_step_timeline: bool = False  # keep a timeline of steps (engine.timeline; the server's /debug/steps)
     # ranks (processes, one GPU each: cuda:i .. cuda:i+N-1 from the device's index i; gloo on the CPU)
     tensor_parallel_size: int = 1
-    # graph pool settings (the seed's names)
-    # NOTE: None -> 16 (the seed's default), or the whole ladder when graph_warmup="all" asks for every size.
+    # graph pool settings (LightLLM's names)
+    # NOTE: None -> 16 (LightLLM's default), or the whole ladder when graph_warmup="all" asks for every size.
     max_graph_pool_size: int | None = None
     graph_max_batch_size: int = 256
     graph_split_batch_size: int = 32
@@ -95,22 +95,22 @@ class EngineConfig:
     disable_cudagraph: bool = False
     graph_miss_policy: str | None = None  # None -> the pool's default
     graph_mempool: str = "per_graph"
-    # NOTE: "cover" by default: in the H200 serving traces it cut captures while serving to 5 (from 16-18
-    # with no warm-up) for ~0.3 s of start-up capture (capture-all: 0.8-1.3 s); docs/benchmarks.md.
+    # NOTE: "cover" by default: fewest captures while serving for a fraction of capture-all's start-up
+    # (docs/benchmarks.md, "Default policy and why").
     graph_warmup: str | tuple[int, ...] = "cover"  # "none" | "cover" | "all" | batch sizes
     # prefill steps of at most this many tokens replay a resident decode graph, one row a token (0: off);
-    # None -> min(256, graph_max_batch_size). NOTE: on by default since the H200 serving run of session 17 cut
-    # the default model's prefill step from ~31 ms to ~2 ms (docs/benchmarks.md "The serving tail").
+    # None -> min(256, graph_max_batch_size). NOTE: on by default: a short prefill replayed in a graph is an
+    # order of magnitude faster than an eager one (docs/benchmarks.md, "Serving").
     graph_prefill_max_tokens: int | None = None
     # decode steps take prompt chunks into their leftover rows, up to graph_max_batch_size rows and the token
-    # budget: running streams get a token in the steps that prefill (ITL p99 6.1 -> 4.4 ms in that run).
+    # budget: running streams get a token in the steps that prefill (the ITL tail: docs/benchmarks.md).
     # None -> on where decode graphs run (the prompt rows ride in them), off on the CPU and without graphs
     enable_mixed_steps: bool | None = None
-    # launch the next decode step before the host has this one's tokens (engine/overlap.py; H200, 1B bs 1: the
-    # engine's whole step 1.49x -> 1.04x the graph replay, docs/benchmarks.md). Opt-in until the GPU suite ran with it on.
+    # launch the next decode step before the host has this one's tokens (engine/overlap.py; the engine's step
+    # then nearly matches the bare graph replay, docs/benchmarks.md). Opt-in until the GPU suite ran with it on.
     async_scheduling: bool = False
     # decode steps as two microbatches in one graph, layers interleaved so one's all-reduce overlaps the
-    # other's compute (the seed's overlap mode; for tensor parallel). Graph sizes are then per microbatch.
+    # other's compute (LightLLM's overlap mode; for tensor parallel). Graph sizes are then per microbatch.
     enable_microbatch_overlap: bool = False
 
     def __post_init__(self) -> None:

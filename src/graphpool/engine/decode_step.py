@@ -52,7 +52,7 @@ def decode_step(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The engine's step: `decode_forward`'s logits and each row's argmax of them (int64 [bs]), the greedy
     token, taken inside the step so a graph holds it (`ModelOps.step_argmax`: two Triton launches on CUDA,
-    which cost nothing on the host there)."""
+    which cost nothing on the host there and less device time than torch's argmax; docs/kernels.md)."""
     logits = decode_forward(model, kv_caches, static, max_len_bound)
     return logits, model.ops.step_argmax(logits)
 

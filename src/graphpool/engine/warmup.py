@@ -1,11 +1,9 @@
 """Start-up warm-up of the eager prefill path.
 
-NOTE: on the H200 (session 18) the first eager prefill step of a served run (263 tokens, the run's only one:
-every other prompt went through the decode graphs) took 1.48 s of device-timed forward where later eager
-prefills take ~30 ms: a first-call cost of that path, paid while every stream waited. Engines pay such costs
-before serving (vLLM's start-up profile run, SGLang's warm-up request); so does this: one eager prefill just
-past the graph-prefill bound and one of the token budget (at most WARMUP_MAX_TOKENS), before the graph
-warm-up. Their K/V go to the
+NOTE: the first eager prefill of a process pays a one-time cost far above a warm one's (docs/benchmarks.md),
+which a served run would pay while every stream waits. Engines pay such costs before serving (vLLM's
+start-up profile run, SGLang's warm-up request); so does this: one eager prefill just past the graph-prefill
+bound and one of the token budget (at most WARMUP_MAX_TOKENS), before the graph warm-up. Their K/V go to the
 dummy block (block 0, never handed out), so no request's cache is touched.
 """
 
