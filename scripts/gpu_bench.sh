@@ -38,7 +38,7 @@ nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm,clocks.mem --form
 "$PY" -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)" \
   | tee -a "$LOG"
 
-# 1. graph memory: the whole 46-size ladder of the 1B step, shared vs per_graph, eviction, byte budget
+# 1. graph memory: the 1B step's ladder, arena vs per_graph: where the bytes go, resident sets, eviction, byte budget
 stage memory 60 memory --model llama3.2-1b
 # 2. serving trace, default profile: three loads (4, 16, 40 req/s, 8 s each) x seven policies
 stage trace 300 trace

@@ -119,6 +119,53 @@ def test_budget_eviction_and_never_exceeded() -> None:
     assert pool.stats().fallbacks == {}
 
 
+def test_budget_counts_the_shared_arena() -> None:
+    budget = 3000
+    cap = EagerCapturer(footprint=lambda s: 10 * s, arena=lambda s: 100 * s)
+    pool, _ = make(cap, miss_policy="capture", graph_memory_budget=budget)
+    rng = random.Random(0)
+    for i in range(300):
+        check(pool, rng.randint(1, 40), seed=i)
+        st = pool.stats()
+        assert st.resident_bytes <= budget
+        assert st.resident_bytes == sum(10 * s for s in st.resident_sizes) + st.arena_bytes
+        # the arena is as large as the largest capture since it opened, and goes with the last graph
+        assert st.arena_bytes >= 100 * max(st.resident_sizes, default=0)
+        assert st.arena_bytes == 0 or st.resident_graphs
+    assert pool.stats().evictions > 0
+
+
+def test_a_capture_that_grows_the_arena_past_the_budget_empties_the_pool() -> None:
+    cap = EagerCapturer(footprint=10, arena=lambda s: 100 * s)
+    pool, _ = make(cap, miss_policy="capture", graph_memory_budget=1000)
+    for bs in (1, 2, 4):
+        check(pool, bs)
+    assert pool.stats().resident_bytes == 30 + 400
+    check(pool, 16)  # the arena would be 1600 bytes: the size is refused, and the arena goes back
+    st = pool.stats()
+    assert st.fallbacks == {FallbackReason.OVER_BUDGET: 1} and st.resident_graphs == 0 and st.arena_bytes == 0
+    check(pool, 16)
+    check(pool, 2)  # a fresh arena, as small as the graphs in it need
+    st = pool.stats()
+    assert st.fallbacks == {FallbackReason.OVER_BUDGET: 2} and st.resident_bytes == 10 + 200
+    assert cap.arenas_opened == 2
+
+
+def test_outputs_are_valid_until_the_next_run_of_any_size_and_clones_stay() -> None:
+    pool, cap = make(miss_policy="capture")
+    pool.warmup([9, 5])
+    a, b = batch(5, 1), batch(9, 2)
+    kept = pool.run(a, clone=True)
+    view = pool.run(a)
+    want = step(a)
+    torch.testing.assert_close(view[0], want[0], rtol=0, atol=1e-6)
+    other = pool.run(b)  # another graph: it writes the memory the first one's outputs are in
+    assert other[0].data_ptr() == view[0].data_ptr()
+    assert not torch.equal(view[1], want[1])  # overwritten, as the contract allows
+    torch.testing.assert_close(kept[0], want[0], rtol=0, atol=1e-6)  # a clone is the caller's
+    assert torch.equal(kept[1], want[1]) and cap.captured == [9, 5]
+
+
 def test_graph_alone_over_budget_falls_back_and_is_not_recaptured() -> None:
     pool, cap = make(EagerCapturer(footprint=lambda s: 100 * s), graph_memory_budget=1000)
     check(pool, 4)

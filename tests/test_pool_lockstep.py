@@ -35,12 +35,15 @@ def workload(n: int, seed: int) -> list[int]:
     return [rng.choice([1, 2, 3, 5, 8, 13, 20, 33, 47, 64, 70]) for _ in range(n)]
 
 
-def _lockstep_rank(rank: int, world: int, steps: int, fail_sizes: dict[int, list[int]]) -> dict[str, Any]:
+def _lockstep_rank(rank: int, world: int, steps: int, fail_sizes: dict[int, list[int]],
+                   arena_unit: int = 0) -> dict[str, Any]:
     """One rank: rank 0 decides each step and broadcasts the decision; every rank runs it. The step sums its
     rows over the ranks (a gloo all-reduce), as the model's decode step does, except under "capture": like
     NCCL under CUDA graph capture, a captured collective does not communicate."""
     # NOTE: footprints differ by rank, so the pools stay equal only if they agree on them
-    cap = EagerCapturer(footprint=lambda s: 100 * s * (rank + 1), fail_sizes=fail_sizes.get(rank, ()))
+    # NOTE: arenas too: rank 0's the larger
+    cap = EagerCapturer(footprint=lambda s: 100 * s * (rank + 1), fail_sizes=fail_sizes.get(rank, ()),
+                        arena=lambda s: arena_unit * s * (world - rank))
 
     def step(s: dict[str, torch.Tensor]) -> torch.Tensor:
         out = s["x"] * (rank + 1)
@@ -75,6 +78,16 @@ def test_ranks_take_identical_decisions_and_keep_identical_stats() -> None:
     assert r0["captured"] == r1["captured"]
     # rank 1's graphs are twice as large: both ranks account the larger footprint
     assert st.resident_bytes == sum(200 * s for s in st.resident_sizes)
+
+
+def test_ranks_agree_on_the_arena_bytes_and_evict_alike() -> None:
+    r0, r1 = run_ranks(_lockstep_rank, 2, 120, {1: [16]}, 40)  # rank 1 seals its arena at bs=16, rank 0 not
+    assert r0["decisions"] == r1["decisions"] and r0["stats"] == r1["stats"]
+    st = r0["stats"]
+    assert st.evictions and st.captures > 2 and st.arena_bytes > 0
+    # rank 1's graphs are larger, rank 0's arena is: both ranks account the larger of each
+    assert st.resident_bytes == sum(200 * s for s in st.resident_sizes) + st.arena_bytes
+    assert st.arena_bytes % 80 == 0
 
 
 def test_a_capture_failure_on_one_rank_makes_every_rank_fall_back() -> None:

@@ -93,6 +93,38 @@ def test_estimate_uses_larger_sizes_then_nearest_smaller() -> None:
     assert book.estimate(8) == 300  # remembered after eviction
 
 
+def test_the_arena_counts_until_the_last_graph_goes() -> None:
+    book = ResidencyBook(capacity=10, budget=100)
+    book.add(8, 10, arena_bytes=50)
+    book.add(4, 10, arena_bytes=50)
+    assert book.total_bytes == 70 and book.arena_bytes == 50
+    assert book.victims(10, arena_need=50) == []
+    assert book.victims(10, arena_need=75) == [8]  # the arena grows by 25: one graph's own bytes make room
+    assert book.victims(10, arena_need=95) is None  # a fresh arena of 95 and the new graph: 105, too much
+    assert book.victims(5, arena_need=95) == [8, 4]  # 100 fits once both are gone (and the arena with them)
+    assert book.remove(8) == 10 and book.total_bytes == 60
+    assert book.remove(4) == 10 and book.total_bytes == 0 and book.arena_bytes == 0
+
+
+def test_arena_over_budget_after_a_capture_evicts_the_rest_too() -> None:
+    book = ResidencyBook(capacity=10, budget=100)
+    book.add(2, 10, arena_bytes=40)
+    book.add(16, 10, arena_bytes=120)  # the capture of 16 grew the arena past the budget
+    assert book.victims(keep=16) is None
+    book.remove(16)
+    assert book.total_bytes == 130 and book.victims() == [2]  # the arena only goes with its last graph
+
+
+def test_arena_estimates_follow_the_sizes_measured() -> None:
+    book = ResidencyBook(capacity=4)
+    assert book.arena_estimate(8) == 0
+    book.add(4, 1, arena_bytes=30)
+    assert book.arena_estimate(8) == 30 and book.arena_estimate(8, upper=False) == 30
+    book.add(64, 1, arena_bytes=90)
+    assert book.arena_estimate(8) == 90 and book.arena_estimate(8, upper=False) == 30
+    assert book.arena_estimate(2) == 90 and book.arena_estimate(2, upper=False) == 0
+
+
 def test_nearest_larger_within_ratio() -> None:
     assert nearest_larger((64, 48, 256), 40, 0.5) == 48
     assert nearest_larger((64, 256), 40, 0.5) is None

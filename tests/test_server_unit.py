@@ -134,7 +134,7 @@ class FakeEngine:
         self._touch()
         return PoolStats(
             steps=self.steps, hits=self.steps, misses=1, captures=1, resident_graphs=1, resident_bytes=4096,
-            fallbacks={FallbackReason.BATCH_TOO_LARGE: 2}, eager_steps=2,
+            arena_bytes=3072, fallbacks={FallbackReason.BATCH_TOO_LARGE: 2}, eager_steps=2,
             capture_seconds_total=0.5, capture_seconds_max=0.5, resident_sizes=(8,),
         )  # fmt: skip
 
@@ -181,6 +181,7 @@ def test_completion_stream_and_metrics_with_fake_engine() -> None:
         values = metric_values(client.get("/metrics").text)
         assert values[("graphpool_graph_fallbacks_total", (("reason", "batch_too_large"),))] == 2
         assert values[("graphpool_graph_resident_bytes", ())] == 4096
+        assert values[("graphpool_graph_arena_bytes", ())] == 3072
         assert values[("graphpool_graph_steps_total", ())] == engine.steps
         assert values[("graphpool_generation_tokens_total", ())] == 7
         assert values[("graphpool_requests_finished_total", (("reason", "length"),))] == 2

@@ -8,6 +8,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 import torch
 
 from graphpool.bench.memory_probe import probe_layout
@@ -51,8 +52,9 @@ def free_bytes() -> int:
     return torch.cuda.mem_get_info()[0]
 
 
-def test_replay_equals_eager_bitwise_including_padding(big: ToyDecode) -> None:
-    pool = GraphPool(big, TOY_SPECS, PoolConfig(miss_policy="capture"), device=DEV)
+@pytest.mark.parametrize("layout", ["arena", "per_graph"])
+def test_replay_equals_eager_bitwise_including_padding(big: ToyDecode, layout: str) -> None:
+    pool = GraphPool(big, TOY_SPECS, PoolConfig(miss_policy="capture", mempool=layout), device=DEV)  # type: ignore[arg-type]
     for i, bs in enumerate((1, 3, 8, 17, 32, 33, 50, 70, 100, 250)):  # 10 distinct buckets
         check_bitwise(pool, big, bs, seed=2 * i)  # first run captures
         check_bitwise(pool, big, bs, seed=2 * i + 1)  # second replays on fresh inputs
@@ -84,7 +86,8 @@ def test_capacity_one_200_alternating_sizes(small: ToyDecode) -> None:
 
 
 def test_per_graph_eviction_returns_memory(big: ToyDecode) -> None:
-    pool = GraphPool(big, TOY_SPECS, PoolConfig(miss_policy="capture", max_graph_pool_size=12), device=DEV)
+    cfg = PoolConfig(miss_policy="capture", max_graph_pool_size=12, mempool="per_graph")
+    pool = GraphPool(big, TOY_SPECS, cfg, device=DEV)
     pool.warmup([256, 240, 224, 208, 192, 176, 160, 144, 128, 112, 96, 80])
     st = pool.stats()
     assert st.resident_graphs == 12 and st.resident_bytes > 12 * 2**20
@@ -102,13 +105,13 @@ def test_per_graph_eviction_returns_memory(big: ToyDecode) -> None:
     pool.close()
 
 
-def test_byte_budget_never_exceeded_over_a_sweep(big: ToyDecode) -> None:
-    probe = GraphPool(big, TOY_SPECS, PoolConfig(miss_policy="capture"), device=DEV)
+def test_per_graph_byte_budget_never_exceeded_over_a_sweep(big: ToyDecode) -> None:
+    probe = GraphPool(big, TOY_SPECS, PoolConfig(miss_policy="capture", mempool="per_graph"), device=DEV)
     probe.warmup([128])
     budget = 3 * probe.stats().resident_bytes  # room for ~3 graphs of 128
     probe.close()
     base = free_bytes()
-    cfg = PoolConfig(miss_policy="capture", graph_memory_budget=budget)
+    cfg = PoolConfig(miss_policy="capture", graph_memory_budget=budget, mempool="per_graph")
     pool = GraphPool(big, TOY_SPECS, cfg, device=DEV)
     rng = random.Random(0)
     for i in range(40):
@@ -236,10 +239,14 @@ def test_capture_not_broken_by_another_thread_using_cuda(small: ToyDecode) -> No
         t.join()
 
 
-def test_memory_numbers_of_both_layouts(big: ToyDecode) -> None:
+def test_memory_numbers_of_the_layouts(big: ToyDecode) -> None:
     per = probe_layout("per_graph", big, graphs=20, keep=8)
     shared = probe_layout("shared", big, graphs=20, keep=8)
-    print(f"\n[memory] {per}\n[memory] {shared}")
+    arena = probe_layout("arena", big, graphs=20, keep=8)
+    print(f"\n[memory] {per}\n[memory] {shared}\n[memory] {arena}")
     assert per.freed_driver >= 0.8 * per.evicted_accounted
     assert shared.resident_driver < per.resident_driver
     assert per.freed_all_driver + per.freed_driver >= 0.8 * per.resident_accounted
+    assert arena.resident_driver < shared.resident_driver
+    assert arena.freed_driver >= 0.95 * arena.evicted_accounted
+    assert arena.freed_all_driver + arena.freed_driver >= 0.95 * arena.resident_accounted

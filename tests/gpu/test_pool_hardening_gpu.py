@@ -44,7 +44,7 @@ def one_failure(by_kind: dict[str, int]) -> bool:
 
 
 def random_ops_work() -> None:
-    """The eager random ops the issue saw fail ("Offset increment outside graph capture ...")."""
+    """The eager random ops a failed capture used to break ("Offset increment outside graph capture ...")."""
     torch.randint(0, 10, (64,), device=DEV)
     torch.rand(64, device=DEV)
     torch.multinomial(torch.ones(8, device=DEV), 4)
@@ -64,7 +64,7 @@ def syncing(step: Callable[..., Any], size: int) -> Callable[..., Any]:
     return wrapped
 
 
-@pytest.mark.parametrize("layout", ["per_graph", "shared"])
+@pytest.mark.parametrize("layout", ["arena", "per_graph", "shared"])
 def test_failed_capture_leaves_no_capture_state(small: ToyDecode, layout: str) -> None:
     pool = GraphPool(syncing(small, 4), TOY_SPECS, PoolConfig(miss_policy="capture", mempool=layout), device=DEV)
     check = pool.run(small.inputs(6, seed=0)).clone()  # a graph resident before the failure (shared: same pool)
@@ -162,8 +162,8 @@ def test_sampled_engine_steps_after_a_failed_capture() -> None:
     assert st is not None and st.captures == 1 and st.hits >= 4
 
 
-def test_budget_holds_in_the_driver_view() -> None:
-    r = budget_probe.run(200, budget_mib=96, keep_outputs=False)
+def test_per_graph_budget_holds_in_the_driver_view() -> None:
+    r = budget_probe.run(200, budget_mib=96, keep_outputs=False, layout="per_graph")
     print("\n[budget] outputs dropped each step: " + budget_probe.describe(r))
     assert r["captures"] > 10 and r["evictions"] > 0
     # NOTE: cuBLAS + cuBLASLt workspaces of the capture stream and their kernels' device code (driver view):
@@ -173,10 +173,10 @@ def test_budget_holds_in_the_driver_view() -> None:
     assert r["after_close"] <= r["overhead"] + ROUNDING  # everything else given back
 
 
-def test_budget_with_outputs_kept_across_the_next_step() -> None:
+def test_per_graph_budget_with_outputs_kept_across_the_next_step() -> None:
     """``out = pool.run(...)`` in a loop keeps the previous outputs referenced while the next step evicts
     their graph: that graph's pool is held until the step after, then given back whole."""
-    r = budget_probe.run(100, budget_mib=96, keep_outputs=True)
+    r = budget_probe.run(100, budget_mib=96, keep_outputs=True, layout="per_graph")
     print("\n[budget] outputs kept: " + budget_probe.describe(r))
     assert r["held"] <= r["budget"] + r["overhead"] + r["footprint"] + ROUNDING  # one evicted graph at most
     assert r["after_close"] <= r["overhead"] + ROUNDING

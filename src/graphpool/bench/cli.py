@@ -23,7 +23,7 @@ def _add_benches(p: argparse.ArgumentParser) -> None:
     bench_sub = p.add_subparsers(dest="bench", required=True, metavar="BENCH")
     for name, module, text in (
         ("step", step, "decode step per batch size: eager, graph, torch.compile, HBM floor"),
-        ("memory", memory, "graph memory held: shared vs per_graph mempool, eviction, byte budget"),
+        ("memory", memory, "graph memory: where a graph's bytes go, arena vs per_graph mempool, eviction, byte budget"),
         ("trace", trace, "a serving trace through the engine under seven graph policies"),
         ("serve", serve, "a live server per graph configuration, driven by a streaming openai client"),
         ("profile", profile_step, "torch.profiler: the kernels of a decode step per layer; a prefill step's time"),

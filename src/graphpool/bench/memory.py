@@ -1,5 +1,7 @@
-"""`graphpool bench memory`: device memory held by a whole ladder of captured decode graphs (driver view),
-with the shared and the per_graph mempool layouts, after evicting down to N graphs, and under a byte budget."""
+"""`graphpool bench memory`: where a captured decode graph's device bytes go (driver view), per size and per
+mempool layout (the arena against one pool per graph): the step's outputs, its activations, the graph
+executable, first-use costs; what a whole resident set holds (the start-up cover, 16 graphs, the ladder);
+what evicting gives back; the replay time of each layout; and a byte budget under random batch sizes."""
 
 from __future__ import annotations
 
@@ -10,13 +12,17 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from graphpool.bench import common
 from graphpool.bench.common import MIB, md_table, progress
 from graphpool.bench.decode import DecodeSetup, build_random_model, setup_input_specs
-from graphpool.pool import Capturer, GraphPool, PoolConfig
+from graphpool.pool import CapturedGraph, Capturer, CudaGraphCapturer, GraphPool, PoolConfig, cuda_state
+
+# NOTE: the arena first: the driver keeps the executables' heap the first layout grows, and the second reuses it
+LAYOUTS = ("arena", "per_graph")
 
 
 @dataclass(frozen=True)
@@ -26,9 +32,13 @@ class MemoryBenchConfig:
     max_batch_size: int = 256
     split_batch_size: int = 32
     grow_step: int = 16
-    evict_to: tuple[int, ...] = (32, 16, 8, 1, 0)
-    budget_mib: float | None = None  # None: a quarter of what the per_graph layout holds for the whole ladder
+    resident: int = 16  # the default pool, fully populated
+    evict_to: tuple[int, ...] = (32, 16, 8, 1, 0)  # after the whole ladder: evict the latest captured down to N
+    budget_mib: float | None = None  # None: `default_budget`, half the arena layout's whole ladder
     sweep_steps: int = 92  # random batch sizes run through the budgeted pool
+    replay_sizes: tuple[int, ...] = (1, 8, 64, 128)
+    replay_rounds: int = 7  # rounds of each layout, interleaved
+    replay_reps: int = 20  # timed replays a round
     device: str = "auto"
     dtype: str = "auto"
     attn_backend: str = "auto"
@@ -39,8 +49,19 @@ class MemoryBenchConfig:
             raise ValueError(f"memory bench: evict_to counts must be >= 0, got {self.evict_to}")
         if self.budget_mib is not None and not self.budget_mib > 0:
             raise ValueError(f"memory bench: budget_mib must be > 0, got {self.budget_mib}")
-        if self.context_len < 1 or self.sweep_steps < 0:
-            raise ValueError("memory bench: context_len must be >= 1 and sweep_steps >= 0")
+        if self.context_len < 1 or self.sweep_steps < 0 or self.resident < 1:
+            raise ValueError("memory bench: context_len and resident must be >= 1 and sweep_steps >= 0")
+
+
+@dataclass
+class SizeMemory:
+    size: int
+    outputs_mib: float  # the step's outputs
+    pool_growth_mib: float  # how much the capture grew its mempool (activations, outputs, rounding)
+    graph_mib: float  # the graph executable and its kernel parameters (driver bytes outside the mempool)
+    first_use_mib: float  # modules loaded on a kernel's first launch (the process's, never given back)
+    own_mib: float  # what the graph alone holds: what evicting it gives back
+    seconds: float
 
 
 @dataclass
@@ -49,9 +70,15 @@ class LayoutResult:
     ladder_size: int
     capture_seconds: float
     static_mib: float  # the pool's static input buffers
-    accounted_mib_all: float  # sum of per-graph footprints the pool measured at capture
+    accounted_mib_all: float  # what the pool accounts with the whole ladder resident
     points: list[tuple[int, float, float]] = field(default_factory=list)  # (resident graphs, held MiB, accounted MiB)
     held_after_close_mib: float = math.nan
+    sizes: list[SizeMemory] = field(default_factory=list)
+    arena_mib: float = 0.0  # the arena with the whole ladder resident
+    point_arenas: list[float] = field(default_factory=list)  # the arena at each of `points` (MiB)
+    point_seconds: list[float] = field(default_factory=list)  # capture seconds up to each of `points`
+    executables_mib: float = 0.0  # driver bytes outside the mempools over every capture (the executables)
+    evictions: list[tuple[int, float, float]] = field(default_factory=list)  # (graphs evicted, accounted MiB, freed MiB)
 
 
 @dataclass
@@ -64,67 +91,125 @@ class BudgetResult:
     captures: int
     evictions: int
     over_budget_events: int  # accounted bytes above the budget: must be 0
+    layout: str = "arena"
+
+
+class Recorder:
+    """A capturer that keeps every graph it captured (their footprints and byte breakdowns)."""
+
+    def __init__(self, inner: Capturer) -> None:
+        self.inner = inner
+        self.graphs: dict[int, CapturedGraph] = {}
+
+    def capture(self, size: int, fn: Callable[[], Any]) -> CapturedGraph:
+        graph = self.inner.capture(size, fn)
+        self.graphs[size] = graph
+        return graph
+
+    def replay(self, graph: CapturedGraph) -> None:
+        self.inner.replay(graph)
+
+    def release(self, graph: CapturedGraph) -> None:
+        self.inner.release(graph)
+
+    def drain(self) -> None:
+        self.inner.drain()
 
 
 def _held(device: torch.device, base: int) -> float:
     return (common.driver_used_bytes(device) - base) / MIB
 
 
-def _pool_config(cfg: MemoryBenchConfig, layout: str, budget: int | None = None) -> PoolConfig:
-    ladder = PoolConfig(max_batch_size=cfg.max_batch_size, split_batch_size=cfg.split_batch_size,
-                        grow_step=cfg.grow_step).ladder()
-    return PoolConfig(
-        max_batch_size=cfg.max_batch_size,
-        split_batch_size=cfg.split_batch_size,
-        grow_step=cfg.grow_step,
-        max_graph_pool_size=len(ladder),
-        graph_memory_budget=budget,
-        max_len_in_batch=cfg.context_len,
-        mempool=layout,  # type: ignore[arg-type]
-        miss_policy="capture",
-    )
+def _pool_config(cfg: MemoryBenchConfig, layout: str, budget: int | None = None, pool_size: int | None = None) -> PoolConfig:
+    kwargs: dict[str, Any] = dict(max_batch_size=cfg.max_batch_size, split_batch_size=cfg.split_batch_size,
+                                  grow_step=cfg.grow_step, max_len_in_batch=cfg.context_len, miss_policy="capture",
+                                  graph_memory_budget=budget, mempool=layout)
+    ladder = PoolConfig(**kwargs).ladder()
+    return PoolConfig(**kwargs, max_graph_pool_size=pool_size or len(ladder))
 
 
-def _bar(label: str) -> Callable[[int, int, int], None]:
-    def cb(done: int, total: int, size: int) -> None:
-        if done == total or done % 10 == 0:
-            progress(f"  {label}: captured {done}/{total} (bs={size})")
+def capture_order(config: PoolConfig, resident: int) -> list[list[int]]:
+    """The ladder in three groups, each captured largest first: the start-up cover, the sizes of a tighter
+    cover that fill the pool to ``resident`` graphs, then the rest."""
+    ladder = config.ladder()
+    cover = ladder.padding_cover(config.max_padding_ratio)[:resident]
+    fill = [s for s in ladder.padding_cover(config.max_padding_ratio / 2) if s not in cover]
+    fill += [s for s in reversed(ladder.sizes) if s not in cover and s not in fill]
+    fill = fill[: max(0, resident - len(cover))]
+    rest = [s for s in reversed(ladder.sizes) if s not in cover and s not in fill]
+    return [g for g in (sorted(cover, reverse=True), sorted(fill, reverse=True), rest) if g]
 
-    return cb
+
+def _size_memory(g: CapturedGraph) -> SizeMemory:
+    m = g.memory
+    return SizeMemory(g.size, (m.outputs if m else 0) / MIB, (m.pool_growth if m else 0) / MIB,
+                      (m.graph if m else 0) / MIB, (m.first_use if m else 0) / MIB, g.footprint / MIB, g.seconds)
 
 
 def bench_layout(setup: DecodeSetup, cfg: MemoryBenchConfig, layout: str, capturer: Capturer | None = None) -> LayoutResult:
     device = setup.model.device
     base = common.driver_used_bytes(device)
-    pool = GraphPool(setup.step_fn(), setup_input_specs(setup), _pool_config(cfg, layout), device, capturer)
-    static = _held(device, base)
-    sizes = list(pool.ladder.sizes)
-    t0 = time.perf_counter()
-    pool.warmup(sizes, _bar(layout))
-    common.sync(device)
+    rec = Recorder(capturer if capturer is not None else CudaGraphCapturer(device, layout))  # type: ignore[arg-type]
+    pool = GraphPool(setup.engine_step_fn(), setup_input_specs(setup), _pool_config(cfg, layout), device, rec)
+    res = LayoutResult(layout, len(pool.ladder), 0.0, _held(device, base), 0.0)
+    order: list[int] = []
+    for group in capture_order(pool.config, cfg.resident):
+        t0 = time.perf_counter()
+        pool.warmup(group)
+        res.capture_seconds += time.perf_counter() - t0
+        order += group
+        st = pool.stats()
+        res.points.append((st.resident_graphs, _held(device, base), st.resident_bytes / MIB))
+        res.point_arenas.append(st.arena_bytes / MIB)
+        res.point_seconds.append(res.capture_seconds)
+        progress(f"  {layout}: {st.resident_graphs} graphs hold {res.points[-1][1]:.0f} MiB (driver view), "
+                 f"{st.arena_bytes / MIB:.0f} MiB of it the arena")
     st = pool.stats()
-    res = LayoutResult(layout, len(sizes), time.perf_counter() - t0, static, st.resident_bytes / MIB)
-    res.points.append((st.resident_graphs, _held(device, base), st.resident_bytes / MIB))
-    progress(f"  {layout}: {st.resident_graphs} graphs hold {res.points[-1][1]:.0f} MiB (driver view)")
+    res.accounted_mib_all, res.arena_mib = st.resident_bytes / MIB, st.arena_bytes / MIB
+    res.sizes = [_size_memory(rec.graphs[s]) for s in sorted(rec.graphs)]
+    res.executables_mib = sum(s.graph_mib for s in res.sizes)
     for n in sorted(cfg.evict_to, reverse=True):
-        # NOTE: evict the largest sizes first, keeping the n smallest (what LightLLM's LRU ends up keeping).
-        for s in sorted(pool.resident_sizes(), reverse=True)[: max(0, pool.stats().resident_graphs - n)]:
+        victims = [s for s in reversed(order) if s in pool.resident_sizes()][: max(0, pool.stats().resident_graphs - n)]
+        if not victims:
+            continue
+        before, held = pool.stats().resident_bytes, _held(device, base)
+        for s in victims:
             pool.evict(s)
         st = pool.stats()
         res.points.append((st.resident_graphs, _held(device, base), st.resident_bytes / MIB))
+        res.point_arenas.append(st.arena_bytes / MIB)
+        res.evictions.append((len(victims), (before - st.resident_bytes) / MIB, held - res.points[-1][1]))
         progress(f"  {layout}: evicted to {st.resident_graphs} graphs: {res.points[-1][1]:.0f} MiB held")
     pool.close()
-    del pool
+    del pool, rec
     res.held_after_close_mib = _held(device, base)
     return res
 
 
-def bench_budget(
-    setup: DecodeSetup, cfg: MemoryBenchConfig, budget: int, capturer: Capturer | None = None
-) -> BudgetResult:
+def bench_replay(setup: DecodeSetup, cfg: MemoryBenchConfig) -> dict[str, dict[int, float]]:
+    """Median ms of a replay through `GraphPool.run` per layout and size, the layouts' rounds interleaved."""
+    device = setup.model.device
+    sizes = [s for s in cfg.replay_sizes if s <= cfg.max_batch_size]
+    pools = {lay: GraphPool(setup.engine_step_fn(), setup_input_specs(setup), _pool_config(cfg, lay), device)
+             for lay in LAYOUTS}
+    for pool in pools.values():
+        pool.warmup(sizes)
+    batches = {s: setup.batch(s) for s in sizes}
+    times: dict[str, dict[int, list[float]]] = {lay: {s: [] for s in sizes} for lay in LAYOUTS}
+    for _ in range(cfg.replay_rounds):
+        for lay, pool in pools.items():
+            for s in sizes:
+                times[lay][s] += common.time_ms(lambda p=pool, b=batches[s]: p.run(b), device, 2, cfg.replay_reps)
+    for pool in pools.values():
+        pool.close()
+    return {lay: {s: common.median(ts) for s, ts in by.items()} for lay, by in times.items()}
+
+
+def bench_budget(setup: DecodeSetup, cfg: MemoryBenchConfig, budget: int, capturer: Capturer | None = None,
+                 layout: str = "arena") -> BudgetResult:
     device = setup.model.device
     base = common.driver_used_bytes(device)
-    pool = GraphPool(setup.step_fn(), setup_input_specs(setup), _pool_config(cfg, "per_graph", budget), device,
+    pool = GraphPool(setup.engine_step_fn(), setup_input_specs(setup), _pool_config(cfg, layout, budget), device,
                      capturer)
     max_acc, max_held, over = 0, 0.0, 0
 
@@ -139,31 +224,49 @@ def bench_budget(
     progress(f"  budget {budget / MIB:.0f} MiB: warm-up kept {len(captured)} graphs; sweeping random sizes")
     rng = random.Random(cfg.seed)
     for _ in range(cfg.sweep_steps):
-        bs = rng.randint(1, cfg.max_batch_size)
-        pool.run(setup.batch(bs), max_len_in_batch=cfg.context_len)
+        pool.run(setup.batch(rng.randint(1, cfg.max_batch_size)), max_len_in_batch=cfg.context_len)
         check()
     st = pool.stats()
     pool.close()
     return BudgetResult(budget / MIB, len(captured), max_acc / MIB, max_held, st.resident_graphs, st.captures,
-                        st.evictions, over)
+                        st.evictions, over, layout)
 
 
-def markdown(layouts: Sequence[LayoutResult], budget: BudgetResult, cfg: MemoryBenchConfig) -> str:
-    out = [f"Model {cfg.model} (random weights), decode step at context {cfg.context_len}, ladder of "
-           f"{layouts[0].ladder_size} sizes up to {cfg.max_batch_size}. Held = device memory in use (driver view, "
-           "after synchronize + empty_cache) minus the same before the pool was built. Eviction removes the "
-           "largest sizes first.\n\n"]
-    out.append(md_table(
-        ["layout", "capture all, s", "accounted MiB (sum of footprints)", "static MiB", "held after close MiB"],
-        [[r.layout, r.capture_seconds, r.accounted_mib_all, r.static_mib, r.held_after_close_mib] for r in layouts],
-    ))
-    out.append("\nHeld memory (MiB) after evicting down to N resident graphs:\n\n")
-    counts = [p[0] for p in layouts[0].points]
-    out.append(md_table(
-        ["resident graphs", *[f"{r.layout} held" for r in layouts], *[f"{r.layout} accounted" for r in layouts]],
-        [[n, *[r.points[i][1] for r in layouts], *[r.points[i][2] for r in layouts]] for i, n in enumerate(counts)],
-    ))
-    out.append("\nWith a byte budget (per_graph layout, capture-on-miss, then random batch sizes through `run`):\n\n")
+def default_budget(layout: LayoutResult) -> float:
+    """Half the arena of the whole ladder plus what the graphs hold alone (MiB): a budget that binds, since
+    the largest sizes' activations do not fit it (they run eagerly) and the arena of the rest does."""
+    return max(1.0, (layout.arena_mib + sum(s.own_mib for s in layout.sizes)) / 2)
+
+
+def markdown(layouts: Sequence[LayoutResult], budget: BudgetResult, cfg: MemoryBenchConfig,
+             replay: dict[str, dict[int, float]] | None = None, overhead_mib: float = 0.0) -> str:
+    out = [f"Model {cfg.model} (random weights), the engine's decode step (logits + argmax) at context "
+           f"{cfg.context_len}, ladder of {layouts[0].ladder_size} sizes up to {cfg.max_batch_size}. MiB, driver "
+           "view (`mem_get_info`), split by the caching allocator's view of the graph's mempool. The capture "
+           f"stream's cuBLAS workspaces ({overhead_mib:.0f} MiB, once per process) are outside every number.\n\n"]
+    shown = {1, 8, 32, 64, 128, cfg.max_batch_size}
+    rows = [[r.layout, s.size, s.outputs_mib, s.pool_growth_mib, s.graph_mib, s.first_use_mib, s.own_mib]
+            for r in layouts for s in r.sizes if s.size in shown]
+    out.append(md_table(["layout", "bs", "outputs", "mempool growth (activations, outputs, rounding)",
+                         "graph executable", "first use (modules)", "the graph alone holds"], rows))
+    out.append("\nResident sets, captured largest first (the cover, filled to the pool size, then the ladder):\n\n")
+    ups = len(capture_order(_pool_config(cfg, "arena"), cfg.resident))
+    rows = [[r.layout, n, held, acc, arena, sec] for r in layouts
+            for (n, held, acc), arena, sec in zip(r.points[:ups], r.point_arenas, r.point_seconds, strict=False)]
+    out.append(md_table(["layout", "graphs", "held MiB", "accounted MiB", "of which the arena", "capture s"], rows))
+    out.append("\nThe graph executables (driver bytes outside the mempools, over the whole ladder): " + ", ".join(
+        f"{r.layout} {r.executables_mib:.0f} MiB" for r in layouts) + f" for {layouts[0].ladder_size} graphs; the "
+        "driver keeps that heap for the process and the later layout reuses it.\n")
+    out.append("\nEvicting (the latest captured first): accounted bytes and what the driver got back:\n\n")
+    rows = [[r.layout, n, acc, freed, freed / acc if acc else math.nan] for r in layouts for n, acc, freed in r.evictions]
+    out.append(md_table(["layout", "graphs evicted", "accounted MiB", "freed MiB", "freed / accounted"], rows))
+    if replay:
+        sizes = sorted(next(iter(replay.values())))
+        rows = [[s, *[replay[lay][s] for lay in replay], common.ratio(replay["arena"][s], replay["per_graph"][s])]
+                for s in sizes]
+        out.append("\nReplay through `GraphPool.run`, median ms (layouts interleaved):\n\n")
+        out.append(md_table(["bs", *replay, "arena / per_graph"], rows))
+    out.append(f"\nByte budget ({budget.layout}, capture on miss, then {cfg.sweep_steps} random batch sizes):\n\n")
     out.append(md_table(
         ["budget MiB", "warm-up kept", "max accounted MiB", "max held MiB", "final graphs", "captures",
          "evictions", "accounted > budget"],
@@ -183,12 +286,18 @@ def run_memory_bench(cfg: MemoryBenchConfig, out_dir: Path, argv: Sequence[str] 
     progress(f"memory bench: {cfg.model} on {env.gpu}")
     model = build_random_model(cfg.model, device, dtype, cfg.attn_backend, max_positions=cfg.context_len + 16)
     setup = DecodeSetup.create(model, cfg.max_batch_size, cfg.context_len)
-    layouts = [bench_layout(setup, cfg, layout) for layout in ("shared", "per_graph")]
-    per_graph_all = layouts[1].points[0][1]
-    budget_mib = cfg.budget_mib if cfg.budget_mib is not None else max(1.0, round(per_graph_all / 4))
+    cuda_state.side_stream(device)  # NOTE: its workspaces once, before every baseline
+    step = setup.engine_step_fn()
+    for bs in sorted({1, *cfg.replay_sizes, cfg.max_batch_size}):  # the eager kernels' modules, before the baselines
+        if bs <= cfg.max_batch_size:
+            step(setup.batch(bs))
+    layouts = [bench_layout(setup, cfg, layout) for layout in LAYOUTS]
+    replay = bench_replay(setup, cfg)
+    arena = next(r for r in layouts if r.layout == "arena")
+    budget_mib = cfg.budget_mib if cfg.budget_mib is not None else default_budget(arena)
     budget = bench_budget(setup, cfg, int(budget_mib * MIB))
-    results = {"config": cfg, "layouts": layouts, "budget": budget}
-    body = markdown(layouts, budget, cfg)
+    results = {"config": cfg, "layouts": layouts, "budget": budget, "replay": replay}
+    body = markdown(layouts, budget, cfg, replay, (cuda_state.capture_stream_overhead(device) or 0) / MIB)
     from graphpool.bench.plots import plot_memory
 
     budget_pt = (budget.final_resident_graphs, budget.max_held_mib, budget.budget_mib)
@@ -205,9 +314,11 @@ def run_memory_bench(cfg: MemoryBenchConfig, out_dir: Path, argv: Sequence[str] 
 def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="llama3.2-1b")
     p.add_argument("--context-len", type=int, default=1024)
+    p.add_argument("--resident", type=int, default=16, help="graphs of the fully populated pool (16)")
     p.add_argument("--evict-to", type=int, nargs="+", default=[32, 16, 8, 1, 0])
     p.add_argument("--budget-mib", type=float, default=None,
-                   help="byte budget of the budget run (default: a quarter of the per_graph full-ladder memory)")
+                   help="byte budget of the budget run (default: half of what the arena layout holds for the ladder)")
+    p.add_argument("--sweep-steps", type=int, default=92)
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--attn-backend", default="auto", choices=["auto", "torch", "triton"])
@@ -215,7 +326,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace, argv: Sequence[str] | None = None) -> None:
-    cfg = MemoryBenchConfig(model=args.model, context_len=args.context_len, evict_to=tuple(args.evict_to),
-                            budget_mib=args.budget_mib, device=args.device, dtype=args.dtype,
-                            attn_backend=args.attn_backend)
+    cfg = MemoryBenchConfig(model=args.model, context_len=args.context_len, resident=args.resident,
+                            evict_to=tuple(args.evict_to), budget_mib=args.budget_mib, sweep_steps=args.sweep_steps,
+                            device=args.device, dtype=args.dtype, attn_backend=args.attn_backend)
     run_memory_bench(cfg, args.out, argv)

@@ -1,4 +1,4 @@
-"""Device memory of the two mempool layouts, in the driver's view.
+"""Device memory of the three mempool layouts, in the driver's view.
 
     python -m graphpool.bench.memory_probe [--graphs 35] [--keep 16] [--hidden 2048] [--vocab 32000]
 
@@ -79,7 +79,7 @@ def probe(
     graphs: int = 35, keep: int = 16, hidden: int = 2048, vocab: int = 32000, layers: int = 2
 ) -> list[LayoutMemory]:
     step = ToyDecode(vocab=vocab, hidden=hidden, layers=layers, dtype=torch.bfloat16, device="cuda")
-    return [probe_layout(layout, step, graphs, keep) for layout in ("per_graph", "shared")]
+    return [probe_layout(layout, step, graphs, keep) for layout in ("arena", "per_graph", "shared")]
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -72,7 +72,7 @@ def plot_memory(curves: Mapping[str, Sequence[tuple[int, float]]], path: Path, t
         ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=label)
     if budget_point is not None:
         n, held, budget = budget_point
-        ax.plot([n], [held], "r*", markersize=14, label=f"per_graph with budget {budget:.0f} MiB")
+        ax.plot([n], [held], "r*", markersize=14, label=f"with budget {budget:.0f} MiB")
         ax.axhline(budget, color="r", linestyle=":", linewidth=1)
     ax.set_xlabel("resident graphs")
     ax.set_ylabel("device memory held by graphs, MiB (driver view)")

@@ -52,7 +52,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     add("--tensor-parallel-size", "tensor_parallel_size", type=int,
         help="ranks to shard the model over: one process per GPU (NCCL), or CPU processes (gloo) (default 1)")
     group = parser.add_argument_group("CUDA graph pool")
-    add("--max-graph-pool-size", "max_graph_pool_size", type=int, help="most graphs resident at once (default 16; the whole ladder with --graph-warmup all)")
+    add("--max-graph-pool-size", "max_graph_pool_size", type=int, help="most graphs resident at once (default: every ladder size)")
     add("--graph-max-batch-size", "graph_max_batch_size", type=int, help="largest graph batch size (256)")
     add("--graph-split-batch-size", "graph_split_batch_size", type=int,
         help="every batch size up to this one gets its own graph size (32)")
@@ -63,8 +63,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         help="device memory for all resident graphs, e.g. 512MiB, 2GiB, or bytes (default: no byte bound)")
     add("--graph-miss-policy", "graph_miss_policy", choices=["capture", "admit"],
         help="on a miss: capture at once, or admit sizes seen often (default: the pool's)")
-    add("--graph-mempool", "graph_mempool", choices=["per_graph", "shared"],
-        help="one memory pool per graph (eviction frees memory) or one shared pool")
+    add("--graph-mempool", "graph_mempool", choices=["arena", "per_graph", "shared"],
+        help="arena (default): one shared pool for every graph's activations, a graph holds only its "
+             "executable; per_graph: one pool per graph; shared: one pool that keeps every graph's outputs")
     add("--graph-warmup", "graph_warmup", help="capture at start-up: cover (default: a padding cover of the ladder), none, all, or sizes like 1,2,4,8")
     add("--graph-prefill-max-tokens", "graph_prefill_max_tokens", type=int,
         help="prefill steps of at most this many tokens replay a resident decode graph, one row a token "

@@ -85,7 +85,9 @@ class EngineConfig:
     # ranks (processes, one GPU each: cuda:i .. cuda:i+N-1 from the device's index i; gloo on the CPU)
     tensor_parallel_size: int = 1
     # graph pool settings (LightLLM's names)
-    # NOTE: None -> 16 (LightLLM's default), or the whole ladder when graph_warmup="all" asks for every size.
+    # NOTE: None -> the whole ladder: in the arena layout every size may stay resident, since a graph holds no
+    # device memory of its own (docs/benchmarks.md, "Graph memory"); the miss policy still decides which
+    # sizes are captured.
     max_graph_pool_size: int | None = None
     graph_max_batch_size: int = 256
     graph_split_batch_size: int = 32
@@ -94,7 +96,7 @@ class EngineConfig:
     graph_memory_budget: int | str | None = None  # bytes, or "512MiB" / "2GiB"
     disable_cudagraph: bool = False
     graph_miss_policy: str | None = None  # None -> the pool's default
-    graph_mempool: str = "per_graph"
+    graph_mempool: str | None = None  # None -> the pool's default
     # NOTE: "cover" by default: fewest captures while serving for a fraction of capture-all's start-up
     # (docs/benchmarks.md, "Default policy and why").
     graph_warmup: str | tuple[int, ...] = "cover"  # "none" | "cover" | "all" | batch sizes
@@ -212,7 +214,7 @@ class EngineConfig:
             wanted = len({ladder.find_closest(s) or s for s in self.graph_warmup})
         size = self.max_graph_pool_size
         if size is None:
-            object.__setattr__(self, "max_graph_pool_size", max(16, wanted or 0) if wanted else 16)
+            object.__setattr__(self, "max_graph_pool_size", len(ladder.sizes))
             return
         _check_positive_int("max_graph_pool_size", size)
         if wanted is not None and wanted > size:
@@ -283,10 +285,11 @@ class EngineConfig:
             **self._ladder_kwargs(),
             max_len_in_batch=self.len_bound,
             graph_memory_budget=self.graph_memory_budget,
-            mempool=self.graph_mempool,
         )
         if self.graph_miss_policy is not None:
             kwargs["miss_policy"] = self.graph_miss_policy
+        if self.graph_mempool is not None:
+            kwargs["mempool"] = self.graph_mempool
         return PoolConfig(**kwargs)
 
 

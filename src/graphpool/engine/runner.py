@@ -253,8 +253,10 @@ class ModelRunner:
         yet (async scheduling).
 
         The logits are in the model's dtype (graph memory then holds a third of the bytes of float32 + the
-        matmul's own output), a view into the graph's output buffer: valid until the next decode. The
-        sampler upcasts only when it needs probabilities.
+        matmul's own output), a view into the graph's outputs: valid until the next step that runs the pool
+        (any decode or mixed step, or a prefill that replays a decode graph: the graphs share their output
+        memory), so the engine samples from them before it runs another. The sampler upcasts only when it
+        needs probabilities.
         """
         rows = np.stack([self.block_manager.row(seq.request_id) for seq in seqs])
         return self.decode_rows([seq.last_token for seq in seqs], [seq.num_tokens for seq in seqs], slots, rows,

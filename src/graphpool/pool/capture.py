@@ -1,4 +1,4 @@
-"""Capturing one graph: warm-up and capture into the graph's own mempool, footprint, replay, release.
+"""Capturing one graph: warm-up and capture into a mempool, the bytes it took, replay, release.
 
 The ``Capturer`` protocol is the seam between the pool and CUDA: ``CudaGraphCapturer`` is the real one;
 ``graphpool.pool.testing.EagerCapturer`` stands in for it in CPU tests.
@@ -12,11 +12,13 @@ import time
 import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 import torch
 
 from graphpool.pool import cuda_state
+from graphpool.pool.arena import Arena, Retired, alias_outputs, output_bytes
+from graphpool.pool.config import LAYOUTS, MempoolLayout
 from graphpool.pool.cuda_state import CAPTURE_LOCK
 from graphpool.pool.failures import CaptureError, CaptureFailureKind, classify, is_oom
 
@@ -40,6 +42,18 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
+@dataclass(frozen=True)
+class CaptureMemory:
+    """Where one capture's device bytes went (driver view, from ``mem_get_info``, split by the caching
+    allocator's view of the mempool the graph was captured into)."""
+
+    outputs: int = 0  # bytes of the step's outputs
+    pool: int = 0  # the mempool's segments after the capture (per_graph: the graph's own; arena: the shared one)
+    pool_growth: int = 0  # how much this capture grew them (activations, outputs, allocator rounding)
+    graph: int = 0  # the capture's driver bytes outside the mempool: the graph executable, its kernel parameters
+    first_use: int = 0  # the warm-up's driver bytes outside the mempool: modules loaded on a kernel's first launch
+
+
 @dataclass(eq=False)
 class CapturedGraph:
     """One captured graph of batch size ``size``. ``outputs`` are the step's outputs recorded at capture:
@@ -47,11 +61,14 @@ class CapturedGraph:
 
     size: int
     outputs: Any
-    footprint: int  # device bytes the warm-up and capture took, driver view (0 where unmeasurable)
+    footprint: int  # device bytes this graph alone holds (what releasing it gives back; 0 where unmeasurable)
     seconds: float  # warm-up + capture wall time: the stall a capture costs
     native: Any  # torch.cuda.CUDAGraph, or the test double's callable
     pool_id: Any = None  # the id of the mempool the graph was captured into
     mempool: Any = None  # the torch.cuda.MemPool holding the graph's memory
+    arena_bytes: int = 0  # bytes of every arena the capturer holds after this capture (shared by the graphs)
+    arena: Any = None  # the shared MemPool's record (arena and shared layouts)
+    memory: CaptureMemory | None = None
 
 
 class Capturer(Protocol):
@@ -71,20 +88,23 @@ class Capturer(Protocol):
 
 
 class CudaGraphCapturer:
-    """Real CUDA graphs. ``layout="per_graph"``: one ``torch.cuda.MemPool`` per graph, which holds the eager
-    warm-up's blocks as well as the capture's, so the footprint is everything the graph made the process
-    hold, and releasing the graph gives exactly that memory back (no process-wide ``empty_cache()``).
-    ``layout="shared"``: all graphs share one MemPool (small while all are resident, but eviction frees
-    nothing until every graph on it is gone)."""
+    """Real CUDA graphs, in one of three mempool layouts.
 
-    def __init__(
-        self,
-        device: torch.device | str | int = "cuda",
-        layout: Literal["per_graph", "shared"] = "per_graph",
-        warmup_iters: int = 1,
-    ) -> None:
-        if layout not in ("per_graph", "shared"):
-            raise ValueError(f"layout must be 'per_graph' or 'shared', got {layout!r}")
+    ``arena`` (default): every graph's warm-up and capture allocate from one shared MemPool, largest size
+    first, and a graph's outputs are aliases into it (graphpool.pool.arena), so the arena holds one step's
+    worth of activations and outputs, the largest, and a graph holds no device memory of its own (its
+    executable lives in the driver's heap: ``process_overhead``). The arena goes back with its last graph.
+    ``per_graph``: one MemPool per graph, which holds the eager warm-up's blocks as well as the capture's, so
+    the footprint is everything the graph made the process hold, and releasing the graph gives exactly that
+    memory back (no process-wide ``empty_cache()``).
+    ``shared``: all graphs share one MemPool and keep their outputs in it (eviction frees nothing until every
+    graph on it is gone).
+    """
+
+    def __init__(self, device: torch.device | str | int = "cuda", layout: MempoolLayout = "arena",
+                 warmup_iters: int = 1) -> None:
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
         if warmup_iters < 1:
             raise ValueError(f"warmup_iters must be >= 1, got {warmup_iters}")
         self.device = torch.device(device)
@@ -92,24 +112,36 @@ class CudaGraphCapturer:
             raise ValueError(f"CudaGraphCapturer needs a CUDA device, got {self.device}")
         self.layout = layout
         self.warmup_iters = warmup_iters
-        self._shared: Any = None  # the shared layout's MemPool
-        self._shared_live = 0  # graphs alive on self._shared
-        self._draining: list[Any] = []  # released MemPools that still had live tensors
+        self._arena: Arena | None = None  # where the next capture goes (arena and shared layouts)
+        self._sealed: list[Arena] = []  # arenas a capture failed in, kept for the graphs still on them
+        self._draining: list[Retired] = []  # released MemPools whose memory may still be read
+        # arena layout: driver bytes the captures took outside every mempool (the executables' heap, modules
+        # first loaded in a warm-up): the process's, kept by the driver and reused by later captures
+        self.process_overhead = 0
 
     @property
     def fixed_overhead(self) -> int | None:
         """Device bytes the capture stream took once per process (cuBLAS workspaces), outside any graph."""
         return cuda_state.capture_stream_overhead(self.device)
 
+    def arena_bytes(self) -> int:
+        """Bytes of the arenas that graphs live in (0 in the per_graph layout)."""
+        if self.layout != "arena":
+            return 0
+        live = [a for a in (self._arena, *self._sealed) if a is not None and a.live > 0]
+        return sum(a.nbytes for a in live)
+
     def capture(self, size: int, fn: Callable[[], Any]) -> CapturedGraph:
         with CAPTURE_LOCK, torch.cuda.device(self.device), _gc_paused():
             self._drain()
             stream = cuda_state.side_stream(self.device)
             t0 = time.perf_counter()
-            # NOTE: before the warm-up, whose blocks take new segments in the graph's pool: the delta is all.
-            free_before = torch.cuda.mem_get_info(self.device)[0]
-            mempool = self._pool_for_capture()
+            arena = self._arena_for_capture()
+            mempool = arena.mempool if arena is not None else torch.cuda.MemPool()
             uses = mempool.use_count()
+            # NOTE: before the warm-up, whose blocks take new segments in the pool: the deltas are all. The
+            # allocator's growth meanwhile is the pool's (allocations route to it), the rest is the driver's.
+            free0, pool0 = self._free_and_reserved()
             # The static inputs were written on the current stream; warm up on the side stream after them.
             stream.wait_stream(torch.cuda.current_stream())
             try:
@@ -119,27 +151,47 @@ class CudaGraphCapturer:
                 torch.cuda.synchronize()
             except Exception as e:
                 traceback.clear_frames(e.__traceback__)
-                self._retire_unused(mempool)
+                if arena is not None:
+                    arena.nbytes += max(0, self._free_and_reserved()[1] - pool0)
+                self._drop_unused(mempool, arena)
                 if is_oom(e):
                     raise CaptureError(CaptureFailureKind.OOM, size, e) from e
                 raise
-            graph, outputs = self._record(size, fn, stream, mempool, uses)
-            free_after = torch.cuda.mem_get_info(self.device)[0]
-            if self.layout == "shared":
-                self._shared_live += 1
-            return CapturedGraph(
-                size=size,
-                outputs=outputs,
-                footprint=max(0, free_before - free_after),
-                seconds=time.perf_counter() - t0,
-                native=graph,
-                pool_id=mempool.id,
-                mempool=mempool,
+            free1, pool1 = self._free_and_reserved()
+            graph, outputs = self._record(size, fn, stream, mempool, arena, uses, pool0)
+            free2, pool2 = self._free_and_reserved()
+            growth = max(0, pool2 - pool0)
+            if arena is not None:
+                arena.live += 1
+                arena.nbytes += growth
+            memory = CaptureMemory(
+                outputs=output_bytes(outputs), pool=arena.nbytes if arena is not None else growth, pool_growth=growth,
+                graph=max(0, free1 - free2 - (pool2 - pool1)), first_use=max(0, free0 - free1 - (pool1 - pool0)),
             )
+            footprint = max(0, free0 - free2)
+            if self.layout == "arena":
+                assert arena is not None and arena.lease is not None
+                try:
+                    # NOTE: the owning outputs die here: their blocks go back to the arena for the next capture
+                    outputs = alias_outputs(outputs, arena.lease)
+                except Exception as e:
+                    outputs = None
+                    graph.reset()
+                    arena.live -= 1
+                    self._drop_unused(mempool, arena)
+                    raise CaptureError(CaptureFailureKind.ERROR, size, e) from e
+                # NOTE: the executable's bytes are the driver's heap, which eviction does not shrink
+                footprint = 0
+                self.process_overhead += memory.graph + memory.first_use
+            return CapturedGraph(size=size, outputs=outputs, footprint=footprint,
+                                 seconds=time.perf_counter() - t0, native=graph, pool_id=mempool.id,
+                                 mempool=mempool, arena_bytes=self.arena_bytes(), arena=arena, memory=memory)
 
-    def _record(
-        self, size: int, fn: Callable[[], Any], stream: torch.cuda.Stream, mempool: Any, uses: int
-    ) -> tuple[torch.cuda.CUDAGraph, Any]:
+    def _free_and_reserved(self) -> tuple[int, int]:
+        return torch.cuda.mem_get_info(self.device)[0], torch.cuda.memory_reserved(self.device)
+
+    def _record(self, size: int, fn: Callable[[], Any], stream: torch.cuda.Stream, mempool: Any,
+                arena: Arena | None, uses: int, reserved0: int) -> tuple[torch.cuda.CUDAGraph, Any]:
         graph = torch.cuda.CUDAGraph()
         caller_stream = torch.cuda.current_stream()
         step_error: Exception | None = None
@@ -169,11 +221,14 @@ class CudaGraphCapturer:
         outputs = None
         self._undo_failed(graph, stream, mempool, uses)
         del graph
-        if self.layout == "shared" and mempool is self._shared and self._shared_live > 0:
+        if arena is not None:
+            arena.nbytes += max(0, self._free_and_reserved()[1] - reserved0)
+        if arena is not None and arena.live > 0:
             # NOTE: torch refuses a capture into a pool one failed in; its graphs keep it till the last goes.
-            self._shared, self._shared_live = None, 0
+            self._arena = None
+            self._sealed.append(arena)
         else:
-            self._retire_unused(mempool)
+            self._drop_unused(mempool, arena)
         raise CaptureError(classify(cause, raised_by_step=step_error is not None), size, cause) from cause
 
     def _undo_failed(self, graph: torch.cuda.CUDAGraph, stream: torch.cuda.Stream, mempool: Any, uses: int) -> None:
@@ -186,30 +241,39 @@ class CudaGraphCapturer:
         cuda_state.release_leaked_uses(self.device, mempool, uses)
         cuda_state.reset_generator(self.device, stream)
 
-    def _pool_for_capture(self) -> Any:
+    def _arena_for_capture(self) -> Arena | None:
+        """The arena the next capture goes into (a fresh one when none is open); None: a fresh per-graph pool."""
         if self.layout == "per_graph":
-            return torch.cuda.MemPool()
-        if self._shared is None:
-            self._shared = torch.cuda.MemPool()
-        return self._shared
+            return None
+        if self._arena is None:
+            self._arena = Arena(torch.cuda.MemPool())
+        return self._arena
 
-    def _retire_unused(self, mempool: Any) -> None:
-        """Retire a pool no graph uses (a fresh per-graph pool, or the shared one with no graph left)."""
-        if self.layout == "per_graph":
-            self._retire(mempool)
-        elif self._shared_live == 0 and mempool is self._shared:
-            self._shared = None
-            self._retire(mempool)
+    def _drop_unused(self, mempool: Any, arena: Arena | None) -> None:
+        """Retire a pool no graph uses (a fresh per-graph pool, or an arena with no graph left)."""
+        if arena is None:
+            self._retire(Retired(mempool))
+        elif arena.live == 0:
+            self._retire_arena(arena)
 
-    def _retire(self, mempool: Any) -> None:
-        self._draining.append(mempool)
+    def _retire_arena(self, arena: Arena) -> None:
+        if arena is self._arena:
+            self._arena = None
+        if arena in self._sealed:
+            self._sealed.remove(arena)
+        self._retire(arena.retire())
+
+    def _retire(self, retired: Retired) -> None:
+        self._draining.append(retired)
         self._drain()
 
     def _drain(self) -> None:
-        """Drop the retired MemPools no tensor lives in any more: dropping one releases its last use and
-        empties that pool alone (MemPool's destructor calls the allocator's emptyCache(pool id))."""
-        keep = [mp for mp in self._draining if cuda_state.has_live_blocks(self.device, mp)]
-        self._draining = keep[-_MAX_DRAINING:]
+        """Drop the retired MemPools whose memory nothing reads any more: dropping one releases its last use
+        and empties that pool alone (MemPool's destructor calls the allocator's emptyCache(pool id))."""
+        keep = [r for r in self._draining if r.leased() or cuda_state.has_live_blocks(self.device, r.mempool)]
+        # NOTE: a leased pool is never dropped: an output alias would read memory given back to the driver
+        leased = [r for r in keep if r.leased()]
+        self._draining = leased + [r for r in keep if not r.leased()][-_MAX_DRAINING:]
 
     def replay(self, graph: CapturedGraph) -> None:
         graph.native.replay()
@@ -224,11 +288,13 @@ class CudaGraphCapturer:
             return
         with CAPTURE_LOCK, torch.cuda.device(self.device):
             graph.native.reset()
-            mempool = graph.mempool
+            mempool, arena = graph.mempool, graph.arena
             graph.native = None
             graph.outputs = None
             graph.pool_id = None
             graph.mempool = None
-            if self.layout == "shared" and mempool is self._shared:
-                self._shared_live -= 1
-            self._retire_unused(mempool)
+            graph.arena = None
+            if arena is not None:
+                arena.live -= 1
+            self._drop_unused(mempool, arena)
+            del mempool, arena  # NOTE: a MemPool is dropped under CAPTURE_LOCK only (see cuda_state)

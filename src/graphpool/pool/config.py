@@ -7,8 +7,12 @@ from typing import Literal
 
 from graphpool.pool.buckets import BucketLadder
 
-MempoolLayout = Literal["per_graph", "shared"]
+MempoolLayout = Literal["arena", "per_graph", "shared"]
+LAYOUTS: tuple[MempoolLayout, ...] = ("arena", "per_graph", "shared")
 MissPolicyName = Literal["capture", "admit"]
+
+# NOTE: the one line that picks the default mempool layout (bench memory decides it, docs/benchmarks.md).
+DEFAULT_MEMPOOL: MempoolLayout = "arena"
 
 # NOTE: the one line that picks the default miss policy (the serving-trace benchmark decides it).
 DEFAULT_MISS_POLICY: MissPolicyName = "admit"
@@ -27,10 +31,10 @@ class PoolConfig:
     grow_step: int = 16
     batch_sizes: tuple[int, ...] | None = None
     max_graph_pool_size: int = 16
-    graph_memory_budget: int | None = None  # bytes of device memory for all resident graphs
+    graph_memory_budget: int | None = None  # bytes of device memory for all resident graphs and their arena
     max_len_in_batch: int = 8192  # graphs only for steps whose max_len_in_batch is <= this
     pinned: tuple[int, ...] = ()  # ladder sizes never evicted by the LRU or the budget
-    mempool: MempoolLayout = "per_graph"
+    mempool: MempoolLayout = DEFAULT_MEMPOOL
     miss_policy: MissPolicyName = DEFAULT_MISS_POLICY
     max_padding_ratio: float = 0.5  # "admit": a miss may use a resident graph of size <= bucket*(1+ratio)
     admit_after: int = 3  # "admit": capture a size once requested this often within the window ...
@@ -50,16 +54,16 @@ class PoolConfig:
             raise ValueError(f"max_graph_pool_size must be >= 1, got {self.max_graph_pool_size}")
         if self.max_len_in_batch < 1:
             raise ValueError(f"max_len_in_batch must be >= 1, got {self.max_len_in_batch}")
-        if self.mempool not in ("per_graph", "shared"):
-            raise ValueError(f"mempool must be 'per_graph' or 'shared', got {self.mempool!r}")
+        if self.mempool not in LAYOUTS:
+            raise ValueError(f"mempool must be one of {LAYOUTS}, got {self.mempool!r}")
         if self.graph_memory_budget is not None:
             if self.graph_memory_budget <= 0:
                 raise ValueError(f"graph_memory_budget must be > 0 bytes (or None), got {self.graph_memory_budget}")
             if self.mempool == "shared":
                 raise ValueError(
-                    "graph_memory_budget needs mempool='per_graph': in one shared mempool, evicting a graph "
-                    "returns no device memory until every graph on it is gone, so a byte budget would be "
-                    "enforced on paper only"
+                    "graph_memory_budget needs mempool='arena' or 'per_graph': in the shared mempool every "
+                    "graph keeps its outputs, and evicting one returns no device memory until every graph on "
+                    "it is gone, so a byte budget would be enforced on paper only"
                 )
         if self.miss_policy not in ("capture", "admit"):
             raise ValueError(f"miss_policy must be 'capture' or 'admit', got {self.miss_policy!r}")

@@ -9,8 +9,8 @@ buffers stop matching. Two things keep the pools equal:
   too. Followers never consult their miss policy.
 - **one outcome per capture**: every rank captures the same size at the same step; right after, the ranks
   agree (`CaptureSync`, an element-wise max over ranks the engine provides) on whether any failed (then every
-  rank drops its graph and runs that size eagerly) and on the footprint every rank accounts (the largest:
-  each rank stays within its budget). Identical books give identical evictions, so every later decision
+  rank drops its graph and runs that size eagerly) and on the footprint and arena bytes every rank accounts
+  (the largest: each rank stays within its budget). Identical books give identical evictions, so every later decision
   stays the same on every rank.
 
 Stats are then identical on every rank except the capture seconds, which are each rank's own.
@@ -60,15 +60,15 @@ class _PeerFailed(RuntimeError):
 def agree_on_capture(
     sync: CaptureSync, size: int, got: CapturedGraph | CaptureError, release: Callable[[CapturedGraph], None]
 ) -> CapturedGraph | CaptureError:
-    """The outcome every rank takes for the capture of ``size``: this rank's graph, footprint raised to the
-    largest over the ranks, if all captured; else a ``CaptureError`` of the agreed kind (this rank's graph,
-    if it had one, released)."""
+    """The outcome every rank takes for the capture of ``size``: this rank's graph, footprint and arena bytes
+    raised to the largest over the ranks, if all captured; else a ``CaptureError`` of the agreed kind (this
+    rank's graph, if it had one, released)."""
     code = 0 if isinstance(got, CapturedGraph) else 1 + _KINDS.index(got.kind)
-    footprint = got.footprint if isinstance(got, CapturedGraph) else 0
-    agreed_code, agreed_footprint = (int(v) for v in sync([code, footprint]))
+    footprint, arena = (got.footprint, got.arena_bytes) if isinstance(got, CapturedGraph) else (0, 0)
+    agreed_code, agreed_footprint, agreed_arena = (int(v) for v in sync([code, footprint, arena]))
     if agreed_code == 0:
         assert isinstance(got, CapturedGraph)
-        got.footprint = agreed_footprint
+        got.footprint, got.arena_bytes = agreed_footprint, agreed_arena
         return got
     kind = _KINDS[agreed_code - 1]
     if isinstance(got, CapturedGraph):

@@ -96,10 +96,11 @@ def make_policy(config: PoolConfig) -> CaptureOnMiss:
 
 
 class ResidencyBook:
-    """LRU order, pinned sizes, and the bytes each resident graph holds. Pure bookkeeping, no CUDA.
+    """LRU order, pinned sizes, and the bytes the resident graphs hold. Pure bookkeeping, no CUDA.
 
-    Bounds: at most ``capacity`` graphs, and (if ``budget`` is set) at most ``budget`` bytes in all.
-    Pinned sizes are never chosen as victims.
+    Bounds: at most ``capacity`` graphs, and (if ``budget`` is set) at most ``budget`` bytes in all: every
+    graph's own bytes plus ``arena_bytes``, the arena they share (the arena layout), which is held while any
+    graph is resident and goes back with the last one. Pinned sizes are never chosen as victims.
     """
 
     def __init__(self, capacity: int, budget: int | None = None, pinned: Iterable[int] = ()) -> None:
@@ -108,15 +109,21 @@ class ResidencyBook:
         self.capacity = capacity
         self.budget = budget
         self.pinned = frozenset(pinned)
-        self._lru: OrderedDict[int, int] = OrderedDict()  # size -> bytes, least recently used first
+        self._lru: OrderedDict[int, int] = OrderedDict()  # size -> own bytes, least recently used first
         self._seen: dict[int, int] = {}  # size -> largest footprint ever measured (survives eviction)
-        self.total_bytes = 0
+        self._seen_arena: dict[int, int] = {}  # size -> largest arena measured right after capturing it
+        self._own = 0
+        self.arena_bytes = 0
 
     def __contains__(self, size: object) -> bool:
         return size in self._lru
 
     def __len__(self) -> int:
         return len(self._lru)
+
+    @property
+    def total_bytes(self) -> int:
+        return self._own + self.arena_bytes
 
     def sizes(self) -> tuple[int, ...]:
         return tuple(self._lru)
@@ -127,48 +134,72 @@ class ResidencyBook:
     def touch(self, size: int) -> None:
         self._lru.move_to_end(size)
 
-    def add(self, size: int, nbytes: int) -> None:
+    def add(self, size: int, nbytes: int, arena_bytes: int | None = None) -> None:
+        """A graph of ``nbytes`` of its own; ``arena_bytes``: the arena's bytes measured after its capture."""
         if size in self._lru:
             raise ValueError(f"size {size} is already resident")
         self._lru[size] = nbytes
-        self.total_bytes += nbytes
+        self._own += nbytes
         self._seen[size] = max(nbytes, self._seen.get(size, 0))
+        if arena_bytes is not None:
+            self.arena_bytes = arena_bytes
+            self._seen_arena[size] = max(arena_bytes, self._seen_arena.get(size, 0))
 
     def remove(self, size: int) -> int:
+        """Drop ``size``; returns its own bytes (the arena's go too when it was the last graph)."""
         nbytes = self._lru.pop(size)
-        self.total_bytes -= nbytes
+        self._own -= nbytes
+        if not self._lru:
+            self.arena_bytes = 0
         return nbytes
 
     def estimate(self, size: int) -> int:
         """Expected footprint of a graph of ``size`` (an upper bound): the largest measured at a size >= it,
         else ``lower_estimate``."""
-        at_or_above = [b for s, b in self._seen.items() if s >= size]
-        return max(at_or_above) if at_or_above else self.lower_estimate(size)
+        return _upper(self._seen, size)
 
     def lower_estimate(self, size: int) -> int:
         """A lower bound: the footprint last measured at the nearest smaller size, else 0."""
-        below = [s for s in self._seen if s < size]
-        return self._seen[max(below)] if below else 0
+        return _lower(self._seen, size)
+
+    def arena_estimate(self, size: int, upper: bool = True) -> int:
+        """The arena a capture of ``size`` needs, as ``estimate`` (``upper``) or ``lower_estimate`` would say."""
+        return _upper(self._seen_arena, size) if upper else _lower(self._seen_arena, size)
 
     def _over(self, count: int, nbytes: int) -> bool:
         return count > self.capacity or (self.budget is not None and nbytes > self.budget)
 
     def victims(
-        self, new_bytes: int | None = None, *, keep: int | None = None, may_evict: bool = True
+        self, new_bytes: int | None = None, *, arena_need: int = 0, keep: int | None = None, may_evict: bool = True
     ) -> list[int] | None:
         """LRU-first sizes to evict (never pinned, never ``keep``) so that the resident set, plus one more
-        graph of ``new_bytes`` if given, fits the bounds. None if it cannot fit even after evicting every
-        candidate, or (``may_evict=False``) without evicting any."""
-        count = len(self._lru) + (new_bytes is not None)
-        nbytes = self.total_bytes + (new_bytes or 0)
+        graph of ``new_bytes`` needing an arena of ``arena_need`` bytes if given, fits the bounds. None if it
+        cannot fit even after evicting every candidate, or (``may_evict=False``) without evicting any."""
+        adding = new_bytes is not None
+        left, own = len(self._lru), self._own + (new_bytes or 0)
+
+        def total() -> int:
+            arena = self.arena_bytes if left else 0
+            return own + (max(arena, arena_need) if adding else arena)
+
         victims: list[int] = []
         for size, b in self._lru.items():
-            if not self._over(count, nbytes):
+            if not self._over(left + adding, total()):
                 break
             if size in self.pinned or size == keep:
                 continue
             victims.append(size)
-            count, nbytes = count - 1, nbytes - b
-        if self._over(count, nbytes) or (victims and not may_evict):
+            left, own = left - 1, own - b
+        if self._over(left + adding, total()) or (victims and not may_evict):
             return None
         return victims
+
+
+def _upper(seen: dict[int, int], size: int) -> int:
+    at_or_above = [b for s, b in seen.items() if s >= size]
+    return max(at_or_above) if at_or_above else _lower(seen, size)
+
+
+def _lower(seen: dict[int, int], size: int) -> int:
+    below = [s for s in seen if s < size]
+    return seen[max(below)] if below else 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import traceback
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -118,7 +119,7 @@ class GraphPool:
 
     def stats(self) -> PoolStats:
         with self.lock:
-            return self._counters.snapshot(self._book.sizes(), self._book.total_bytes)
+            return self._counters.snapshot(self._book.sizes(), self._book.total_bytes, self._book.arena_bytes)
 
     # ---- the step ------------------------------------------------------------------------------------
     def decide(self, batch_size: int, max_len_in_batch: int = 0) -> Decision:
@@ -149,8 +150,9 @@ class GraphPool:
         """Run one step: replay a graph if one serves this batch, else ``step`` eagerly on the live inputs.
 
         Graph outputs are views of the graph's static outputs, sliced to the live rows of each microbatch,
-        valid until the next ``run`` (``clone=True`` returns copies instead). ``decision``: apply this one
-        (from ``decide``, here or on the leading rank) instead of deciding now.
+        valid until the next ``run`` of any size (the arena layout's graphs share their outputs' memory);
+        ``clone=True`` returns copies instead. ``decision``: apply this one (from ``decide``, here or on the
+        leading rank) instead of deciding now.
         """
         mbs, rows = self._inputs.check(inputs)
         if max(rows) < 1:
@@ -194,7 +196,7 @@ class GraphPool:
         if bucket in self._blocked:
             return Decision.eager(self._blocked[bucket], bucket, missed=True)
         if bucket not in self._book.pinned:  # NOTE: a pinned size is meant to be resident: no policy asked
-            victims = self._book.victims(self._book.estimate(bucket))
+            victims = self._book.victims(self._book.estimate(bucket), arena_need=self._book.arena_estimate(bucket))
             room, victim = victims == [], victims[0] if victims else None
             choice = self.policy.on_miss(bucket, self._book.sizes(), room, victim)
             if isinstance(choice, FallbackReason):
@@ -230,9 +232,10 @@ class GraphPool:
     def _capture(self, size: int, may_evict: bool) -> CapturedGraph | FallbackReason:
         """Capture ``size`` from the static inputs as they are now, keeping the pool within its bounds."""
         book = self._book
-        victims = book.victims(book.estimate(size), may_evict=may_evict)
+        victims = book.victims(book.estimate(size), arena_need=book.arena_estimate(size), may_evict=may_evict)
         if victims is None:  # the upper bound does not fit: try the lower; the footprint is checked after
-            victims = book.victims(book.lower_estimate(size), may_evict=may_evict)
+            victims = book.victims(book.lower_estimate(size), arena_need=book.arena_estimate(size, upper=False),
+                                   may_evict=may_evict)
             if victims is None:
                 return FallbackReason.OVER_BUDGET
         for v in victims:
@@ -243,6 +246,9 @@ class GraphPool:
         try:
             got: CapturedGraph | CaptureError = capturer.capture(size, lambda: self.step(*views))
         except CaptureError as e:
+            # NOTE: the capturer's finished frames hold its mempool: a logged or kept error must not pin it
+            for tb in (e.__traceback__, e.cause.__traceback__):
+                traceback.clear_frames(tb)
             got = e
         if self._sync is not None:  # NOTE: tensor parallel: every rank keeps the graph, or none does
             got = agree_on_capture(self._sync, size, got, capturer.release)
@@ -254,19 +260,29 @@ class GraphPool:
         graph = got
         self._counters.captured(graph.seconds)
         self._graphs[size] = graph
-        book.add(size, graph.footprint)
-        if book.budget is not None and graph.footprint > book.budget:
+        book.add(size, graph.footprint, graph.arena_bytes)
+        alone = graph.footprint + graph.arena_bytes
+        if book.budget is not None and alone > book.budget:
             self._blocked[size] = FallbackReason.OVER_BUDGET
-            logger.warning("graph pool: bs=%d needs %d bytes, more than the whole budget %d", size, graph.footprint, book.budget)
+            logger.warning("graph pool: bs=%d needs %d bytes (with its arena), more than the whole budget %d",
+                           size, alone, book.budget)
             self._evict(size, "alone over budget")
+            self._fit_budget()
             return FallbackReason.OVER_BUDGET
         victims = book.victims(keep=size, may_evict=may_evict)
         if victims is None:
             self._evict(size, "over budget")
+            self._fit_budget()
             return FallbackReason.OVER_BUDGET
         for v in victims:
             self._evict(v, "budget")
         return graph
+
+    def _fit_budget(self) -> None:
+        """Evict LRU graphs while the arena a dropped capture grew keeps the rest over the budget (the arena
+        goes back with its last graph): the budget binds even where the caller asked not to evict."""
+        for v in self._book.victims() or ():
+            self._evict(v, "arena over budget")
 
     def _evict(self, size: int, why: str) -> None:
         graph = self._graphs.pop(size)

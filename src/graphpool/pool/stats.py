@@ -41,7 +41,8 @@ class PoolStats:
     fallbacks: dict[FallbackReason, int] = field(default_factory=dict)
     eager_steps: int = 0
     resident_graphs: int = 0
-    resident_bytes: int = 0
+    resident_bytes: int = 0  # device bytes the resident graphs hold, their shared arena included
+    arena_bytes: int = 0  # of which the arena they share (the arena layout; given back with the last graph)
     capture_seconds_total: float = 0.0
     capture_seconds_max: float = 0.0
     resident_sizes: tuple[int, ...] = ()  # least recently used first
@@ -79,7 +80,7 @@ class StatsCounters:
         self.capture_seconds_total += seconds
         self.capture_seconds_max = max(self.capture_seconds_max, seconds)
 
-    def snapshot(self, resident_sizes: tuple[int, ...], resident_bytes: int) -> PoolStats:
+    def snapshot(self, resident_sizes: tuple[int, ...], resident_bytes: int, arena_bytes: int = 0) -> PoolStats:
         counted = {
             f.name: dict(v) if isinstance(v := getattr(self, f.name), Counter) else v
             for f in dataclasses.fields(self)
@@ -90,5 +91,6 @@ class StatsCounters:
             eager_steps=sum(self.fallbacks.values()),
             resident_graphs=len(resident_sizes),
             resident_bytes=resident_bytes,
+            arena_bytes=arena_bytes,
             resident_sizes=resident_sizes,
         )

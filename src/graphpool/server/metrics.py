@@ -113,7 +113,10 @@ class EngineCollector(Collector):
             fallbacks.add_metric([str(getattr(reason, "value", reason))], count)
         yield fallbacks
         yield _gauge("graph_resident", "Graphs resident in the pool", g.resident_graphs)
-        yield _gauge("graph_resident_bytes", "Device memory held by resident graphs", g.resident_bytes)
+        yield _gauge("graph_resident_bytes", "Device memory held by resident graphs, their shared arena included",
+                     g.resident_bytes)
+        yield _gauge("graph_arena_bytes", "Device memory of the arena the resident graphs share (in resident_bytes)",
+                     g.arena_bytes)
         yield _counter("graph_capture_seconds", "Time spent capturing graphs", g.capture_seconds_total)
         yield _gauge("graph_capture_seconds_max", "Longest single graph capture", g.capture_seconds_max)
 
