@@ -167,6 +167,13 @@ class LlamaModel(nn.Module):
         self.max_positions = max_positions or config.max_position_embeddings
         if self.max_positions <= 0:
             raise ValueError(f"max_positions must be positive, got {self.max_positions}")
+        # NOTE: before any allocation: the rotary cache and the KV sizing scale with this length.
+        if self.max_positions > config.max_position_embeddings:
+            raise ValueError(
+                f"max_model_len={self.max_positions} is past this model's context of "
+                f"{config.max_position_embeddings} tokens (max_position_embeddings): set max_model_len <= "
+                f"{config.max_position_embeddings}"
+            )
         self.embed_tokens = nn.Embedding(
             config.vocab_size,
             config.hidden_size,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -24,6 +25,12 @@ class Tokenizer:
     @property
     def vocab_size(self) -> int:
         return len(self.hf)
+
+    @functools.cached_property
+    def max_token_chars(self) -> int:
+        """The most characters any one token's vocabulary entry has: a text of more than n times this many
+        characters cannot encode to n tokens or fewer (byte-level entries spell each byte as one character)."""
+        return max((len(t) for t in self.hf.get_vocab()), default=1)
 
     @property
     def bos_token_id(self) -> int | None:

@@ -20,7 +20,13 @@ from starlette.responses import JSONResponse, Response
 from graphpool.server.async_engine import AsyncEngine, EngineDeadError
 from graphpool.server.metrics import ServerMetrics
 from graphpool.server.prompts import PromptBuilder
-from graphpool.server.protocol import APIError, ChatCompletionRequest, CompletionRequest, error_body
+from graphpool.server.protocol import (
+    DEFAULT_MAX_REQUEST_BYTES,
+    APIError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    error_body,
+)
 from graphpool.server.serving import OpenAIServing
 
 logger = logging.getLogger(__name__)
@@ -29,11 +35,17 @@ ENGINE_STOP_TIMEOUT_S = 5.0
 M = TypeVar("M", bound=BaseModel)
 
 
-def build_app(engine: AsyncEngine, metrics: ServerMetrics, served_model_name: str | None = None) -> FastAPI:
+def build_app(
+    engine: AsyncEngine, metrics: ServerMetrics, served_model_name: str | None = None,
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+) -> FastAPI:
     """An app serving ``engine`` (an AsyncEngine around an LLMEngine); the lifespan starts and stops its loop.
 
     ``metrics`` must be the AsyncEngine's observer, so that step histograms and finish reasons are recorded.
+    A request body past ``max_request_bytes`` is refused with a 413 before it is parsed.
     """
+    if max_request_bytes < 1:
+        raise ValueError(f"max_request_bytes must be >= 1, got {max_request_bytes}")
     model_name = served_model_name or engine.engine.model_name
     builder = PromptBuilder(engine.engine.tokenizer, engine.engine.max_model_len, [model_name])
     serving = OpenAIServing(engine, builder, metrics, model_name)
@@ -122,11 +134,11 @@ def build_app(engine: AsyncEngine, metrics: ServerMetrics, served_model_name: st
     # NOTE: not parsed by FastAPI: JSON whatever the Content-Type (curl -d), the same 400 body for any error.
     @app.post("/v1/completions", openapi_extra=_body_schema(CompletionRequest))
     async def completions(raw: Request) -> Response:
-        return await serving.completions(await _parse(raw, CompletionRequest), raw)
+        return await serving.completions(await _parse(raw, CompletionRequest, max_request_bytes), raw)
 
     @app.post("/v1/chat/completions", openapi_extra=_body_schema(ChatCompletionRequest))
     async def chat_completions(raw: Request) -> Response:
-        return await serving.chat(await _parse(raw, ChatCompletionRequest), raw)
+        return await serving.chat(await _parse(raw, ChatCompletionRequest, max_request_bytes), raw)
 
     return app
 
@@ -136,11 +148,34 @@ def _body_schema(model: type[BaseModel]) -> dict[str, Any]:
     return {"requestBody": {"content": schema, "required": True}}
 
 
-async def _parse(raw: Request, model: type[M]) -> M:
+async def _read_body(raw: Request, limit: int) -> bytes:
+    """The body, or a 413 as soon as it is known to pass `limit` bytes (from Content-Length, or while it
+    streams in): a huge body is never held whole."""
+    def too_large(size: str) -> APIError:
+        return APIError(f"the request body is {size} bytes; this server accepts at most {limit} "
+                        "(--max-request-bytes)", code="request_too_large", status_code=413)
+
+    declared = raw.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise too_large(declared)
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in raw.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large(f"more than {limit}")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def _parse(raw: Request, model: type[M], max_request_bytes: int) -> M:
+    body = await _read_body(raw, max_request_bytes)
     try:
-        data = json.loads(await raw.body())
+        data = json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise APIError(f"Invalid JSON body: {e}") from None
+    except RecursionError:
+        raise APIError("Invalid JSON body: nested too deeply") from None
     if not isinstance(data, dict):
         raise APIError(f"the request body must be a JSON object, got {type(data).__name__}")
     try:
@@ -148,6 +183,8 @@ async def _parse(raw: Request, model: type[M]) -> M:
     except ValidationError as e:
         message, param = _describe_validation(e.errors())
         raise APIError(message, param=param) from None
+    except RecursionError:
+        raise APIError("the request body is nested too deeply") from None
 
 
 def _describe_validation(errors: Any) -> tuple[str, str | None]:

@@ -19,6 +19,8 @@ DEFAULT_SHUTDOWN_TIMEOUT_S = 5.0
 
 
 def add_server_args(parser: argparse.ArgumentParser) -> None:
+    from graphpool.server.protocol import DEFAULT_MAX_REQUEST_BYTES
+
     group = parser.add_argument_group("server")
     group.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: all interfaces)")
     group.add_argument("--port", type=int, default=8000)
@@ -27,6 +29,11 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     group.add_argument(
+        "--max-request-bytes", type=_byte_size, default=DEFAULT_MAX_REQUEST_BYTES, metavar="BYTES",
+        help="refuse (413) a request body larger than this, before reading it whole; e.g. 4MiB "
+        "(default %(default)s)",
+    )
+    group.add_argument(
         "--shutdown-timeout",
         type=float,
         default=DEFAULT_SHUTDOWN_TIMEOUT_S,
@@ -34,6 +41,18 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
         help="on SIGTERM/SIGINT: refuse new requests, let running ones finish for up to this long, then end "
         "them with finish_reason 'abort' and exit; a second signal exits at once (default %(default)s)",
     )
+
+
+def _byte_size(value: str) -> int:
+    from graphpool.engine.config import parse_bytes
+
+    try:
+        size = parse_bytes(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if size < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 byte, got {value!r}")
+    return size
 
 
 DESCRIPTION = (
@@ -117,6 +136,7 @@ def make_server(
     shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT_S,
     on_ready: Callable[[], None] | None = None,
     disabled_kernels: Sequence[str] = (),
+    max_request_bytes: int | None = None,
 ):
     """A GracefulServer (uvicorn.Server) for ``engine`` (an LLMEngine); ``server.run()`` blocks;
     ``begin_shutdown()`` (or SIGTERM) drains and stops it, ``should_exit`` stops it without draining.
@@ -130,7 +150,8 @@ def make_server(
 
     metrics = ServerMetrics(disabled_kernels=disabled_kernels)
     async_engine = AsyncEngine(engine, observer=metrics)
-    app = build_app(async_engine, metrics, served_model_name)
+    app = build_app(async_engine, metrics, served_model_name,
+                    **({} if max_request_bytes is None else {"max_request_bytes": max_request_bytes}))
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False)
     return GracefulServer(config, async_engine, shutdown_timeout, on_ready)
 
@@ -142,6 +163,7 @@ def serve_in_thread(
     served_model_name: str | None = None,
     log_level: str = "warning",
     shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT_S,
+    max_request_bytes: int | None = None,
 ) -> Iterator[tuple[str, Any]]:
     """Serves ``engine`` from a background thread on a free port; yields (base URL, GracefulServer).
 
@@ -150,7 +172,8 @@ def serve_in_thread(
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind((host, 0))
     port = sock.getsockname()[1]
-    server = make_server(engine, host, port, served_model_name, log_level, shutdown_timeout)
+    server = make_server(engine, host, port, served_model_name, log_level, shutdown_timeout,
+                         max_request_bytes=max_request_bytes)
     thread = threading.Thread(
         target=server.run, kwargs={"sockets": [sock]}, name="graphpool-http", daemon=True
     )
@@ -201,7 +224,7 @@ def serve(args: argparse.Namespace, config: Any = None) -> int:
 
     server = make_server(
         engine, args.host, args.port, args.served_model_name, args.log_level, args.shutdown_timeout, ready,
-        config.disabled_kernels,
+        config.disabled_kernels, args.max_request_bytes,
     )
     try:
         server.run(sockets=[sock])

@@ -8,7 +8,14 @@ from typing import Any
 import jinja2
 
 from graphpool.engine.sampling_params import InvalidParam, SamplingParams, check_text
-from graphpool.server.protocol import APIError, ChatCompletionRequest, ChatMessage, CompletionRequest
+from graphpool.server.protocol import (
+    MAX_STOP_SEQUENCES,
+    UNHONOURED_FIELDS,
+    APIError,
+    ChatCompletionRequest,
+    ChatMessage,
+    CompletionRequest,
+)
 
 
 @dataclass(frozen=True)
@@ -44,7 +51,7 @@ class PromptBuilder:
             param = "prompt" if len(prompts) == 1 else f"prompt[{i}]"
             if isinstance(prompt, str):
                 _check_text(prompt, param)
-                ids = self._encode(prompt)
+                ids = self._encode(prompt, param)
                 text = prompt
             else:
                 ids = prompt
@@ -67,6 +74,7 @@ class PromptBuilder:
         messages = [_message_dict(m, i) for i, m in enumerate(req.messages)]
         for i, m in enumerate(messages):
             _check_text(m["content"], f"messages[{i}].content")
+        self.check_text_length(sum(len(m["content"]) for m in messages), "messages")
         ids = self.render_chat(messages)
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         if max_tokens is None:  # NOTE: OpenAI's chat default: as many tokens as the context leaves
@@ -89,6 +97,11 @@ class PromptBuilder:
             raise APIError(f"n > 1 is not supported by this server (got n={req.n})", param="n")
         if req.logit_bias:
             raise APIError("logit_bias is not supported by this server", param="logit_bias")
+        for name, value in (req.model_extra or {}).items():
+            if name in UNHONOURED_FIELDS and value != UNHONOURED_FIELDS[name]:
+                raise APIError(f"{name} is not supported by this server", param=name)
+        if isinstance(req.stop, list) and len(req.stop) > MAX_STOP_SEQUENCES:
+            raise APIError(f"stop takes at most {MAX_STOP_SEQUENCES} sequences, got {len(req.stop)}", param="stop")
 
     def _params(
         self,
@@ -147,8 +160,20 @@ class PromptBuilder:
             )
         return self.tokenizer
 
-    def _encode(self, text: str) -> list[int]:
-        return list(self._need_tokenizer().encode(text))
+    def _encode(self, text: str, param: str = "prompt") -> list[int]:
+        tok = self._need_tokenizer()
+        self.check_text_length(len(text), param)
+        return list(tok.encode(text))
+
+    def check_text_length(self, num_chars: int, param: str) -> None:
+        """Refuses, without tokenizing, a text too long to fit max_model_len tokens whatever it says: a huge
+        prompt costs no tokenizer time (the bound has a factor of 2 for normalizers that merge characters)."""
+        most = 2 * self.max_model_len * getattr(self.tokenizer, "max_token_chars", 1 << 20)
+        if num_chars > most:
+            raise APIError(
+                f"the prompt has {num_chars} characters, more than any prompt of max_model_len="
+                f"{self.max_model_len} tokens can have: shorten it", param=param,
+            )
 
     def _decode(self, ids: list[int]) -> str:
         return self._need_tokenizer().decode(ids) if self.tokenizer is not None else ""
@@ -187,6 +212,10 @@ def _check_text(text: str, param: str) -> None:
 
 
 def _message_dict(m: ChatMessage, index: int) -> dict[str, str]:
+    if m.role == "tool" or m.tool_calls:
+        what = "tool messages" if m.role == "tool" else "tool_calls"
+        raise APIError(f"messages[{index}]: {what} are not supported by this server (it has no tool calling)",
+                       param=f"messages[{index}]")
     if m.content is None:
         content = ""
     elif isinstance(m.content, str):

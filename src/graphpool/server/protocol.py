@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 
 class APIError(Exception):
@@ -47,10 +47,27 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class _SamplingFields(BaseModel):
-    """Fields shared by both endpoints; ranges follow OpenAI's documented limits."""
+# Fields of OpenAI's API or vLLM's extensions that change the output and that this server does not honour,
+# each with the value that changes nothing (sent with that value, the field is accepted).
+UNHONOURED_FIELDS: dict[str, Any] = {
+    "min_p": 0.0, "min_tokens": 0, "include_stop_str_in_output": False, "skip_special_tokens": True,
+    "spaces_between_special_tokens": True, "prompt_logprobs": None, "guided_json": None, "guided_regex": None,
+    "guided_choice": None, "guided_grammar": None, "structured_outputs": None, "use_beam_search": False,
+    "length_penalty": 1.0, "truncate_prompt_tokens": None, "bad_words": None, "allowed_token_ids": None,
+    "logits_processors": None, "parallel_tool_calls": None, "functions": None, "function_call": None,
+    "prediction": None, "audio": None, "modalities": None, "add_generation_prompt": True,
+    "continue_final_message": False, "chat_template": None, "chat_template_kwargs": None,
+}
+MAX_STOP_SEQUENCES = 4  # OpenAI's limit
+# NOTE: a 128k-token context as text or as token ids fits well inside the default body limit.
+DEFAULT_MAX_REQUEST_BYTES = 4 * 2**20
 
-    model_config = ConfigDict(extra="ignore")
+
+class _SamplingFields(BaseModel):
+    """Fields shared by both endpoints; ranges follow OpenAI's documented limits. Other fields are kept in
+    ``model_extra`` so that those in UNHONOURED_FIELDS can be refused by name."""
+
+    model_config = ConfigDict(extra="allow")
 
     model: str | None = None
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
@@ -58,7 +75,7 @@ class _SamplingFields(BaseModel):
     n: int | None = Field(default=None, ge=1)
     seed: int | None = None
     stop: str | list[str] | None = None
-    stream: bool = False
+    stream: StrictBool = False
     stream_options: StreamOptions | None = None
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
@@ -67,14 +84,14 @@ class _SamplingFields(BaseModel):
     # Extensions (vLLM spells them the same way).
     repetition_penalty: float | None = Field(default=None, gt=0.0)
     top_k: int | None = Field(default=None, ge=-1)
-    ignore_eos: bool = False
+    ignore_eos: StrictBool = False
     stop_token_ids: list[int] | None = None
 
 
 class CompletionRequest(_SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = 16
-    echo: bool = False
+    echo: StrictBool = False
     logprobs: int | None = None
     best_of: int | None = None
     suffix: str | None = None
@@ -86,6 +103,8 @@ class ChatMessage(BaseModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # refused: this server has no tool calling
+    tool_call_id: str | None = None
 
 
 class ChatCompletionRequest(_SamplingFields):

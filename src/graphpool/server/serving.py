@@ -113,12 +113,13 @@ class OpenAIServing:
 
     async def completions(self, req: CompletionRequest, raw: Request) -> Response:
         timer = _Timer(self.metrics)
-        inputs = self.builder.completion(req)
+        # NOTE: tokenizing and templating run off the event loop: a long prompt must not stall other streams.
+        inputs = await asyncio.to_thread(self.builder.completion, req)
         return await self._serve(req, inputs, raw, timer, chat=False)
 
     async def chat(self, req: ChatCompletionRequest, raw: Request) -> Response:
         timer = _Timer(self.metrics)
-        inp = self.builder.chat(req)
+        inp = await asyncio.to_thread(self.builder.chat, req)
         return await self._serve(req, [inp], raw, timer, chat=True)
 
     async def _add(self, request_id: str, inputs: list[EngineInput], chat: bool) -> list[RequestStream]:

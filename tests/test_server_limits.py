@@ -1,0 +1,105 @@
+"""Requests that must not hurt the server: bodies past the size limit (413), JSON nested past the parser's
+depth, prompts too long to tokenize, fields the server cannot honour, tool-call history; and a context
+length past the model's own. The real default model on CPU, served over HTTP on 127.0.0.1."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from graphpool.engine.config import EngineConfig
+from graphpool.engine.engine import LLMEngine
+from graphpool.model.config import ModelConfig
+from graphpool.model.llama import LlamaModel
+from graphpool.server.main import serve_in_thread
+
+LIMIT = 64 * 1024
+MAX_MODEL_LEN = 128
+
+
+@pytest.fixture(scope="module")
+def base_url(default_model) -> Iterator[str]:
+    config = EngineConfig(device="cpu", max_model_len=MAX_MODEL_LEN, max_num_seqs=4, num_kv_blocks=32)
+    engine = LLMEngine(config, loaded=default_model)
+    with serve_in_thread(engine, max_request_bytes=LIMIT) as (url, _):
+        yield url
+
+
+def post(base_url: str, body: bytes | dict, path: str = "/v1/completions", **kw) -> httpx.Response:
+    if isinstance(body, dict):
+        return httpx.post(f"{base_url}{path}", json=body, timeout=120, **kw)
+    return httpx.post(f"{base_url}{path}", content=body, timeout=120,
+                      headers={"Content-Type": "application/json"}, **kw)
+
+
+def error(r: httpx.Response, status: int) -> dict:
+    assert r.status_code == status, r.text
+    assert r.headers["content-type"].startswith("application/json")
+    return r.json()["error"]
+
+
+def test_a_body_past_the_limit_is_a_413_declared_or_streamed(base_url: str) -> None:
+    big = b'{"prompt": "' + b"a" * (2 * LIMIT) + b'"}'
+    assert "at most 65536" in error(post(base_url, big), 413)["message"]
+
+    def chunks() -> Iterator[bytes]:  # no Content-Length: the limit holds while the body streams in
+        yield big[: LIMIT // 2]
+        yield big[LIMIT // 2:]
+
+    assert error(post(base_url, chunks()), 413)["code"] == "request_too_large"  # type: ignore[arg-type]
+    assert httpx.get(f"{base_url}/health", timeout=30).status_code == 200
+
+
+def test_json_nested_too_deeply_is_a_400_body(base_url: str) -> None:
+    assert "nested too deeply" in error(post(base_url, b"[" * 50_000), 400)["message"]
+    deep = b'{"prompt": "hi", "user": ' + b'{"a": ' * 5000 + b"1" + b"}" * 5000 + b"}"
+    error(post(base_url, deep), 400)
+
+
+def test_a_prompt_too_long_for_any_tokenization_is_refused_untokenized(base_url: str) -> None:
+    e = error(post(base_url, {"prompt": "word " * 12_000, "max_tokens": 1}), 400)
+    assert e["param"] == "prompt" and "characters" in e["message"]
+    chat = {"messages": [{"role": "user", "content": "word " * 12_000}], "max_tokens": 1}
+    assert error(post(base_url, chat, "/v1/chat/completions"), 400)["param"] == "messages"
+    # a long prompt that could fit is tokenized and then refused by its token count
+    e = error(post(base_url, {"prompt": "word " * 200, "max_tokens": 1}), 400)
+    assert e["code"] == "context_length_exceeded"
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("min_p", 0.1), ("min_tokens", 3), ("guided_json", {"type": "object"}), ("guided_regex", "a+"),
+    ("include_stop_str_in_output", True), ("prompt_logprobs", 1), ("skip_special_tokens", False),
+])
+def test_a_field_the_server_cannot_honour_is_refused_by_name(base_url: str, field: str, value: object) -> None:
+    e = error(post(base_url, {"prompt": "Hi", "max_tokens": 1, field: value}), 400)
+    assert e["param"] == field and "not supported" in e["message"]
+
+
+def test_a_harmless_value_of_an_unhonoured_field_is_accepted(base_url: str) -> None:
+    r = post(base_url, {"prompt": "Hi", "max_tokens": 2, "temperature": 0, "min_p": 0.0,
+                        "skip_special_tokens": True, "metadata": {"x": "y"}})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] >= 1
+
+
+def test_strict_types_stop_count_and_tool_history_are_refused(base_url: str) -> None:
+    assert error(post(base_url, {"prompt": "Hi", "stream": "yes"}), 400)["param"] == "stream"
+    assert error(post(base_url, {"prompt": "Hi", "stop": ["a", "b", "c", "d", "e"]}), 400)["param"] == "stop"
+    messages = [
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": None,
+         "tool_calls": [{"id": "1", "type": "function", "function": {"name": "w", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "1", "content": "sunny"},
+    ]
+    e = error(post(base_url, {"messages": messages}, "/v1/chat/completions"), 400)
+    assert e["param"] == "messages[1]" and "tool" in e["message"]
+
+
+def test_max_model_len_past_the_models_context_is_refused_before_allocating() -> None:
+    config = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=4,
+                         num_kv_heads=2, head_dim=8, max_position_embeddings=512)
+    with pytest.raises(ValueError, match="past this model's context of 512"):
+        LlamaModel(config, max_positions=99_999_999)
+    assert LlamaModel(config, max_positions=512).max_positions == 512
