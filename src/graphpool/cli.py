@@ -61,7 +61,7 @@ def run_generate(args: argparse.Namespace) -> int:
     print(f"loading {config.model} on {device} ({str(config.torch_dtype).removeprefix('torch.')}); "
           f"CUDA graphs {graphs}", file=sys.stderr)
     try:
-        llm = LLM(**{f: getattr(config, f) for f in config.__dataclass_fields__})
+        llm = LLM.from_config(config)
         if args.chat:
             outputs = llm.chat([[{"role": "user", "content": p}] for p in args.prompt], params,
                                use_tqdm=not args.no_progress)

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from functools import cached_property
+from typing import Any
 
 import torch
 
 from graphpool.model.loader import DEFAULT_MODEL
-
-if TYPE_CHECKING:
-    from graphpool.pool import PoolConfig
+from graphpool.pool.buckets import BucketLadder
+from graphpool.pool.config import DEFAULT_MAX_GRAPH_POOL_SIZE, PoolConfig
 
 _DTYPES = {"auto": None, "float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
            "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
@@ -82,7 +82,7 @@ class EngineConfig:
     # ranks (processes, one GPU each: cuda:i .. cuda:i+N-1 from the device's index i; gloo on the CPU)
     tensor_parallel_size: int = 1
     # graph pool settings (the seed's names)
-    # NOTE: None -> 16 (the seed's default), or the whole ladder when graph_warmup="all" asks for every size.
+    # NOTE: None -> the pool's default (PoolConfig), or more when graph_warmup asks for more sizes.
     max_graph_pool_size: int | None = None
     graph_max_batch_size: int = 256
     graph_split_batch_size: int = 32
@@ -162,7 +162,7 @@ class EngineConfig:
         self._check_graph_prefill()
         self._resolve_pool_size()
         # NOTE: the pool's own settings are validated by PoolConfig; build it now so errors surface here.
-        self.pool_config()
+        _ = self.pool_config
 
     def _check_graph_prefill(self) -> None:
         if self.graph_prefill_max_tokens is None:
@@ -176,18 +176,16 @@ class EngineConfig:
                              f"{self.graph_max_batch_size}: a prefill step replays a decode graph, one row a token")
 
     def _check_tensor_parallel(self) -> None:
+        """The settings alone; whether the model's heads shard over the ranks is checked where it is loaded
+        (engine/tp_leader.py)."""
         n = self.tensor_parallel_size
         _check_positive_int("tensor_parallel_size", n)
         if n == 1:
             return
         import torch.distributed as dist
 
-        from graphpool.model.loader import model_config
-        from graphpool.model.parallel import check_shardable
-
         if not dist.is_available():
             raise ValueError("tensor_parallel_size > 1 needs torch.distributed, which this torch build lacks")
-        check_shardable(model_config(self.model), n)
         dev = self.torch_device
         if dev.type == "cuda" and (dev.index or 0) + n > torch.cuda.device_count():
             raise ValueError(f"tensor_parallel_size {n} from {dev} needs GPUs {dev.index}..{(dev.index or 0) + n - 1}, "
@@ -200,15 +198,13 @@ class EngineConfig:
 
     def _resolve_pool_size(self) -> None:
         """Sizes the pool for what warm-up asks, or refuses a warm-up the pool would evict while serving."""
-        from graphpool.pool import PoolConfig
-
-        ladder = PoolConfig(**self._ladder_kwargs()).ladder()
+        ladder = BucketLadder.build(**self._ladder_kwargs())
         wanted = len(ladder.sizes) if self.graph_warmup == "all" else None
         if isinstance(self.graph_warmup, tuple):
             wanted = len({ladder.find_closest(s) or s for s in self.graph_warmup})
         size = self.max_graph_pool_size
         if size is None:
-            object.__setattr__(self, "max_graph_pool_size", max(16, wanted or 0) if wanted else 16)
+            object.__setattr__(self, "max_graph_pool_size", max(DEFAULT_MAX_GRAPH_POOL_SIZE, wanted or 0))
             return
         _check_positive_int("max_graph_pool_size", size)
         if wanted is not None and wanted > size:
@@ -269,9 +265,9 @@ class EngineConfig:
                     split_batch_size=-(-self.graph_split_batch_size // n),
                     grow_step=max(1, self.graph_grow_step_size // n))
 
+    @cached_property
     def pool_config(self) -> PoolConfig:
-        from graphpool.pool import PoolConfig
-
+        """The graph pool's settings, built (and validated) once, by __post_init__."""
         kwargs: dict[str, Any] = dict(
             enabled=not self.disable_cudagraph,
             max_graph_pool_size=self.max_graph_pool_size,

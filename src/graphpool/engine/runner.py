@@ -87,7 +87,7 @@ class ModelRunner:
         forward = decode_step if self.num_microbatches == 1 else decode_step_microbatches
         self.pool = GraphPool(
             functools.partial(forward, model, kv_caches, max_len_bound=self.len_bound),
-            decode_input_specs(self.max_blocks), config.pool_config(), device=self.device, capturer=capturer,
+            decode_input_specs(self.max_blocks), config.pool_config, device=self.device, capturer=capturer,
             capture_sync=capture_sync,
         )
         self.announce: StepAnnouncer | None = None  # set on rank 0 under tensor parallel

@@ -182,7 +182,12 @@ def serve(args: argparse.Namespace, config: Any = None) -> int:
         print(f"graphpool serve: {e}", file=sys.stderr)
         return 2
     start = time.perf_counter()
-    engine = LLMEngine(config)
+    try:
+        engine = LLMEngine(config)
+    except ValueError as e:  # a setting the model refuses (e.g. tensor_parallel_size over its heads)
+        sock.close()
+        print(f"graphpool serve: {e}", file=sys.stderr)
+        return 2
     for line in describe_startup(engine, config, time.perf_counter() - start):
         logger.info(line)
     name = args.served_model_name or engine.model_name
