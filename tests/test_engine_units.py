@@ -14,6 +14,7 @@ from graphpool.engine.sampler import Sampler
 from graphpool.engine.sampling_params import SamplingParams
 from graphpool.engine.scheduler import Scheduler
 from graphpool.engine.sequence import Sequence, Status
+from graphpool.pool import FallbackReason
 
 
 # sampling params ---------------------------------------------------------------------------------------
@@ -85,7 +86,7 @@ def test_engine_config_pool_config_and_defaults() -> None:
     assert c.len_bound == 1024  # clamped to max_model_len
     assert c.graph_memory_budget == 64 * 2**20
     assert c.graph_warmup == (1, 2, 4)
-    assert c.torch_dtype == torch.float32 and not c.graphs_enabled
+    assert c.torch_dtype == torch.float32 and c.graphs_off is FallbackReason.NO_CUDA
     pc = c.pool_config
     assert pc.max_graph_pool_size == 4 and pc.graph_memory_budget == 64 * 2**20 and pc.max_len_in_batch == 1024
     assert not EngineConfig(device="cpu", disable_cudagraph=True).pool_config.enabled

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from graphpool.model.loader import DEFAULT_MODEL
+from graphpool.pool import FallbackReason, graphs_off
 from graphpool.pool.buckets import BucketLadder
 from graphpool.pool.config import DEFAULT_MAX_GRAPH_POOL_SIZE, PoolConfig
 
@@ -150,7 +151,7 @@ class EngineConfig:
         elif self.graph_warmup not in WARMUP_MODES:
             raise ValueError(f"graph_warmup must be 'none', 'cover', 'all' or a tuple of sizes, got {self.graph_warmup!r}")
         if self.enable_mixed_steps is None:
-            object.__setattr__(self, "enable_mixed_steps", self.graphs_enabled)
+            object.__setattr__(self, "enable_mixed_steps", self.graphs_off is None)
         for name in ("disable_cudagraph", "profile_steps", "enable_prefix_caching", "record_step_timeline",
                      "enable_mixed_steps", "async_scheduling", "enable_microbatch_overlap"):
             if not isinstance(getattr(self, name), bool):
@@ -250,8 +251,10 @@ class EngineConfig:
         return min(self.graph_max_batch_size, self.token_budget) if self.enable_mixed_steps else 0
 
     @property
-    def graphs_enabled(self) -> bool:
-        return not self.disable_cudagraph and self.torch_device.type == "cuda"
+    def graphs_off(self) -> FallbackReason | None:
+        """Why decode steps will never replay a CUDA graph (the pool's `graphs_off`: no CUDA device,
+        disable_cudagraph), or None: graphs on. `LLMEngine.graphs_off` is the loaded engine's answer."""
+        return graphs_off(not self.disable_cudagraph, self.torch_device, has_capturer=False)
 
     @property
     def num_microbatches(self) -> int:

@@ -29,7 +29,7 @@ from graphpool.engine.timeline import StepClock, StepTimeline
 from graphpool.engine.tp_rank import capture_sync, load_shard, num_kv_blocks
 from graphpool.model.config import ModelConfig
 from graphpool.model.tp_group import SINGLE
-from graphpool.pool import PoolStats
+from graphpool.pool import FallbackReason, PoolStats
 from graphpool.pool.capture import Capturer
 
 if TYPE_CHECKING:
@@ -116,7 +116,7 @@ class LLMEngine:
             log.warning("microbatch overlap with one rank: no all-reduce to overlap, each decode step only runs as "
                         "two microbatches (for tests and comparisons; it pays, if at all, with --tensor-parallel-size > 1)")
         log.info("engine ready: %s on %s (%s), %d KV blocks of %d tokens, graphs %s", self.model_name,
-                 self.device, self.dtype, num_blocks - 1, bs, "on" if self.runner.graphs_enabled else "off")
+                 self.device, self.dtype, num_blocks - 1, bs, "on" if self.graphs_off is None else "off")
 
     # requests -----------------------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams) -> None:
@@ -262,8 +262,13 @@ class LLMEngine:
     def prefix_cache_stats(self) -> PrefixCacheStats:
         return self.block_manager.pool.stats()
 
+    @property
+    def graphs_off(self) -> FallbackReason | None:
+        """Why no decode step replays a graph here (no CUDA device, disable_cudagraph), or None: graphs on."""
+        return self.runner.pool.graphs_off
+
     def graph_stats(self) -> PoolStats | None:
-        return self.runner.pool.stats() if self.runner.graphs_enabled else None
+        return self.runner.pool.stats() if self.graphs_off is None else None
 
     def graph_stats_by_rank(self) -> list[PoolStats | None]:
         """Every tensor-parallel rank's pool stats, rank 0 first (in lockstep they differ only in capture

@@ -191,5 +191,5 @@ class _Announcer:
         self.leader.send(prefill_message(chunks, self.block_manager))
 
     def decode(self, last_tokens: list[int] | None, lens: list[int], slots: list[int], rows: np.ndarray,
-               decision: Decision | None) -> None:
+               decision: Decision) -> None:
         self.leader.send(("decode", last_tokens, lens, slots, rows, decision))

@@ -75,6 +75,8 @@ def run_serve(args: argparse.Namespace) -> int:
 
 def describe_startup(engine: Any, config: Any, load_seconds: float) -> list[str]:
     """What the start-up log says: model, device, KV cache and what the graph pool captured and holds."""
+    from graphpool.pool import FallbackReason
+
     stats = engine.stats()
     lines = [
         f"model {engine.model_name} on {config.torch_device} ({str(config.torch_dtype).removeprefix('torch.')}), "
@@ -85,8 +87,8 @@ def describe_startup(engine: Any, config: Any, load_seconds: float) -> list[str]
         f"({stats.num_kv_blocks * config.block_size} token slots), {stats.num_free_kv_blocks} free",
     ]
     graphs = engine.graph_stats()
-    if graphs is None or not config.graphs_enabled:
-        why = "--disable-cudagraph" if config.disable_cudagraph else f"device {config.torch_device}"
+    if engine.graphs_off is not None or graphs is None:
+        why = f"device {config.torch_device}" if engine.graphs_off is FallbackReason.NO_CUDA else "--disable-cudagraph"
         lines.append(f"CUDA graphs: off ({why}); decode steps run eagerly")
         return lines
     budget = config.graph_memory_budget
