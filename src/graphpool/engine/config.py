@@ -104,8 +104,8 @@ class EngineConfig:
     # budget: running streams get a token in the steps that prefill (ITL p99 6.1 -> 4.4 ms in that run).
     # None -> on where decode graphs run (the prompt rows ride in them), off on the CPU and without graphs
     enable_mixed_steps: bool | None = None
-    # launch the next decode step before the host has this one's tokens (engine/overlap.py; H200, 1B bs 1: the
-    # engine's whole step 1.49x -> 1.04x the graph replay, docs/benchmarks.md). Opt-in until the GPU suite ran with it on.
+    # launch the next decode step before the host has this one's tokens (engine/async_scheduling.py; what it
+    # buys: docs/benchmarks.md). Opt-in until the GPU suite ran with it on.
     async_scheduling: bool = False
     # decode steps as two microbatches in one graph, layers interleaved so one's all-reduce overlaps the
     # other's compute (the seed's overlap mode; for tensor parallel). Graph sizes are then per microbatch.
