@@ -45,7 +45,7 @@ CONFIG_LABELS = {
     "i": "graphpool + async scheduling",
     "j": "graphpool + microbatch overlap",
 }
-# the prefill of the seed and of graphpool before session 17: every prefill step eager, decodes wait for it
+# the seed's prefill (graphpool's before graph prefill and mixed steps): each prefill step eager
 _EAGER_PREFILL = ("--graph-prefill-max-tokens", "0", "--no-enable-mixed-steps")
 
 
@@ -283,7 +283,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="letters: (a) no graphs, (b) capture every ladder size at start-up, (c) the seed: LRU 16, "
                         "capture on miss, shared mempool, no warm-up, (d) graphpool default, (e) graphpool with "
                         "--graph-memory-budget, (f) graphpool default without the start-up warm-up (lazy capture), (g) "
-                        "eager prefill steps and no mixed steps (the default before session 17), (h) no mixed steps, "
+                        "eager prefill steps and no mixed steps (the earlier default), (h) no mixed steps, "
                         "(i) + --async-scheduling, (j) + --enable-microbatch-overlap (with "
                         "--server-arg=--tensor-parallel-size=2)")
     p.add_argument("--budget", default="256MiB", help="--graph-memory-budget of configuration (e)")

@@ -97,7 +97,7 @@ class EngineConfig:
     # with no warm-up) for ~0.3 s of start-up capture (capture-all: 0.8-1.3 s); docs/benchmarks.md.
     graph_warmup: str | tuple[int, ...] = "cover"  # "none" | "cover" | "all" | batch sizes
     # prefill steps of at most this many tokens replay a resident decode graph, one row a token (0: off);
-    # None -> min(256, graph_max_batch_size). NOTE: on by default since the H200 serving run of session 17 cut
+    # None -> min(256, graph_max_batch_size). NOTE: on by default since an H200 serving run showed it cut
     # the default model's prefill step from ~31 ms to ~2 ms (docs/benchmarks.md "The serving tail").
     graph_prefill_max_tokens: int | None = None
     # decode steps take prompt chunks into their leftover rows, up to graph_max_batch_size rows and the token
