@@ -77,9 +77,9 @@ def test_outputs_equal_the_synchronous_engine(loaded, workload) -> None:  # noqa
     assert got == want
     reasons = {r for _, _, r in want.values()}
     assert {"length", "stop"} <= reasons  # the mix met both kinds of end
-    assert engine._overlap is not None and engine._overlap.chained_steps > 5
+    assert engine._async is not None and engine._async.chained_steps > 5
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_usable_blocks
-    assert not engine.has_unfinished_requests() and engine._overlap.inflight is None
+    assert not engine.has_unfinished_requests() and engine._async.inflight is None
 
 
 def test_an_abort_and_max_model_len_mid_flight(loaded, workload) -> None:  # noqa: F811
@@ -116,8 +116,9 @@ def test_chains_while_requests_wait_that_cannot_be_admitted(loaded, workload) ->
     full = {"max_num_seqs": 3}  # 8 requests: most of the run has a queue the scheduler cannot admit from
     want = _drive(_engine(loaded, False, **full), reqs, params)
     engine = _engine(loaded, False, async_scheduling=True, **full)
-    stepper = engine._overlap
-    chain = stepper._chain
+    ahead = engine._async
+    assert ahead is not None
+    chain = ahead.chain
     with_queue = []
 
     def recording_chain(cur):
@@ -127,7 +128,7 @@ def test_chains_while_requests_wait_that_cannot_be_admitted(loaded, workload) ->
             with_queue.append(waiting)
         return nxt
 
-    stepper._chain = recording_chain  # type: ignore[method-assign]
+    ahead.chain = recording_chain  # type: ignore[method-assign]
     assert _drive(engine, reqs, params) == want
     assert with_queue, "no step was chained while requests waited"
 

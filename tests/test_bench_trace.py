@@ -128,20 +128,20 @@ def test_trace_bench_config_max_context_is_the_longest_reachable() -> None:
 def test_every_serving_config_is_a_valid_engine_config() -> None:
     cfg = TraceBenchConfig(device="cpu")
     probe = cfg.engine_config({})
-    ladder = list(probe.pool_config().ladder().sizes)
+    ladder = list(probe.pool_config.ladder().sizes)
     assert len(ladder) == 46
     configs = serving_configs(ladder, 256 << 20)
     assert [c.key for c in configs] == list("abcdefg")
     built = {c.key: cfg.engine_config(c.overrides) for c in configs}
     assert built["a"].disable_cudagraph
     assert built["b"].graph_warmup == tuple(ladder) and built["b"].max_graph_pool_size == 46
-    assert built["c"].graph_warmup == "none" and built["c"].pool_config().miss_policy == "capture"
-    assert built["d"].max_graph_pool_size == 16 and built["d"].pool_config().mempool == "shared"
+    assert built["c"].graph_warmup == "none" and built["c"].pool_config.miss_policy == "capture"
+    assert built["d"].max_graph_pool_size == 16 and built["d"].pool_config.mempool == "shared"
     assert built["d"].graph_warmup == tuple(range(1, 17))  # what the seed's LRU keeps after its warm-up
     cover = built["g"].graph_warmup
     assert isinstance(cover, tuple) and 256 in cover and 1 in cover and len(cover) <= 16
-    assert built["e"].pool_config().miss_policy == "admit" and built["e"].pool_config().mempool == "per_graph"
-    assert built["f"].pool_config().graph_memory_budget == 256 << 20
+    assert built["e"].pool_config.miss_policy == "admit" and built["e"].pool_config.mempool == "per_graph"
+    assert built["f"].pool_config.graph_memory_budget == 256 << 20
     # one fixed KV cache for every configuration (8 GiB of llama3.2-1b KV in 16-token blocks)
     assert len({b.num_kv_blocks for b in built.values()}) == 1
     assert built["a"].num_kv_blocks == (8 << 30) // (2 * 16 * 16 * 8 * 64 * 4)  # fp32 on CPU

@@ -1,4 +1,5 @@
-"""The engine flags every command shares (graphpool.engine.args) and the pool's one-line summary."""
+"""The engine flags every command shares (graphpool.engine.args), the pool's one-line summary and why graphs are
+off."""
 
 from __future__ import annotations
 
@@ -9,8 +10,7 @@ import pytest
 import torch
 
 from graphpool.engine.args import add_engine_args, engine_config_from_args
-from graphpool.engine.pool_summary import describe
-from graphpool.pool import PoolStats
+from graphpool.pool import FallbackReason, PoolStats
 
 FLAGS = ["--device", "cpu", "--max-graph-pool-size", "4", "--graph-memory-budget", "1GiB", "--num-kv-blocks", "32"]
 
@@ -40,21 +40,20 @@ STATS = PoolStats(steps=120, hits=90, padded_hits=20, misses=10, captures=6, evi
 def test_describe_gives_every_counter_and_the_bounds_when_given() -> None:
     line = ("120 decode steps: 90 hits, 20 padded hits, 10 misses, 6 captures (0.46 s), 2 evictions, 4 eager; "
             "4{} graphs resident (3.5 MiB{})")
-    assert describe(STATS) == line.format("", "")
-    assert describe(STATS, 16, 512 << 20) == line.format("/16", " of 512 MiB budget")
-    assert describe(STATS, 16) == line.format("/16", "")
+    assert STATS.describe() == line.format("", "")
+    assert STATS.describe(16, 512 << 20) == line.format("/16", " of 512 MiB budget")
+    assert STATS.describe(16) == line.format("/16", "")
 
 
 def test_generate_summary_line_is_the_pool_description_on_a_gpu() -> None:
     from graphpool.cli import describe_graphs
 
-    config = SimpleNamespace(torch_device=torch.device("cuda", 0), max_graph_pool_size=16,
-                             graph_memory_budget=None)
-    engine = SimpleNamespace(config=config, graph_stats=lambda: STATS)
-    assert describe_graphs(engine) == f"graph pool: {describe(STATS, 16)}"  # type: ignore[arg-type]
-    engine.graph_stats = lambda: None
+    config = SimpleNamespace(max_graph_pool_size=16, graph_memory_budget=None)
+    engine = SimpleNamespace(config=config, graphs_off=None, graph_stats=lambda: STATS)
+    assert describe_graphs(engine) == f"graph pool: {STATS.describe(16)}"  # type: ignore[arg-type]
+    engine.graphs_off, engine.graph_stats = FallbackReason.DISABLED, lambda: None
     assert "off (--disable-cudagraph)" in describe_graphs(engine)  # type: ignore[arg-type]
-    config.torch_device = torch.device("cpu")
+    engine.graphs_off = FallbackReason.NO_CUDA
     assert "need a CUDA GPU" in describe_graphs(engine)  # type: ignore[arg-type]
 
 
@@ -81,3 +80,17 @@ def test_disable_kernels_is_an_engine_flag_checked_once(capsys: pytest.CaptureFi
     assert main(["generate", "--prompt", "x", "--device", "cpu", "--disable-kernels", "pdl,gemv",
                  "--model", "no-such-model"]) == 2
     assert "; kernels off: gemv, pdl" in capsys.readouterr().err
+
+
+def test_graphs_off_is_answered_once_for_the_config_and_the_pool() -> None:
+    """No CUDA wins over --disable-cudagraph; a capturer (the tests' stand-in for CUDA graphs) turns them on."""
+    from graphpool.engine.config import EngineConfig
+    from graphpool.pool import graphs_off
+
+    assert EngineConfig(device="cpu").graphs_off is FallbackReason.NO_CUDA
+    assert EngineConfig(device="cpu", disable_cudagraph=True).graphs_off is FallbackReason.NO_CUDA
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
+    assert graphs_off(True, cuda, has_capturer=False) is None
+    assert graphs_off(False, cuda, has_capturer=False) is FallbackReason.DISABLED
+    assert graphs_off(True, cpu, has_capturer=True) is None
+    assert graphs_off(False, cpu, has_capturer=True) is FallbackReason.DISABLED

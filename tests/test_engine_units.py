@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -13,6 +14,7 @@ from graphpool.engine.sampler import Sampler
 from graphpool.engine.sampling_params import SamplingParams
 from graphpool.engine.scheduler import Scheduler
 from graphpool.engine.sequence import Sequence, Status
+from graphpool.pool import FallbackReason
 
 
 # sampling params ---------------------------------------------------------------------------------------
@@ -84,16 +86,19 @@ def test_engine_config_pool_config_and_defaults() -> None:
     assert c.len_bound == 1024  # clamped to max_model_len
     assert c.graph_memory_budget == 64 * 2**20
     assert c.graph_warmup == (1, 2, 4)
-    assert c.torch_dtype == torch.float32 and not c.graphs_enabled
-    pc = c.pool_config()
+    assert c.torch_dtype == torch.float32 and c.graphs_off is FallbackReason.NO_CUDA
+    pc = c.pool_config
     assert pc.max_graph_pool_size == 4 and pc.graph_memory_budget == 64 * 2**20 and pc.max_len_in_batch == 1024
-    assert not EngineConfig(device="cpu", disable_cudagraph=True).pool_config().enabled
+    assert not EngineConfig(device="cpu", disable_cudagraph=True).pool_config.enabled
+    assert c.pool_config is c.pool_config  # built once
+    wider = dataclasses.replace(c, max_graph_pool_size=8)
+    assert wider.pool_config.max_graph_pool_size == 8 and c.pool_config.max_graph_pool_size == 4
 
 
 
 def test_engine_config_sizes_the_pool_to_the_ladder() -> None:
     full = EngineConfig(device="cpu", graph_warmup="all")
-    assert full.max_graph_pool_size == 46 == len(full.pool_config().ladder().sizes)
+    assert full.max_graph_pool_size == 46 == len(full.pool_config.ladder().sizes)
     small = EngineConfig(device="cpu", graph_warmup="all", graph_max_batch_size=16, graph_split_batch_size=8)
     assert small.max_graph_pool_size == 9  # the whole ladder, whatever the warm-up
     assert EngineConfig(device="cpu").max_graph_pool_size == 46

@@ -85,6 +85,14 @@ def test_bad_settings_raise_clear_errors(cached_load) -> None:
         LLM(model="no-such-model", device="cpu")
 
 
+def test_an_llm_over_a_config_built_once(cached_load) -> None:
+    config = engine_config_from_args(build_parser().parse_args(
+        ["generate", "--prompt", "x", "--device", "cpu", "--max-model-len", str(MAX_MODEL_LEN), "--num-kv-blocks", "16"]))
+    llm = LLM.from_config(config)
+    assert llm.engine.config is config and llm.engine.block_manager.num_usable_blocks == 15
+    assert llm.generate("Hi", SamplingParams(max_tokens=2), use_tqdm=False)[0].token_ids
+
+
 def test_engine_flags_reach_the_config() -> None:
     args = build_parser().parse_args([
         "generate", "--prompt", "x", "--max-graph-pool-size", "4", "--graph-memory-budget", "512MiB",

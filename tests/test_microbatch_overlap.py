@@ -99,7 +99,7 @@ def test_the_config_halves_the_graph_sizes_per_microbatch() -> None:
     on = EngineConfig(device="cpu", enable_microbatch_overlap=True, graph_max_batch_size=64,
                       graph_split_batch_size=16, graph_grow_step_size=8)
     off = dataclasses.replace(on, enable_microbatch_overlap=False)
-    pool_on, pool_off = on.pool_config(), off.pool_config()
+    pool_on, pool_off = on.pool_config, off.pool_config
     assert (pool_on.num_microbatches, pool_off.num_microbatches) == (2, 1)
     assert pool_on.ladder().max_size == 32 and pool_off.ladder().max_size == 64
     assert {2 * s for s in pool_on.ladder().sizes} <= set(range(2, 65, 2))

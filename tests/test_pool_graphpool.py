@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from graphpool.pool import FallbackReason, GraphPool, InputSpec, PoolConfig
+from graphpool.pool import Decision, FallbackReason, GraphPool, InputSpec, PoolConfig, Route
 from graphpool.pool.testing import EagerCapturer
 
 D = 4
@@ -211,6 +211,22 @@ def test_static_fallback_reasons() -> None:
     b = batch(4)
     assert torch.equal(nocuda.run(b)[1], step(b)[1])
     assert nocuda.stats().fallbacks == {FallbackReason.NO_CUDA: 1} and nocuda.stats().eager_steps == 1
+
+
+def test_route_answers_first_with_one_reason() -> None:
+    """The routing every decision starts from: no CUDA, then a length past the bound, then graphs off, then a
+    batch above the ladder; it neither observes nor counts."""
+    pool, _ = make(max_len_in_batch=100)
+    assert pool.route(33, 100) == Route(48) and pool.route(257) == Route(None, FallbackReason.BATCH_TOO_LARGE)
+    assert pool.route(33, 101) == Route(48, FallbackReason.LEN_TOO_LARGE)
+    assert pool.route(257, 101) == Route(None, FallbackReason.LEN_TOO_LARGE)
+    assert pool.stats().steps == 0 and pool.decide(33, 101) == Decision.eager(FallbackReason.LEN_TOO_LARGE, 48)
+    off, _ = make(enabled=False, max_len_in_batch=100)
+    assert off.graphs_off is FallbackReason.DISABLED and off.route(4) == Route(None, FallbackReason.DISABLED)
+    assert off.route(4, 101) == Route(None, FallbackReason.LEN_TOO_LARGE)
+    nocuda = GraphPool(step, SPECS, PoolConfig(enabled=False, max_len_in_batch=100), device="cpu")
+    assert nocuda.graphs_off is FallbackReason.NO_CUDA and nocuda.route(4, 101) == Route(None, FallbackReason.NO_CUDA)
+    assert pool.graphs_off is None
 
 
 def test_admit_padded_hits_and_not_admitted() -> None:

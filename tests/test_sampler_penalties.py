@@ -203,7 +203,7 @@ def _run(engine: LLMEngine, prompts: list[list[int]], params: list[SamplingParam
         graph_steps += bool(engine.last_step and engine.last_step.graph)
     assert engine.sampler.token_counts.capacity == 0 or len(engine.sampler.token_counts._free) == \
         engine.sampler.token_counts.capacity  # every row released  # fmt: skip
-    if engine.runner.graphs_enabled:
+    if engine.graphs_off is None:
         assert graph_steps > 0
     return [out[f"q{i}"] for i in range(len(prompts))]
 

@@ -82,6 +82,7 @@ class FakeEngine:
     gen_total: int = 0
     last_step: Step | None = None
     thread_ids: set[int] = field(default_factory=set)
+    graphs_off: FallbackReason | None = None
 
     def _touch(self) -> None:
         self.thread_ids.add(threading.get_ident())
@@ -242,16 +243,19 @@ def test_describe_startup_says_what_the_pool_captured_and_holds() -> None:
     from graphpool.engine.config import EngineConfig
     from graphpool.server.main import describe_startup
 
-    engine = FakeEngine()
+    engine = FakeEngine(graphs_off=FallbackReason.NO_CUDA)
     cpu = describe_startup(engine, EngineConfig(device="cpu"), 2.5)
     assert "on cpu (float32), loaded in 2.5 s" in cpu[0]
     assert cpu[1].startswith("KV cache: 100 blocks of 16 tokens (1600 token slots)")
     assert cpu[2] == "CUDA graphs: off (device cpu); decode steps run eagerly"
 
     gpu_config = SimpleNamespace(
-        torch_device="cuda:0", torch_dtype="torch.bfloat16", block_size=16, graphs_enabled=True,
+        torch_device="cuda:0", torch_dtype="torch.bfloat16", block_size=16,
         disable_cudagraph=False, graph_memory_budget=256 << 20, max_graph_pool_size=16, graph_warmup=(8,),
     )  # fmt: skip
+    engine.graphs_off = FallbackReason.DISABLED
+    assert describe_startup(engine, gpu_config, 1.0)[2] == "CUDA graphs: off (--disable-cudagraph); decode steps run eagerly"
+    engine.graphs_off = None
     gpu = describe_startup(engine, gpu_config, 1.0)
     assert gpu[2] == (
         "CUDA graphs: warm-up captured 1 graphs in 0.50 s (slowest 0.500 s, 0 failed); resident 1 graphs [8] "

@@ -123,8 +123,22 @@ def test_tensor_parallel_settings_are_checked() -> None:
     for bad in (0, -1, "2", True):
         with pytest.raises(ValueError, match="tensor_parallel_size"):
             EngineConfig(model=MODEL, tensor_parallel_size=bad)  # type: ignore[arg-type]
+    four = EngineConfig(model=MODEL, tensor_parallel_size=4)  # 14 heads: refused where the model loads
     with pytest.raises(ValueError, match="must divide the model's num_heads"):
-        EngineConfig(model=MODEL, tensor_parallel_size=4)  # 14 heads
+        LLMEngine(four)
+    assert not dist.is_initialized()  # refused before any rank started
+
+
+def test_the_commands_say_why_the_model_does_not_shard(capsys: pytest.CaptureFixture[str]) -> None:
+    from graphpool.cli import main
+    from graphpool.server.main import main as serve_main
+
+    flags = ["--model", MODEL, "--device", "cpu", "--tensor-parallel-size", "4"]
+    assert main(["generate", "--prompt", "x", *flags]) == 2
+    assert serve_main(["--port", "0", *flags]) == 2
+    err = capsys.readouterr().err
+    assert "graphpool generate: tensor_parallel_size 4 must divide the model's num_heads (14)" in err
+    assert "graphpool serve: tensor_parallel_size 4 must divide the model's num_heads (14)" in err
     with pytest.raises(ValueError, match="`loaded` cannot be used"):
         LLMEngine(EngineConfig(model=MODEL, tensor_parallel_size=2), loaded=(None, None, None))
     parser = argparse.ArgumentParser()

@@ -8,7 +8,6 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from graphpool.engine.args import add_engine_args, engine_config_from_args
-from graphpool.engine.pool_summary import describe
 
 if TYPE_CHECKING:
     from graphpool.engine.engine import LLMEngine
@@ -16,13 +15,15 @@ if TYPE_CHECKING:
 
 def describe_graphs(engine: LLMEngine) -> str:
     """One line on the graph pool: why it is off, or what it did."""
-    config = engine.config
-    if config.torch_device.type != "cuda":
+    from graphpool.pool import FallbackReason
+
+    if engine.graphs_off is FallbackReason.NO_CUDA:
         return "graph pool: off - CUDA graphs need a CUDA GPU and this run is on the CPU, so decode ran eagerly"
     stats = engine.graph_stats()
     if stats is None:
         return "graph pool: off (--disable-cudagraph), decode ran eagerly"
-    return f"graph pool: {describe(stats, config.max_graph_pool_size, config.graph_memory_budget)}"
+    config = engine.config
+    return f"graph pool: {stats.describe(config.max_graph_pool_size, config.graph_memory_budget)}"
 
 
 # generate -------------------------------------------------------------------------------------------------
@@ -46,6 +47,7 @@ def add_generate_parser(sub: argparse._SubParsersAction) -> None:
 def run_generate(args: argparse.Namespace) -> int:
     from graphpool.engine.llm import LLM
     from graphpool.engine.sampling_params import SamplingParams
+    from graphpool.pool import FallbackReason
 
     try:
         config = engine_config_from_args(args)
@@ -55,14 +57,14 @@ def run_generate(args: argparse.Namespace) -> int:
         print(f"graphpool generate: {exc}", file=sys.stderr)
         return 2
     device = config.torch_device
-    graphs = "on" if config.graphs_enabled else (
-        "OFF (CPU device: CUDA graphs need a GPU; decode runs eagerly)" if device.type != "cuda"
+    graphs = "on" if config.graphs_off is None else (
+        "OFF (CPU device: CUDA graphs need a GPU; decode runs eagerly)" if config.graphs_off is FallbackReason.NO_CUDA
         else "OFF (--disable-cudagraph)")
     kernels = f"; kernels off: {', '.join(config.disabled_kernels)}" if config.disabled_kernels else ""
     print(f"loading {config.model} on {device} ({str(config.torch_dtype).removeprefix('torch.')}); "
           f"CUDA graphs {graphs}{kernels}", file=sys.stderr)
     try:
-        llm = LLM(**{f: getattr(config, f) for f in config.__dataclass_fields__})
+        llm = LLM.from_config(config)
         if args.chat:
             outputs = llm.chat([[{"role": "user", "content": p}] for p in args.prompt], params,
                                use_tqdm=not args.no_progress)

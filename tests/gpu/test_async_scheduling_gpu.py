@@ -27,8 +27,8 @@ def test_float32_greedy_equal_the_synchronous_engine(prompts) -> None:  # noqa: 
     want = run_waves(LLMEngine(EngineConfig(**base), loaded=loaded), prompts, waves, max_tokens=24)
     engine = LLMEngine(EngineConfig(**base, async_scheduling=True), loaded=loaded)
     got = run_waves(engine, prompts, waves, max_tokens=24)
-    report("async_scheduling_gpu fp32 chained decode steps", engine._overlap.chained_steps)
-    assert got == want and engine._overlap.chained_steps > 0
+    report("async_scheduling_gpu fp32 chained decode steps", engine._async.chained_steps)
+    assert got == want and engine._async.chained_steps > 0
 
 
 def test_bfloat16_decode_step_wall_sync_and_async(prompts) -> None:  # noqa: F811

@@ -107,7 +107,7 @@ def test_penalties_under_graph_replay_match_the_reference(dtype: torch.dtype) ->
     config = EngineConfig(model=PRESET, device="cuda", dtype="bfloat16" if dtype == torch.bfloat16 else "float32",
                           max_model_len=max_model_len, num_kv_blocks=512, max_num_seqs=32)  # fmt: skip
     engine = LLMEngine(config, loaded=loaded)
-    assert engine.runner.graphs_enabled
+    assert engine.graphs_off is None
     rows, graph_steps = run_recorded(engine)
     assert graph_steps > 10 and engine.graph_stats().hits > 0  # type: ignore[union-attr]
     checked = moved = 0

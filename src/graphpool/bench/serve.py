@@ -64,7 +64,7 @@ def ladder_size(server_args: Sequence[str]) -> int:
     add_engine_args(parser)
     known, _ = parser.parse_known_args(list(server_args))
     cfg = engine_config_from_args(known, device="cpu")
-    return len(cfg.pool_config().ladder().sizes)
+    return len(cfg.pool_config.ladder().sizes)
 
 
 def serve_configs(ladder_n: int, budget: str) -> dict[str, ServeConfig]:

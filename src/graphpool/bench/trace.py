@@ -94,7 +94,7 @@ def run_trace_bench(cfg: TraceBenchConfig, out_dir: Path, argv: Sequence[str] | 
     env = common.collect_env(argv, device)
     print(env.header_markdown(), flush=True)
     probe = cfg.engine_config({})
-    ladder = list(probe.pool_config().ladder().sizes)
+    ladder = list(probe.pool_config.ladder().sizes)
     configs = [c for c in serving_configs(ladder, cfg.budget_mib * MIB) if c.key in cfg.configs]
     progress(f"trace bench on {env.gpu}: {len(cfg.rates)} loads x {len(configs)} configs x {cfg.duration_s:g} s")
     warm = warm_process(cfg)

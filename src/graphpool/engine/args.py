@@ -17,6 +17,7 @@ _ENGINE_FLAGS: dict[str, str] = {}
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
     """Model, KV cache and graph pool flags, shared by `generate`, `serve` and `bench`."""
+    from graphpool.pool.config import DEFAULT_MAX_GRAPH_POOL_SIZE
 
     def add(flag: str, field: str, **kwargs: Any) -> None:
         _ENGINE_FLAGS[flag] = field
@@ -52,7 +53,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     add("--tensor-parallel-size", "tensor_parallel_size", type=int,
         help="ranks to shard the model over: one process per GPU (NCCL), or CPU processes (gloo) (default 1)")
     group = parser.add_argument_group("CUDA graph pool")
-    add("--max-graph-pool-size", "max_graph_pool_size", type=int, help="most graphs resident at once (default: every ladder size)")
+    add("--max-graph-pool-size", "max_graph_pool_size", type=int, help=f"most graphs resident at once (default "
+        f"{DEFAULT_MAX_GRAPH_POOL_SIZE}; the whole ladder with --graph-warmup all)")
     add("--graph-max-batch-size", "graph_max_batch_size", type=int, help="largest graph batch size (256)")
     add("--graph-split-batch-size", "graph_split_batch_size", type=int,
         help="every batch size up to this one gets its own graph size (32)")

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from functools import cached_property
+from typing import Any
 
 import torch
 
 from graphpool.kernels.switches import check_switches
 from graphpool.model.loader import DEFAULT_MODEL
-
-if TYPE_CHECKING:
-    from graphpool.pool import PoolConfig
+from graphpool.pool import FallbackReason, graphs_off
+from graphpool.pool.buckets import BucketLadder
+from graphpool.pool.config import DEFAULT_MAX_GRAPH_POOL_SIZE, PoolConfig
 
 _DTYPES = {"auto": None, "float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
            "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
@@ -85,9 +86,7 @@ class EngineConfig:
     # ranks (processes, one GPU each: cuda:i .. cuda:i+N-1 from the device's index i; gloo on the CPU)
     tensor_parallel_size: int = 1
     # graph pool settings (LightLLM's names)
-    # NOTE: None -> the whole ladder: in the arena layout every size may stay resident, since a graph holds no
-    # device memory of its own (docs/benchmarks.md, "Graph memory"); the miss policy still decides which
-    # sizes are captured.
+    # NOTE: None -> the pool's default (PoolConfig), or more when graph_warmup asks for more sizes.
     max_graph_pool_size: int | None = None
     graph_max_batch_size: int = 256
     graph_split_batch_size: int = 32
@@ -108,8 +107,8 @@ class EngineConfig:
     # budget: running streams get a token in the steps that prefill (the ITL tail: docs/benchmarks.md).
     # None -> on where decode graphs run (the prompt rows ride in them), off on the CPU and without graphs
     enable_mixed_steps: bool | None = None
-    # launch the next decode step before the host has this one's tokens (engine/overlap.py; the engine's step
-    # then nearly matches the bare graph replay, docs/benchmarks.md). Opt-in until the GPU suite ran with it on.
+    # launch the next decode step before the host has this one's tokens (engine/async_scheduling.py; what it
+    # buys: docs/benchmarks.md). Opt-in until the GPU suite ran with it on.
     async_scheduling: bool = False
     # decode steps as two microbatches in one graph, layers interleaved so one's all-reduce overlaps the
     # other's compute (LightLLM's overlap mode; for tensor parallel). Graph sizes are then per microbatch.
@@ -156,7 +155,7 @@ class EngineConfig:
         elif self.graph_warmup not in WARMUP_MODES:
             raise ValueError(f"graph_warmup must be 'none', 'cover', 'all' or a tuple of sizes, got {self.graph_warmup!r}")
         if self.enable_mixed_steps is None:
-            object.__setattr__(self, "enable_mixed_steps", self.graphs_enabled)
+            object.__setattr__(self, "enable_mixed_steps", self.graphs_off is None)
         for name in ("disable_cudagraph", "profile_steps", "enable_prefix_caching", "record_step_timeline",
                      "enable_mixed_steps", "async_scheduling", "enable_microbatch_overlap"):
             if not isinstance(getattr(self, name), bool):
@@ -168,7 +167,7 @@ class EngineConfig:
         self._check_graph_prefill()
         self._resolve_pool_size()
         # NOTE: the pool's own settings are validated by PoolConfig; build it now so errors surface here.
-        self.pool_config()
+        _ = self.pool_config
 
     def _check_graph_prefill(self) -> None:
         if self.graph_prefill_max_tokens is None:
@@ -182,18 +181,16 @@ class EngineConfig:
                              f"{self.graph_max_batch_size}: a prefill step replays a decode graph, one row a token")
 
     def _check_tensor_parallel(self) -> None:
+        """The settings alone; whether the model's heads shard over the ranks is checked where it is loaded
+        (engine/tp_leader.py)."""
         n = self.tensor_parallel_size
         _check_positive_int("tensor_parallel_size", n)
         if n == 1:
             return
         import torch.distributed as dist
 
-        from graphpool.model.loader import model_config
-        from graphpool.model.parallel import check_shardable
-
         if not dist.is_available():
             raise ValueError("tensor_parallel_size > 1 needs torch.distributed, which this torch build lacks")
-        check_shardable(model_config(self.model), n)
         dev = self.torch_device
         if dev.type == "cuda" and (dev.index or 0) + n > torch.cuda.device_count():
             raise ValueError(f"tensor_parallel_size {n} from {dev} needs GPUs {dev.index}..{(dev.index or 0) + n - 1}, "
@@ -206,15 +203,13 @@ class EngineConfig:
 
     def _resolve_pool_size(self) -> None:
         """Sizes the pool for what warm-up asks, or refuses a warm-up the pool would evict while serving."""
-        from graphpool.pool import PoolConfig
-
-        ladder = PoolConfig(**self._ladder_kwargs()).ladder()
+        ladder = BucketLadder.build(**self._ladder_kwargs())
         wanted = len(ladder.sizes) if self.graph_warmup == "all" else None
         if isinstance(self.graph_warmup, tuple):
             wanted = len({ladder.find_closest(s) or s for s in self.graph_warmup})
         size = self.max_graph_pool_size
         if size is None:
-            object.__setattr__(self, "max_graph_pool_size", len(ladder.sizes))
+            object.__setattr__(self, "max_graph_pool_size", max(DEFAULT_MAX_GRAPH_POOL_SIZE, wanted or 0))
             return
         _check_positive_int("max_graph_pool_size", size)
         if wanted is not None and wanted > size:
@@ -260,8 +255,10 @@ class EngineConfig:
         return min(self.graph_max_batch_size, self.token_budget) if self.enable_mixed_steps else 0
 
     @property
-    def graphs_enabled(self) -> bool:
-        return not self.disable_cudagraph and self.torch_device.type == "cuda"
+    def graphs_off(self) -> FallbackReason | None:
+        """Why decode steps will never replay a CUDA graph (the pool's `graphs_off`: no CUDA device,
+        disable_cudagraph), or None: graphs on. `LLMEngine.graphs_off` is the loaded engine's answer."""
+        return graphs_off(not self.disable_cudagraph, self.torch_device, has_capturer=False)
 
     @property
     def num_microbatches(self) -> int:
@@ -275,9 +272,9 @@ class EngineConfig:
                     split_batch_size=-(-self.graph_split_batch_size // n),
                     grow_step=max(1, self.graph_grow_step_size // n))
 
+    @cached_property
     def pool_config(self) -> PoolConfig:
-        from graphpool.pool import PoolConfig
-
+        """The graph pool's settings, built (and validated) once, by __post_init__."""
         kwargs: dict[str, Any] = dict(
             enabled=not self.disable_cudagraph,
             max_graph_pool_size=self.max_graph_pool_size,

@@ -79,10 +79,11 @@ def decode_step_microbatches(
 
 def run_decode(pool: GraphPool, model: torch.nn.Module, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
                inputs: Mapping[str, torch.Tensor], num_microbatches: int, *, eager_bound: int, max_len: int,
-               decision: Decision | None) -> tuple[torch.Tensor, torch.Tensor, bool]:
-    """A decode step's inputs -> (logits, their row argmaxes, whether a graph replayed): through the pool (its
-    decision, or one made now), or eagerly with `eager_bound` when that is set (a context past the graphs'
-    bound). With two microbatches the rows are split in halves, the first the larger (the pool's batch size)."""
+               decision: Decision) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """A decode step's inputs -> (logits, their row argmaxes, whether a graph replayed): through the pool with
+    its `decision`, or eagerly outside it with `eager_bound` when that is set (the decision's routing: no CUDA,
+    or a context past the graphs' bound). With two microbatches the rows are split in halves, the first the
+    larger (the pool's batch size)."""
     if num_microbatches == 1:
         if eager_bound:
             return *decode_step(model, kv_caches, inputs, max_len_bound=eager_bound), False

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from graphpool.engine.async_scheduling import AsyncDecode
 from graphpool.engine.config import EngineConfig
 from graphpool.engine.kv_cache import BlockManager
 from graphpool.engine.outputs import (
@@ -18,7 +19,6 @@ from graphpool.engine.outputs import (
     find_stop_string,
     make_output,
 )
-from graphpool.engine.overlap import OverlapStepper
 from graphpool.engine.prefix_cache import PrefixCacheStats
 from graphpool.engine.runner import ModelRunner
 from graphpool.engine.sampler import Sampler
@@ -29,7 +29,7 @@ from graphpool.engine.timeline import StepClock, StepTimeline
 from graphpool.engine.tp_rank import capture_sync, load_shard, num_kv_blocks
 from graphpool.model.config import ModelConfig
 from graphpool.model.tp_group import SINGLE
-from graphpool.pool import PoolStats
+from graphpool.pool import FallbackReason, PoolStats
 from graphpool.pool.capture import Capturer
 
 if TYPE_CHECKING:
@@ -109,7 +109,10 @@ class LLMEngine:
         self.generation_tokens_total = 0
         self.last_step: StepInfo | None = None
         self.timeline = StepTimeline(self.device) if config.record_step_timeline else None
-        self._overlap = OverlapStepper(self) if config.async_scheduling else None
+        self._async: AsyncDecode | None = None
+        if config.async_scheduling:
+            self._async = AsyncDecode(self.scheduler, self.block_manager, self.runner, self.sampler, self.timeline,
+                                      self.device)
         self.runner.warmup(config.graph_warmup)
         if self._tp is not None:
             self._tp.wait_for("ready")
@@ -117,7 +120,7 @@ class LLMEngine:
             log.warning("microbatch overlap with one rank: no all-reduce to overlap, each decode step only runs as "
                         "two microbatches (for tests and comparisons; it pays, if at all, with --tensor-parallel-size > 1)")
         log.info("engine ready: %s on %s (%s), %d KV blocks of %d tokens, graphs %s", self.model_name,
-                 self.device, self.dtype, num_blocks - 1, bs, "on" if self.runner.graphs_enabled else "off")
+                 self.device, self.dtype, num_blocks - 1, bs, "on" if self.graphs_off is None else "off")
 
     # requests -----------------------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams) -> None:
@@ -180,12 +183,33 @@ class LLMEngine:
     # stepping -----------------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """One scheduler iteration; its outputs. With async scheduling, the outputs of the decode step launched
-        in the previous call (or in this one) while the next one is already running (engine/overlap.py)."""
-        if self._overlap is not None:
-            return self._overlap.step()
-        return self._step_now(self.scheduler.schedule())
+        in the previous call (or in this one) while the next one is already running."""
+        return self._step_async() if self._async is not None else self._step_sync()
 
-    def _step_now(self, batch: ScheduledBatch | None) -> list[RequestOutput]:
+    def _step_sync(self) -> list[RequestOutput]:
+        return self._run(self.scheduler.schedule())
+
+    def _step_async(self) -> list[RequestOutput]:
+        """Async scheduling (engine/async_scheduling.py): launch the decode step after the one in flight (or
+        after one launched now) on its device tokens, then process the first one's tokens while it runs."""
+        ahead = self._async
+        assert ahead is not None
+        cur = ahead.inflight
+        if cur is None:
+            batch = self.scheduler.schedule()
+            if batch is None or batch.is_prefill or batch.chunks:
+                return self._run(batch)
+            cur = ahead.launch(batch)
+        ahead.inflight = ahead.chain(cur)
+        outputs = []
+        for seq, token, written in ahead.collect(cur):
+            self.block_manager.commit(seq, written)
+            outputs.append(self._append(seq, token, placeholder=cur.chained))
+        self.last_step = cur.clock.close("decode", len(cur.seqs), len(cur.seqs), cur.graph)
+        ahead.settle()
+        return outputs
+
+    def _run(self, batch: ScheduledBatch | None) -> list[RequestOutput]:
         """Run a scheduled batch to its outputs: the forward, then the one host sync for its tokens."""
         if batch is None:
             self.last_step = None
@@ -263,8 +287,13 @@ class LLMEngine:
     def prefix_cache_stats(self) -> PrefixCacheStats:
         return self.block_manager.pool.stats()
 
+    @property
+    def graphs_off(self) -> FallbackReason | None:
+        """Why no decode step replays a graph here (no CUDA device, disable_cudagraph), or None: graphs on."""
+        return self.runner.pool.graphs_off
+
     def graph_stats(self) -> PoolStats | None:
-        return self.runner.pool.stats() if self.runner.graphs_enabled else None
+        return self.runner.pool.stats() if self.graphs_off is None else None
 
     def graph_stats_by_rank(self) -> list[PoolStats | None]:
         """Every tensor-parallel rank's pool stats, rank 0 first (in lockstep they differ only in capture
@@ -289,5 +318,5 @@ class LLMEngine:
             prefix_cache_queries_tokens_total=prefix.queries_tokens,
             prefix_cache_hits_tokens_total=prefix.hits_tokens,
             prefix_cache_blocks=prefix.cached_blocks,
-            async_chained_steps_total=self._overlap.chained_steps if self._overlap is not None else 0,
+            async_chained_steps_total=self._async.chained_steps if self._async is not None else 0,
         )

@@ -28,8 +28,9 @@ class LLM:
     """Load a model once, then generate for batches of prompts (continuous batching inside).
 
     Keyword arguments are EngineConfig fields (max_graph_pool_size, graph_max_batch_size, graph_memory_budget,
-    disable_cudagraph, max_model_len, num_kv_blocks, tensor_parallel_size, ...). With tensor_parallel_size > 1
-    use it as a context manager (or call `close()`) so that the other ranks' processes stop.
+    disable_cudagraph, max_model_len, num_kv_blocks, tensor_parallel_size, ...); `LLM.from_config` takes an
+    EngineConfig built elsewhere (the command line's). With tensor_parallel_size > 1 use it as a context
+    manager (or call `close()`) so that the other ranks' processes stop.
     """
 
     def __init__(self, model: str = DEFAULT_MODEL, **kwargs: Any) -> None:
@@ -39,6 +40,11 @@ class LLM:
             raise ValueError(f"unknown LLM settings {unknown}; accepted: {sorted(f for f in fields if f != 'model')}")
         self.engine = LLMEngine(EngineConfig(model=model, **kwargs))
         self._counter = 0
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> LLM:
+        """Load the model of a validated EngineConfig (as built once from the command line's flags)."""
+        return cls.from_engine(LLMEngine(config))
 
     @classmethod
     def from_engine(cls, engine: LLMEngine) -> LLM:

@@ -23,9 +23,13 @@ from graphpool.engine.sequence import Sequence
 from graphpool.engine.tp_messages import StepAnnouncer
 from graphpool.engine.warmup import prefill_warmup_lengths, warm_eager_prefill
 from graphpool.model.attn_metadata import AttentionMetadata
-from graphpool.pool import GraphPool
+from graphpool.pool import FallbackReason, GraphPool
 from graphpool.pool.capture import Capturer
 from graphpool.pool.lockstep import CaptureSync, Decision
+
+# NOTE: the pool's reasons for a step it cannot run (its step bakes in the graph bound): such a step runs
+# eagerly here, with a bound of its own (`ModelRunner._eager_bound`)
+_OUTSIDE_THE_POOL = (FallbackReason.NO_CUDA, FallbackReason.LEN_TOO_LARGE)
 
 
 def _pow2_bound(n: int) -> int:
@@ -71,12 +75,6 @@ class ModelRunner:
         self.block_size = config.block_size
         self.len_bound = config.len_bound
         self.max_blocks = -(-self.len_bound // self.block_size)
-        # NOTE: a capturer stands in for CUDA graphs (tests run the graph path on the CPU with one)
-        self.graphs_enabled = not config.disable_cudagraph and (self.device.type == "cuda" or capturer is not None)
-        # NOTE: with neither CUDA nor a test capturer no graph can ever replay and no Triton kernel is
-        # compiled, so nothing needs the fixed bound below: the torch attention costs rows x bound, and
-        # 16 rows over max_model_len=2048 took 1.2-1.6 s a step. There the bound follows the batch.
-        self.bound_follows_batch = self.device.type != "cuda" and capturer is None
         # NOTE: every step the pool serves (replayed or eager) bakes in the one bound len_bound: the decode
         # kernel's launch constants follow the bound, so a per-step bound made Triton JIT-compile new variants
         # while serving, and one bound keeps eager rows bitwise equal to replayed ones. Splits past a row's
@@ -87,11 +85,16 @@ class ModelRunner:
         forward = decode_step if self.num_microbatches == 1 else decode_step_microbatches
         self.pool = GraphPool(
             functools.partial(forward, model, kv_caches, max_len_bound=self.len_bound),
-            decode_input_specs(self.max_blocks), config.pool_config(), device=self.device, capturer=capturer,
+            decode_input_specs(self.max_blocks), config.pool_config, device=self.device, capturer=capturer,
             capture_sync=capture_sync,
         )
         self.announce: StepAnnouncer | None = None  # set on rank 0 under tensor parallel
-        self.graph_prefill_max_tokens = config.graph_prefill_max_tokens if self.graphs_enabled else 0
+        # NOTE: with neither CUDA nor a test capturer (standing in for CUDA graphs) no graph can ever replay and
+        # no Triton kernel is compiled, so nothing needs the fixed bound: the torch attention costs rows x
+        # bound, and 16 rows over max_model_len=2048 took 1.2-1.6 s a step. There every decode step runs
+        # outside the pool and its bound follows the batch.
+        self.bound_follows_batch = self.pool.graphs_off is FallbackReason.NO_CUDA
+        self.graph_prefill_max_tokens = config.graph_prefill_max_tokens if self.pool.graphs_off is None else 0
         self.prefill_warmup = prefill_warmup_lengths(self.graph_prefill_max_tokens, config.token_budget,
                                                      config.max_model_len) if self.device.type == "cuda" else ()
         self.last_prefill_replayed = False  # whether the latest prefill replayed a decode graph
@@ -169,7 +172,7 @@ class ModelRunner:
         bm = self.block_manager
         ids, positions, slots, owner = self._token_rows(chunks)
         max_ctx = max(c.end for c in chunks)
-        bound = _block_bound(max_ctx, self.block_size) if self.bound_follows_batch else _pow2_bound(max_ctx)
+        bound = self._eager_bound(max_ctx)
         width = max(self.max_blocks, -(-bound // self.block_size))
         table_rows = np.stack([bm.row(c.seq.request_id) for c in chunks])
         if table_rows.shape[1] < width:
@@ -262,6 +265,11 @@ class ModelRunner:
         return self.decode_rows([seq.last_token for seq in seqs], [seq.num_tokens for seq in seqs], slots, rows,
                                 input_ids=input_ids)
 
+    def _eager_bound(self, max_len: int) -> int:
+        """The attention length bound of a step that runs outside the pool: the whole blocks of its longest
+        context where the bound follows the batch, else that context rounded up to a power of two."""
+        return _block_bound(max_len, self.block_size) if self.bound_follows_batch else _pow2_bound(max_len)
+
     @torch.inference_mode()
     def decode_rows(self, last_tokens: list[int] | None, lens: list[int], slots: list[int], rows: np.ndarray,
                     decision: Decision | None = None,
@@ -271,21 +279,16 @@ class ModelRunner:
         `decision` (None: decide here). `input_ids` (rank 0, async scheduling): the input tokens are on the
         device; the other ranks get `last_tokens=None` and receive them by a broadcast from rank 0."""
         max_len = max(lens)
-        # NOTE: contexts beyond the graph bound could never replay a graph: they skip the pool, with a wider
-        # block table and a bound rounded up to a power of two (few kernel variants). Without graphs and
-        # Triton (bound_follows_batch) every step skips it, with the table and bound of its longest context.
-        eager_bound = 0
-        if self.bound_follows_batch:
-            eager_bound = _block_bound(max_len, self.block_size)
-        elif max_len > self.len_bound:
-            eager_bound = _pow2_bound(max_len)
-        width = eager_bound // self.block_size if self.bound_follows_batch else max(
-            self.max_blocks, -(-max_len // self.block_size))
-        rows = rows[:, :width]
         with self.pool.lock:
+            # NOTE: the pool's one decision routes the step: a context past the graph bound (or no CUDA, where
+            # the bound follows the batch) runs outside the pool, with a block table as wide as that bound
+            if decision is None:
+                decision = self.pool.decide(self._graph_rows(len(lens)), max_len)
+            eager_bound = self._eager_bound(max_len) if decision.reason in _OUTSIDE_THE_POOL else 0
+            width = eager_bound // self.block_size if self.bound_follows_batch else max(
+                self.max_blocks, -(-max_len // self.block_size))
+            rows = rows[:, :width]
             if self.announce is not None:  # NOTE: tensor parallel: rank 0 decides and sends the decision along
-                if not eager_bound and decision is None:
-                    decision = self.pool.decide(self._graph_rows(len(lens)), max_len)
                 self.announce.decode(None if input_ids is not None else last_tokens, lens, slots, rows, decision)
             if last_tokens is not None and input_ids is None:
                 ids_t, pos_t, slots_t = self._ints_to_device(last_tokens, [n - 1 for n in lens], slots)
@@ -307,7 +310,7 @@ class ModelRunner:
     def warmup(self, sizes: str | tuple[int, ...]) -> None:
         """The eager prefill path (CUDA; engine/warmup.py), then the graphs `sizes` asks for."""
         warm_eager_prefill(self.model, self.kv_caches, self.prefill_warmup)
-        if not self.graphs_enabled or sizes == "none":
+        if self.pool.graphs_off is not None or sizes == "none":
             return
         with torch.inference_mode():
             if sizes == "cover":

@@ -30,6 +30,8 @@ from graphpool.engine.scheduler import PrefillChunk
 from graphpool.engine.tp_messages import prefill_message
 from graphpool.engine.tp_rank import join_group
 from graphpool.engine.tp_worker import worker_main
+from graphpool.model.loader import model_config
+from graphpool.model.parallel import check_shardable
 from graphpool.pool import PoolStats
 from graphpool.pool.capture import Capturer
 from graphpool.pool.lockstep import Decision
@@ -70,12 +72,14 @@ def _stop(procs: list[Any], conns: list[Connection]) -> None:
 
 
 class TPLeader:
-    """Starts ranks 1..N-1 of `config` and joins their process group as rank 0 (`self.tp`).
+    """Starts ranks 1..N-1 of `config` and joins their process group as rank 0 (`self.tp`); first, a
+    ValueError unless the model's heads and MLP width divide over the N ranks.
 
     `capturer` (tests: `graphpool.pool.testing.EagerCapturer`) is pickled to every rank."""
 
     def __init__(self, config: EngineConfig, capturer: Capturer | None = None) -> None:
         self.world_size = config.tensor_parallel_size
+        check_shardable(model_config(config.model), self.world_size)  # NOTE: reads the model's config file only
         init_method = f"tcp://127.0.0.1:{_free_port()}"
         ctx = mp.get_context("spawn")
         self._procs: list[Any] = []
@@ -187,5 +191,5 @@ class _Announcer:
         self.leader.send(prefill_message(chunks, self.block_manager))
 
     def decode(self, last_tokens: list[int] | None, lens: list[int], slots: list[int], rows: np.ndarray,
-               decision: Decision | None) -> None:
+               decision: Decision) -> None:
         self.leader.send(("decode", last_tokens, lens, slots, rows, decision))

@@ -5,8 +5,8 @@ A step is a tuple whose first item names it:
   the other ranks run `ModelRunner.prefill` on them through a `BlockTableView`, so that every rank builds the
   very same model inputs with the very same code;
 - `("decode", last_tokens, lens, slots, rows, decision)`: `ModelRunner.decode_rows`' arguments, the graph
-  pool's `Decision` included (None: the step is past the graph bound and runs eagerly); `last_tokens` None:
-  the input tokens are still on rank 0's device (async scheduling) and come by a broadcast from it;
+  pool's `Decision` included (it also sends a step past the graph bound outside the pool); `last_tokens`
+  None: the input tokens are still on rank 0's device (async scheduling) and come by a broadcast from it;
 - `("stats",)`: reply with the rank's `PoolStats` (between steps); `("stop",)`: leave the group and exit.
 A rank replies `("loaded", None)` once its shard is loaded, `("ready", None)` after the graph warm-up, and
 `("error", traceback text)` when it fails.
@@ -32,7 +32,7 @@ class StepAnnouncer(Protocol):
     def prefill(self, chunks: list[PrefillChunk]) -> None: ...
 
     def decode(self, last_tokens: list[int] | None, lens: list[int], slots: list[int], rows: np.ndarray,
-               decision: Decision | None) -> None: ...
+               decision: Decision) -> None: ...
 
 
 @dataclass(frozen=True)

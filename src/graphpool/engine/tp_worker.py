@@ -70,7 +70,7 @@ def _serve(rank: int, config: EngineConfig, init_method: str, conn: Connection,
             elif kind == "decode":
                 runner.decode_rows(*message[1:])
             elif kind == "stats":
-                conn.send(("stats", runner.pool.stats() if runner.graphs_enabled else None))
+                conn.send(("stats", runner.pool.stats() if runner.pool.graphs_off is None else None))
             elif kind == "stop":
                 return
             else:

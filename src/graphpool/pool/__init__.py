@@ -10,7 +10,7 @@ from graphpool.pool.failures import CaptureError, CaptureFailureKind
 from graphpool.pool.inputs import InputSpec
 from graphpool.pool.lockstep import CaptureSync, Decision
 from graphpool.pool.policy import CAPTURE, AdmitFrequent, CaptureOnMiss, Choice, ResidencyBook, make_policy
-from graphpool.pool.pool import GraphPool
+from graphpool.pool.pool import GraphPool, Route, graphs_off
 from graphpool.pool.stats import FallbackReason, PoolStats
 
 __all__ = [
@@ -34,5 +34,7 @@ __all__ = [
     "PoolConfig",
     "PoolStats",
     "ResidencyBook",
+    "Route",
+    "graphs_off",
     "make_policy",
 ]

@@ -16,6 +16,7 @@ DEFAULT_MEMPOOL: MempoolLayout = "arena"
 
 # NOTE: the one line that picks the default miss policy (the serving-trace benchmark decides it).
 DEFAULT_MISS_POLICY: MissPolicyName = "admit"
+DEFAULT_MAX_GRAPH_POOL_SIZE = 16  # LightLLM's bound on resident graphs
 
 
 @dataclass(frozen=True)
@@ -30,7 +31,7 @@ class PoolConfig:
     split_batch_size: int = 32
     grow_step: int = 16
     batch_sizes: tuple[int, ...] | None = None
-    max_graph_pool_size: int = 16
+    max_graph_pool_size: int = DEFAULT_MAX_GRAPH_POOL_SIZE
     graph_memory_budget: int | None = None  # bytes of device memory for all resident graphs and their arena
     max_len_in_batch: int = 8192  # graphs only for steps whose max_len_in_batch is <= this
     pinned: tuple[int, ...] = ()  # ladder sizes never evicted by the LRU or the budget

@@ -6,6 +6,7 @@ import logging
 import threading
 import traceback
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -20,7 +21,7 @@ from graphpool.pool.stats import FallbackReason, PoolStats, StatsCounters
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Decision", "GraphPool", "InputSpec"]
+__all__ = ["Decision", "GraphPool", "InputSpec", "Route", "graphs_off"]
 
 Progress = Callable[[int, int, int], None]  # (done, total, size)
 
@@ -37,6 +38,23 @@ class _EvictionLog:
             logger.info("graph pool: evicted bs=%d (%s, %.1f MiB)", size, why, nbytes / 2**20)
         elif self.count % self.every == 0:
             logger.info("graph pool: %d evictions so far (latest bs=%d, %s)", self.count, size, why)
+
+
+def graphs_off(enabled: bool, device: torch.device, has_capturer: bool) -> FallbackReason | None:
+    """Why no step can ever replay a graph, or None (graphs on): no CUDA device (and no capturer standing in
+    for CUDA graphs) first, then graphs disabled (``PoolConfig.enabled``)."""
+    if device.type != "cuda" and not has_capturer:
+        return FallbackReason.NO_CUDA
+    return None if enabled else FallbackReason.DISABLED
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where a step of one shape goes before residency and the miss policy are asked: ``bucket``, the ladder
+    size whose graph (or a larger resident one) may serve it, unless ``reason`` says why it runs eagerly."""
+
+    bucket: int | None
+    reason: FallbackReason | None = None
 
 
 def _slice(out: Any, rows: int, clone: bool) -> Any:
@@ -87,25 +105,21 @@ class GraphPool:
         self._closed = False
         # Whether the latest run() replayed a graph: cheap to read for a single caller thread (the engine).
         self.last_replayed = False
-        self._off: FallbackReason | None = None
-        if not config.enabled:
-            self._off = FallbackReason.DISABLED
-        elif capturer is None and self.device.type != "cuda":
-            self._off = FallbackReason.NO_CUDA
+        self._off = graphs_off(config.enabled, self.device, capturer is not None)
         self._capturer: Capturer | None = None
         if self._off is None:
             self._capturer = capturer if capturer is not None else CudaGraphCapturer(self.device, config.mempool)
             self._inputs.allocate(self.ladder.max_size)
 
     # ---- queries -------------------------------------------------------------------------------------
+    @property
+    def graphs_off(self) -> FallbackReason | None:
+        """Why this pool never replays a graph (``graphs_off``: no CUDA, disabled), or None."""
+        return self._off
+
     def can_run(self, batch_size: int, max_len_in_batch: int = 0) -> bool:
         """Whether a step of this (per-microbatch) batch size and length may use a graph at all."""
-        return (
-            not self._closed
-            and self._off is None
-            and 1 <= batch_size <= self.ladder.max_size
-            and max_len_in_batch <= self.config.max_len_in_batch
-        )
+        return not self._closed and batch_size >= 1 and self.route(batch_size, max_len_in_batch).reason is None
 
     def resident_sizes(self) -> tuple[int, ...]:
         """Resident graph sizes, least recently used first."""
@@ -135,10 +149,9 @@ class GraphPool:
         or None; never a capture, and the policy does not observe it. For callers that borrow the resident
         graphs for other steps of the same shape (the engine's small prefills run as decode rows)."""
         with self.lock:
-            if self._off is not None or max_len_in_batch > self.config.max_len_in_batch:
-                return None
-            bucket = self.ladder.find_closest(batch_size)
-            if bucket is None:
+            route = self.route(batch_size, max_len_in_batch)
+            bucket = route.bucket
+            if route.reason is not None or bucket is None:
                 return None
             if bucket in self._graphs:
                 return Decision("hit", bucket, bucket)
@@ -164,7 +177,7 @@ class GraphPool:
                 self._capturer.drain()
             if decision is None:
                 decision = self._graph_for(max(rows), max_len_in_batch)
-            elif decision.bucket != (None if self._off is not None else self.ladder.find_closest(max(rows))):
+            elif decision.bucket != self.route(max(rows)).bucket:
                 raise ValueError(f"a decision for bucket {decision.bucket} applied to a batch of {max(rows)} rows")
             self._counters.steps += 1
             got = self._apply(decision, mbs, rows)
@@ -180,16 +193,28 @@ class GraphPool:
             self.last_replayed = False
         return self.step(*mbs)
 
+    def route(self, batch_size: int, max_len_in_batch: int = 0) -> Route:
+        """The routing of a step of this (per-microbatch) batch size and length, asked by ``_graph_for`` (so by
+        ``decide`` and ``run``) and by callers that run some eager steps themselves. The reason is the first of:
+        no CUDA; a context past ``max_len_in_batch`` (a caller whose step bakes that bound in runs such a step
+        itself, with a wider one); graphs disabled; a batch above the ladder. Reads only the configuration."""
+        if self._off is FallbackReason.NO_CUDA:
+            return Route(None, self._off)
+        bucket = None if self._off is not None else self.ladder.find_closest(batch_size)
+        if max_len_in_batch > self.config.max_len_in_batch:
+            return Route(bucket, FallbackReason.LEN_TOO_LARGE)
+        if self._off is not None:
+            return Route(None, self._off)
+        return Route(None, FallbackReason.BATCH_TOO_LARGE) if bucket is None else Route(bucket)
+
     def _graph_for(self, batch_size: int, max_len_in_batch: int) -> Decision:
         """The whole graph decision of one step: the graph to replay (the bucket's, or a larger one to pad
         into), a capture now, or why the step runs eagerly. Reads the pool; changes only the policy's view."""
-        if self._off is not None:
-            return Decision.eager(self._off)
-        bucket = self.ladder.find_closest(batch_size)
-        if bucket is None:
-            return Decision.eager(FallbackReason.BATCH_TOO_LARGE)
-        if max_len_in_batch > self.config.max_len_in_batch:
-            return Decision.eager(FallbackReason.LEN_TOO_LARGE, bucket)
+        route = self.route(batch_size, max_len_in_batch)
+        if route.reason is not None:
+            return Decision.eager(route.reason, route.bucket)
+        bucket = route.bucket
+        assert bucket is not None
         self.policy.observe(bucket)
         if bucket in self._graphs:
             return Decision("hit", bucket, bucket)

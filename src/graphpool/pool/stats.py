@@ -7,6 +7,8 @@ import enum
 from collections import Counter
 from dataclasses import dataclass, field
 
+_MIB = 1 << 20
+
 
 class FallbackReason(str, enum.Enum):
     """Why a step ran eagerly instead of replaying a graph."""
@@ -50,6 +52,19 @@ class PoolStats:
     def as_dict(self) -> dict[str, object]:
         """Plain values (reason names as keys), for logs, JSON and metrics."""
         return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+    def describe(self, max_graphs: int | None = None, budget_bytes: int | None = None) -> str:
+        """The pool's work in one line, for every command that prints it: decode steps by outcome, captures,
+        evictions and what is resident; `max_graphs` and `budget_bytes` (the pool's bounds, when given) follow
+        the resident count and bytes."""
+        of_graphs = f"/{max_graphs}" if max_graphs is not None else ""
+        of_budget = f" of {budget_bytes / _MIB:.0f} MiB budget" if budget_bytes else ""
+        return (
+            f"{self.steps} decode steps: {self.hits} hits, {self.padded_hits} padded hits, {self.misses} misses, "
+            f"{self.captures} captures ({self.capture_seconds_total:.2f} s), {self.evictions} evictions, "
+            f"{self.eager_steps} eager; {self.resident_graphs}{of_graphs} graphs resident "
+            f"({self.resident_bytes / _MIB:.1f} MiB{of_budget})"
+        )
 
 
 def _plain(value: object) -> object:

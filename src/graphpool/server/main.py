@@ -94,6 +94,8 @@ def run_serve(args: argparse.Namespace) -> int:
 
 def describe_startup(engine: Any, config: Any, load_seconds: float) -> list[str]:
     """What the start-up log says: model, device, KV cache and what the graph pool captured and holds."""
+    from graphpool.pool import FallbackReason
+
     stats = engine.stats()
     lines = [
         f"model {engine.model_name} on {config.torch_device} ({str(config.torch_dtype).removeprefix('torch.')}), "
@@ -105,8 +107,8 @@ def describe_startup(engine: Any, config: Any, load_seconds: float) -> list[str]
         f"({stats.num_kv_blocks * config.block_size} token slots), {stats.num_free_kv_blocks} free",
     ]
     graphs = engine.graph_stats()
-    if graphs is None or not config.graphs_enabled:
-        why = "--disable-cudagraph" if config.disable_cudagraph else f"device {config.torch_device}"
+    if engine.graphs_off is not None or graphs is None:
+        why = f"device {config.torch_device}" if engine.graphs_off is FallbackReason.NO_CUDA else "--disable-cudagraph"
         lines.append(f"CUDA graphs: off ({why}); decode steps run eagerly")
         return lines
     budget = config.graph_memory_budget
@@ -208,7 +210,12 @@ def serve(args: argparse.Namespace, config: Any = None) -> int:
         print(f"graphpool serve: {e}", file=sys.stderr)
         return 2
     start = time.perf_counter()
-    engine = LLMEngine(config)
+    try:
+        engine = LLMEngine(config)
+    except ValueError as e:  # a setting the model refuses (e.g. tensor_parallel_size over its heads)
+        sock.close()
+        print(f"graphpool serve: {e}", file=sys.stderr)
+        return 2
     for line in describe_startup(engine, config, time.perf_counter() - start):
         logger.info(line)
     name = args.served_model_name or engine.model_name

@@ -19,7 +19,6 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from graphpool.engine.pool_summary import describe
 from graphpool.kernels.switches import KERNEL_SWITCHES
 
 logger = logging.getLogger("graphpool.server")
@@ -199,7 +198,7 @@ class ServerMetrics:
         )
         g = engine.graph_stats()
         if g is not None:
-            line += f"; graphs: {describe(g)}"
+            line += f"; graphs: {g.describe()}"
         logger.info(line)
 
     def on_abort(self, request_id: str) -> None:

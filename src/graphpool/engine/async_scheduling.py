@@ -2,50 +2,33 @@
 the current step's tokens, so the host's bookkeeping (detokenizing, stop checks, outputs, scheduling) runs
 while the GPU works instead of between its steps.
 
-One `step()` call: take the decode step in flight (or schedule one and launch it), launch the next decode step
-on its device tokens when that is safe (`_chain`), then wait for the first step's tokens and process them
-(`_finish`). So every call still returns the outputs of exactly one step, and at most one step is in flight
-between calls. For the chained launch each sequence gets a placeholder for the token still on the device (the
-scheduler then sees the lengths the next step has); `_finish` puts the real token in its place.
+One `LLMEngine.step()` call (`_step_async`): take the decode step in flight (or schedule one and `launch` it),
+launch the next decode step on its device tokens when that is safe (`chain`), then wait for the first step's
+tokens (`collect`) and process them. So every call still returns the outputs of exactly one step, and at most
+one step is in flight between calls. For the chained launch each sequence gets a placeholder for the token
+still on the device (the scheduler then sees the lengths the next step has); the engine puts the real token in
+its place.
 
 A sequence that the first step finishes (a stop token, `max_tokens`, a stop string) has a row in the chained
 step: its token there is dropped. Its KV blocks go back at once: the chained step's write into them was
-enqueued before any later step that may take them, on the same stream. Prefill and mixed steps run as before
-(`LLMEngine._step_now`); under tensor parallel the chained step's tokens reach the other ranks by a broadcast
-from rank 0 (`ModelRunner.decode_rows`).
+enqueued before any later step that may take them, on the same stream. Prefill and mixed steps run as in the
+synchronous engine (`LLMEngine._run`); under tensor parallel the chained step's tokens reach the other ranks by
+a broadcast from rank 0 (`ModelRunner.decode_rows`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 
 from graphpool.engine.host_copy import to_device
 from graphpool.engine.kv_cache import BlockManager
-from graphpool.engine.outputs import RequestOutput, StepInfo
 from graphpool.engine.runner import ModelRunner
 from graphpool.engine.sampler import Sampler
 from graphpool.engine.scheduler import ScheduledBatch, Scheduler
 from graphpool.engine.sequence import Sequence
 from graphpool.engine.timeline import StepClock, StepTimeline
-
-
-class SteppedEngine(Protocol):
-    """What async scheduling needs of LLMEngine (named here so the engine module is not imported back)."""
-
-    device: torch.device
-    scheduler: Scheduler
-    block_manager: BlockManager
-    runner: ModelRunner
-    sampler: Sampler
-    timeline: StepTimeline | None
-    last_step: StepInfo | None
-
-    def _step_now(self, batch: ScheduledBatch | None) -> list[RequestOutput]: ...
-
-    def _append(self, seq: Sequence, token: int, placeholder: bool = False) -> RequestOutput: ...
 
 PLACEHOLDER = -1  # a token still on the device (never a vocabulary id)
 
@@ -64,12 +47,16 @@ class InFlight:
     chained: bool = False  # the next step was launched on these tokens: placeholders stand for them
 
 
-class OverlapStepper:
-    def __init__(self, engine: SteppedEngine) -> None:
-        self.engine = engine
+class AsyncDecode:
+    """The decode steps that async scheduling launches ahead: the one in flight, and how the next is chained."""
+
+    def __init__(self, scheduler: Scheduler, block_manager: BlockManager, runner: ModelRunner, sampler: Sampler,
+                 timeline: StepTimeline | None, device: torch.device) -> None:
+        self.scheduler, self.block_manager, self.runner, self.sampler = scheduler, block_manager, runner, sampler
+        self.timeline, self.device = timeline, device
         self.inflight: InFlight | None = None
         self.chained_steps = 0  # decode steps launched before the previous one's tokens reached the host
-        self._pin = engine.device.type == "cuda"
+        self._pin = device.type == "cuda"
         # NOTE: two host buffers for the tokens, used by turns: a launch writes one while the step before it
         # is read from the other, and each is read (its copy waited for) before its next turn comes
         self._hosts: list[torch.Tensor] = [torch.empty(0, dtype=torch.int64)] * 2
@@ -83,26 +70,13 @@ class OverlapStepper:
             self._hosts[self._turn] = buf
         return buf[:n]
 
-    def step(self) -> list[RequestOutput]:
-        cur = self.inflight
-        if cur is None:
-            batch = self.engine.scheduler.schedule()
-            if batch is None or batch.is_prefill or batch.chunks:
-                return self.engine._step_now(batch)
-            cur = self._launch(batch, None)
-        self.inflight = self._chain(cur)
-        outputs = self._finish(cur)
-        if self.inflight is not None and all(s.finished for s in self.inflight.seqs):
-            self.inflight = None  # every row of it is dropped: nothing to wait for
-        return outputs
-
-    def _launch(self, batch: ScheduledBatch, input_ids: torch.Tensor | None) -> InFlight:
-        eng = self.engine
-        clock = StepClock(eng.timeline, eng.runner.pool)
+    def launch(self, batch: ScheduledBatch, input_ids: torch.Tensor | None = None) -> InFlight:
+        """Run a decode step's forward and sampling, and start its tokens' copy to the host."""
+        clock = StepClock(self.timeline, self.runner.pool)
         clock.forward_begins()
-        logits, greedy, graph = eng.runner.decode(batch.seqs, batch.slots, input_ids=input_ids)
+        logits, greedy, graph = self.runner.decode(batch.seqs, batch.slots, input_ids=input_ids)
         clock.forward_ends()
-        tokens = eng.sampler.sample(logits, batch.seqs, greedy)
+        tokens = self.sampler.sample(logits, batch.seqs, greedy)
         host = self._host_buffer(tokens.shape[0], tokens.dtype)
         host.copy_(tokens, non_blocking=self._pin)
         ready = None
@@ -111,11 +85,11 @@ class OverlapStepper:
             ready.record()
         return InFlight(list(batch.seqs), tokens, host, ready, [s.num_tokens for s in batch.seqs], graph, clock)
 
-    def _chain(self, cur: InFlight) -> InFlight | None:
+    def chain(self, cur: InFlight) -> InFlight | None:
         """Launch the decode step after `cur` on its device tokens, if the scheduler would run exactly that
         step next: nothing to admit (no request waiting, or none that fits) or prefilling, every running request
         in `cur`, a KV slot for each."""
-        sched, bm = self.engine.scheduler, self.engine.block_manager
+        sched, bm = self.scheduler, self.block_manager
         live = [s for s in cur.seqs if not s.finished]
         if not live or set(map(id, live)) != set(map(id, sched.running)) or any(s.is_prefilling for s in live):
             return None
@@ -134,19 +108,19 @@ class OverlapStepper:
         index = [rows[id(s)] for s in live]
         ids = cur.tokens
         if index != list(range(len(cur.seqs))):
-            ids = ids.index_select(0, to_device(index, torch.int64, self.engine.device))
+            ids = ids.index_select(0, to_device(index, torch.int64, self.device))
         self.chained_steps += 1
-        return self._launch(batch, ids)
+        return self.launch(batch, ids)
 
-    def _finish(self, cur: InFlight) -> list[RequestOutput]:
-        eng = self.engine
+    def collect(self, cur: InFlight) -> list[tuple[Sequence, int, int]]:
+        """Wait for `cur`'s tokens -> (sequence, token, KV positions written) of each row whose request still
+        runs (a row is dropped when its request was aborted or finished by the step before)."""
         if cur.ready is not None:
             cur.ready.synchronize()
-        outputs = []
-        for seq, token, written in zip(cur.seqs, cur.host.tolist(), cur.written, strict=True):
-            if seq.finished:  # aborted, or finished by the step before (a dropped row)
-                continue
-            eng.block_manager.commit(seq, written)
-            outputs.append(eng._append(seq, token, placeholder=cur.chained))
-        eng.last_step = cur.clock.close("decode", len(cur.seqs), len(cur.seqs), cur.graph)
-        return outputs
+        rows = zip(cur.seqs, cur.host.tolist(), cur.written, strict=True)
+        return [(seq, token, written) for seq, token, written in rows if not seq.finished]
+
+    def settle(self) -> None:
+        """Forget the step in flight when every row of it is dropped: nothing to wait for."""
+        if self.inflight is not None and all(s.finished for s in self.inflight.seqs):
+            self.inflight = None
