@@ -96,12 +96,13 @@ def test_engine_config_pool_config_and_defaults() -> None:
 
 
 
-def test_engine_config_sizes_the_pool_to_the_ladder() -> None:
+def test_engine_config_sizes_the_pool_for_warmup_all() -> None:
+    # "all" at the default pool size would capture 16 of the 46 sizes and evict while serving.
     full = EngineConfig(device="cpu", graph_warmup="all")
     assert full.max_graph_pool_size == 46 == len(full.pool_config.ladder().sizes)
     small = EngineConfig(device="cpu", graph_warmup="all", graph_max_batch_size=16, graph_split_batch_size=8)
-    assert small.max_graph_pool_size == 9  # the whole ladder, whatever the warm-up
-    assert EngineConfig(device="cpu").max_graph_pool_size == 46
+    assert small.max_graph_pool_size == 16  # a 9-size ladder fits the default
+    assert EngineConfig(device="cpu").max_graph_pool_size == 16
     assert EngineConfig(device="cpu", graph_warmup="all", max_graph_pool_size=64).max_graph_pool_size == 64
     with pytest.raises(ValueError, match=r"captures 46 graphs .* max_graph_pool_size is 16.*>= 46"):
         EngineConfig(device="cpu", graph_warmup="all", max_graph_pool_size=16)
