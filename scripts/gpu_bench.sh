@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# All three benchmarks on one GPU in one call (the lead runs it on the H200 through the device tool):
-#   bash scripts/gpu_bench.sh            # writes under $OUT (default ./gpu_bench_out)
+# All three benchmarks on one GPU in one call:
+#   bash scripts/gpu_bench.sh            # writes under $OUT (default results/gpu_bench)
 # Budget: under 8.5 minutes in all. Each stage has its own time limit, cut to what is left before DEADLINE
 # (480 s; SIGINT, then KILL 15 s later), so one slow stage cannot eat the rest; each bench rewrites its report
 # as it goes (the trace after every run, the step bench after every phase), so a stage cut short keeps numbers.
@@ -10,7 +10,7 @@
 # What comes back (<= 8 files): summary.md, log.txt, results.tar.gz (all JSON/Markdown/PNG), and the 3 PNGs.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-$PWD/gpu_bench_out}
+OUT=${OUT:-$PWD/results/gpu_bench}
 RES=$(mktemp -d)/results
 mkdir -p "$OUT" "$RES"
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
@@ -46,7 +46,7 @@ stage trace 300 trace
 # 3. decode step: 1B and 8B, 9 batch sizes; then torch.compile (plain-torch-ops step) at bs 1 and 32
 stage step 300 step --models llama3.2-1b llama3-8b --compile-sizes 1 32
 
-"$PY" -m graphpool.bench.summary "$RES" >"$OUT/summary.md" 2>>"$LOG"
+"$PY" benchmarks/summary.py "$RES" >"$OUT/summary.md" 2>>"$LOG"
 tar -czf "$OUT/results.tar.gz" -C "$(dirname "$RES")" results
 cp "$RES"/step/step.png "$RES"/memory/memory.png "$RES"/trace/trace_itl_cdf.png "$OUT"/ 2>/dev/null
 echo "total $(($(date +%s) - START))s; files in $OUT: $(ls "$OUT" | tr '\n' ' ')"

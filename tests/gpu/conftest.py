@@ -13,7 +13,7 @@ import pytest
 import torch
 from gpu_helpers import SETUP_HINT
 
-from graphpool.bench.toy import ToyDecode
+from toy import ToyDecode
 
 
 @pytest.fixture(scope="session")

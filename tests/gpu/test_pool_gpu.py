@@ -10,8 +10,6 @@ from typing import Any
 
 import torch
 
-from graphpool.bench.memory_probe import probe_layout
-from graphpool.bench.toy import TOY_SPECS, ToyDecode
 from graphpool.pool import (
     CapturedGraph,
     CaptureError,
@@ -21,6 +19,8 @@ from graphpool.pool import (
     GraphPool,
     PoolConfig,
 )
+from memory_probe import probe_layout
+from toy import TOY_SPECS, ToyDecode
 
 DEV = torch.device("cuda")
 
