@@ -8,7 +8,7 @@ from graphpool.bench import common
 from graphpool.bench.latency import WorkingSet
 from graphpool.bench.memory import BudgetResult, LayoutResult
 from graphpool.bench.step import StepBenchConfig, StepRow
-from graphpool.bench.trace import TraceBenchConfig
+from graphpool.bench.trace.run import TraceBenchConfig
 from summary import BEGIN, END, main, summarize
 from test_bench_report import _run
 
@@ -28,15 +28,15 @@ def _results(tmp_path: Path) -> None:
     layouts = [LayoutResult("shared", 46, 1.0, 0.1, 90.0, points=[(46, 98.0, 90.0), (16, 98.0, 40.0), (0, 0.0, 0.0)]),
                LayoutResult("per_graph", 46, 1.5, 0.1, 2000.0, points=[(46, 2100.0, 2000.0), (0, 1.0, 0.0)])]
     _write(tmp_path, "memory", {"layouts": layouts, "budget": BudgetResult(512.0, 9, 500.0, 505.0, 9, 60, 51, 0)})
-    runs = [_run("a", 90.0), _run("b", 4.0), _run("d", 9.0), _run("e", 4.2), _run("f", 4.3), _run("g", 3.0),
-            _run("b", 3.0, rate=4.0)]
+    runs = [_run("no-graphs", 90.0), _run("capture-all", 4.0), _run("lru16-capture-on-miss", 9.0),
+            _run("no-warmup", 4.2), _run("budget", 4.3), _run("warm-cover", 3.0), _run("capture-all", 3.0, rate=4.0)]
     runs[0].decode_steps, runs[0].working_set = 3, WorkingSet(3, 1, 1, 1000, 60.0, {})  # no graphs: starved
     runs[3].decode_steps = 150
     runs[2].captures_serving, runs[3].captures_serving, runs[5].captures_serving = 40, 2, 50
     runs[3].startup_capture_s = 0.0
     runs[4].peak_graph_mib = 300.0
     runs[6].working_set = WorkingSet(10, 3, 3, 1000, 2.0, {})
-    runs = runs[3:] + runs[:3]  # run order rotated: the tables still list (a)..(g)
+    runs = runs[3:] + runs[:3]  # run order rotated: the tables still list the configs in their order
     trace = {"config": TraceBenchConfig(rates=(4.0, 16.0)), "runs": [
         {k: v for k, v in vars(r).items() if k != "itls_ms"} for r in runs]}
     del trace["runs"][0]["prefill_steps"]  # results written before the field existed still summarize
@@ -62,17 +62,18 @@ def test_summary_reports_targets_met_and_missed(tmp_path: Path) -> None:
     # the step tables: compile beside its plain-ops eager baseline, and compile failures spelled out
     assert "| 32 | 19 | 4 | 4.75 | - | - | - | 5 | 25 | 31 |" in text
     assert "torch.compile failed: bs 64: InductorError: boom" in text
-    # the trace: one table per load, (a)..(g) in order whatever order they ran in
+    # the trace: one table per load, the configs in their order whatever order they ran in
     assert text.index("**4 requests/s.**") < text.index("**16 requests/s.**")  # loads in ascending order
     sixteen = text.split("**16 requests/s.**")[1].split("### Targets")[0]
-    assert [ln[3] for ln in sixteen.splitlines() if ln.startswith("| (")] == list("abdefg")
-    # the working-set line comes from the config with the most decode steps, not from the starved (a)
-    assert "under (e) cfg e (the config with the most decode steps, 150): 24 buckets" in sixteen
-    assert "| 150 / - |" in sixteen  # (e)'s results predate prefill_steps
-    assert "| 3 / 7 |" in sixteen  # (a): decode / prefill steps
+    assert [ln[3:ln.index(")")] for ln in sixteen.splitlines() if ln.startswith("| (")] == [
+        "no-graphs", "capture-all", "lru16-capture-on-miss", "no-warmup", "budget", "warm-cover"]
+    # the working-set line comes from the config with the most decode steps, not from the starved no-graphs
+    assert "under (no-warmup) cfg no-warmup (the config with the most decode steps, 150): 24 buckets" in sixteen
+    assert "| 150 / - |" in sixteen  # no-warmup's results predate prefill_steps
+    assert "| 3 / 7 |" in sixteen  # no-graphs: decode / prefill steps
     headline = text.split("### Headline")[1]
-    assert "At 16 req/s" in headline and "(a)" not in headline  # the load with the most buckets
-    assert "| (d) cfg d | 9 | 2.25 | 1 |" in headline
+    assert "At 16 req/s" in headline and "(no-graphs)" not in headline  # the load with the most buckets
+    assert "| (lru16-capture-on-miss) cfg lru16-capture-on-miss | 9 | 2.25 | 1 |" in headline
 
 
 def test_summary_without_results_says_so(tmp_path: Path) -> None:

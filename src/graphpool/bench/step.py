@@ -129,7 +129,7 @@ def markdown(rows: Sequence[StepRow], bandwidth: float, cfg: StepBenchConfig) ->
         eng = [r for r in mine if not math.isnan(r.engine_ms)]
         if eng:
             out.append("\nThe engine's whole decode step (scheduling, inputs, replay, sampling, outputs; median wall "
-                       "ms), synchronous and with async scheduling, against the graph replay alone (issue 11's "
+                       "ms), synchronous and with async scheduling, against the graph replay alone (the "
                        "target: <= 1.05x at bs 1):\n\n")
             out.append(md_table(
                 ["bs", "engine ms", "engine async ms", "graph ms", "engine/graph", "async/graph", "async/engine"],

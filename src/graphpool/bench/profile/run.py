@@ -1,5 +1,5 @@
 """`graphpool bench profile`: the kernels of one engine-level decode step per batch size, per layer, with
-their time shares (issue 12), and where the time of one short prefill step goes (issue 11 §1), from
+their time shares, and where the time of one short prefill step goes, from
 torch.profiler. On the CPU it profiles CPU activity only (its ops, by self time, stand in for kernels)."""
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from graphpool.bench import common
-from graphpool.bench import profile_events as pe
 from graphpool.bench.common import md_table, progress
 from graphpool.bench.decode import DecodeSetup, build_random_model, model_label
-from graphpool.bench.profile_prefill import PrefillProfile, prefill_markdown, run_prefill
+from graphpool.bench.profile import events as pe
+from graphpool.bench.profile.prefill import PrefillProfile, prefill_markdown, run_prefill
 from graphpool.engine.engine import LoadedModel
 from graphpool.engine.sampler import Sampler
 from graphpool.engine.sampling_params import SamplingParams
