@@ -10,12 +10,16 @@ from __future__ import annotations
 import argparse
 import logging
 import random
+import sys
 import time
+from pathlib import Path
 
 import torch
 
-from graphpool.bench.toy import TOY_SPECS, ToyDecode
 from graphpool.pool import GraphPool, PoolConfig
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # the toy step is a benchmark script
+from toy import TOY_SPECS, ToyDecode
 
 
 def main() -> None:

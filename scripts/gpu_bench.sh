@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The step, memory and trace benchmarks on one GPU in one go:
-#   bash scripts/gpu_bench.sh            # writes under $OUT (default ./gpu_bench_out)
+#   bash scripts/gpu_bench.sh            # writes under $OUT (default results/gpu_bench)
 # Each stage has its own time limit, cut to what is left before DEADLINE (480 s; SIGINT, then KILL 15 s later),
 # so one slow stage cannot eat the rest; each bench rewrites its report as it goes (the trace after every run,
 # the step bench after every phase), so a stage cut short keeps its numbers. Order: the predictable stages
@@ -9,7 +9,7 @@
 # Writes to $OUT: summary.md, log.txt, results.tar.gz (all JSON/Markdown/PNG), and the 3 PNGs.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-$PWD/gpu_bench_out}
+OUT=${OUT:-$PWD/results/gpu_bench}
 RES=$(mktemp -d)/results
 mkdir -p "$OUT" "$RES"
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
@@ -45,7 +45,7 @@ stage trace 300 trace
 # 3. decode step: 1B and 8B, 9 batch sizes; then torch.compile (plain-torch-ops step) at bs 1 and 32
 stage step 300 step --models llama3.2-1b llama3-8b --compile-sizes 1 32
 
-"$PY" -m graphpool.bench.summary "$RES" >"$OUT/summary.md" 2>>"$LOG"
+"$PY" benchmarks/summary.py "$RES" >"$OUT/summary.md" 2>>"$LOG"
 tar -czf "$OUT/results.tar.gz" -C "$(dirname "$RES")" results
 cp "$RES"/step/step.png "$RES"/memory/memory.png "$RES"/trace/trace_itl_cdf.png "$OUT"/ 2>/dev/null
 echo "total $(($(date +%s) - START))s; files in $OUT: $(ls "$OUT" | tr '\n' ' ')"

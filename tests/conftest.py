@@ -12,7 +12,7 @@ DEFAULT_MODEL_POSITIONS = 2048
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    skip = pytest.mark.skip(reason="needs a CUDA GPU (run on the device machine)")
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
     for item in items:
         # NOTE: everything under tests/gpu is a GPU test whether or not it carries the marker itself.
         if GPU_DIR in Path(str(item.fspath)).parents:

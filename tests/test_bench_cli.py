@@ -21,16 +21,21 @@ def test_bench_subcommands_parse_with_defaults() -> None:
     assert a.batch_sizes == [1, 2, 4, 8, 16, 32, 64, 128, 256]
     m = _parse(["memory", "--budget-mib", "300"])
     assert m.budget_mib == 300.0 and m.evict_to == [32, 16, 8, 1, 0]
-    t = _parse(["trace", "--quick", "--configs", "abe", "--out", "x"])
-    assert t.quick and t.configs == "abe" and t.out == Path("x")
+    t = _parse(["trace", "--quick", "--configs", "no-graphs", "capture-all", "no-warmup", "--out", "x"])
+    assert t.quick and t.configs == ["no-graphs", "capture-all", "no-warmup"] and t.out == Path("x")
+    with pytest.raises(SystemExit):
+        _parse(["trace", "--configs", "abe"])  # names, not letters
+    s = _parse(["serve"])
+    assert s.configs == ["no-graphs", "capture-all", "lru16-capture-on-miss", "default", "budget"]
 
 
 def test_trace_profiles_default_and_quick() -> None:
-    from graphpool.bench.trace import config_from_args
+    from graphpool.bench.trace.config import CONFIG_NAMES
+    from graphpool.bench.trace.run import config_from_args
 
     full = config_from_args(_parse(["trace"]))
     # the default profile fits ~4 min on the H200: 3 loads x 8 s x 7 configs of serving (+ ~1 s a run)
-    assert full.rates == (4.0, 16.0, 40.0) and full.duration_s == 8.0 and full.configs == tuple("abcdefg")
+    assert full.rates == (4.0, 16.0, 40.0) and full.duration_s == 8.0 and full.configs == CONFIG_NAMES
     assert len(full.rates) * len(full.configs) * (full.duration_s + 1.0) <= 200
     quick = config_from_args(_parse(["trace", "--quick"]))
     assert quick.rates == (16.0, 40.0) and quick.duration_s == 5.0

@@ -10,11 +10,11 @@ import torch
 from torch.autograd import DeviceType
 from torch.autograd.profiler_util import FunctionEvent
 
-from graphpool.bench import profile_events as pe
 from graphpool.bench.cli import main
 from graphpool.bench.decode import DecodeSetup, build_random_model
-from graphpool.bench.profile_prefill import _stepper, cprofile_python, prefill_engine
-from graphpool.bench.profile_step import (
+from graphpool.bench.profile import events as pe
+from graphpool.bench.profile.prefill import _stepper, cprofile_python, prefill_engine
+from graphpool.bench.profile.run import (
     PARTS,
     DecodeProfile,
     ProfileConfig,
@@ -150,7 +150,7 @@ def test_cuda_kernels_link_to_their_launch_call_and_annotations_are_no_kernels()
 
 
 def test_cprofile_python_names_graphpool_functions_like_the_torch_tracer() -> None:
-    from graphpool.bench.profile_step import _load
+    from graphpool.bench.profile.run import _load
 
     cfg = ProfileConfig(model=TINY, batch_sizes=(), prefill_tokens=6, device="cpu", dtype="float32")
     loaded = _load(cfg, torch.device("cpu"), torch.float32, 64)
@@ -186,7 +186,7 @@ def test_cprofile_python_says_when_it_lost_the_outermost_frame() -> None:
 
 
 def test_graphpool_frames_are_told_by_their_file_whatever_sys_path_strips(monkeypatch: pytest.MonkeyPatch) -> None:
-    pkg = Path(pe.__file__).resolve().parents[1]  # src/graphpool
+    pkg = Path(pe.__file__).resolve().parents[2]  # src/graphpool
     runner = pkg / "engine" / "runner.py"
     assert pe.graphpool_frame(f"{runner}(66): prefill") == "engine/runner.py(66): prefill"
     assert pe.graphpool_frame(f"{pkg / 'bench' / 'decode.py'}(1): f") is None  # the bench's own frames

@@ -10,9 +10,9 @@ from graphpool.bench import common
 from graphpool.bench.latency import LatencySummary, WorkingSet
 from graphpool.bench.step import StepBenchConfig, StepRow
 from graphpool.bench.step import markdown as step_markdown
-from graphpool.bench.trace import TraceBenchConfig
-from graphpool.bench.trace_report import RunResult
-from graphpool.bench.trace_report import markdown as trace_markdown
+from graphpool.bench.trace.report import RunResult
+from graphpool.bench.trace.report import markdown as trace_markdown
+from graphpool.bench.trace.run import TraceBenchConfig
 
 
 def test_md_table_formats_numbers_and_missing_values() -> None:
@@ -62,18 +62,20 @@ def _run(config: str, p99: float, rate: float = 16.0) -> RunResult:
 
 
 def test_trace_markdown_has_one_table_per_load_and_p99_ratio_to_capture_all() -> None:
-    runs = [_run("a", 20.0), _run("b", 4.0), _run("e", 4.4), _run("b", 5.0, rate=40.0)]
+    runs = [_run("no-graphs", 20.0), _run("capture-all", 4.0), _run("no-warmup", 4.4),
+            _run("capture-all", 5.0, rate=40.0)]
     runs[0].decode_steps, runs[0].working_set = 2, WorkingSet(2, 1, 1, 1000, 70.0, {})  # starved: not the reference
     text = trace_markdown(runs, {16.0: {"requests": 10}, 40.0: {"requests": 30}}, TraceBenchConfig())
     assert "## 16 requests/s" in text and "## 40 requests/s" in text
     rows16 = text.split("## 16 requests/s")[1].split("## 40")[0]
-    line_a = next(ln for ln in rows16.splitlines() if ln.startswith("| (a)"))
-    line_e = next(ln for ln in rows16.splitlines() if ln.startswith("| (e)"))
-    assert "| 5 |" in line_a  # (a) p99 20 ms / (b) 4 ms
+    line_a = next(ln for ln in rows16.splitlines() if ln.startswith("| (no-graphs)"))
+    line_e = next(ln for ln in rows16.splitlines() if ln.startswith("| (no-warmup)"))
+    assert "| 5 |" in line_a  # no-graphs' p99 20 ms / capture-all's 4 ms
     assert "| 1.1 |" in line_e  # 4.4 / 4.0
     assert "24 (20)" in line_e and "8/9/10" in line_e
-    assert "| 2 / 7 |" in line_a and "| 100 / 7 |" in line_e  # decode / prefill steps: (a) starved
-    assert "Working set under (b) cfg b (the config with the most decode steps, 100)" in rows16  # (b) wins the tie
+    assert "| 2 / 7 |" in line_a and "| 100 / 7 |" in line_e  # decode / prefill steps: no-graphs starved
+    # capture-all wins the tie
+    assert "Working set under (capture-all) cfg capture-all (the config with the most decode steps, 100)" in rows16
     assert "20 within 1000 decode steps, mean batch 14.5: exceeds a pool of 16" in rows16
 
 

@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
-from graphpool.bench.trace import TraceBenchConfig, serving_configs
-from graphpool.bench.trace_replay import replay_trace
-from graphpool.bench.trace_report import summarize_run
-from graphpool.bench.trace_warmup import sweep_contexts, warm_contexts, warm_engine
+from graphpool.bench.trace.config import CONFIG_NAMES, TraceBenchConfig, serving_configs
+from graphpool.bench.trace.replay import replay_trace
+from graphpool.bench.trace.report import summarize_run
+from graphpool.bench.trace.warmup import sweep_contexts, warm_contexts, warm_engine
 from graphpool.bench.workload import TraceRequest
 from graphpool.engine.outputs import RequestOutput, StepInfo
 from graphpool.pool import PoolStats
@@ -131,20 +131,20 @@ def test_every_serving_config_is_a_valid_engine_config() -> None:
     ladder = list(probe.pool_config.ladder().sizes)
     assert len(ladder) == 46
     configs = serving_configs(ladder, 256 << 20)
-    assert [c.key for c in configs] == list("abcdefg")
+    assert [c.key for c in configs] == list(CONFIG_NAMES)
     built = {c.key: cfg.engine_config(c.overrides) for c in configs}
-    assert built["a"].disable_cudagraph
-    assert built["b"].graph_warmup == tuple(ladder) and built["b"].max_graph_pool_size == 46
-    assert built["c"].graph_warmup == "none" and built["c"].pool_config.miss_policy == "capture"
-    assert built["d"].max_graph_pool_size == 16 and built["d"].pool_config.mempool == "shared"
-    assert built["d"].graph_warmup == tuple(range(1, 17))  # what the seed's LRU keeps after its warm-up
-    cover = built["g"].graph_warmup
+    assert built["no-graphs"].disable_cudagraph
+    assert built["capture-all"].graph_warmup == tuple(ladder) and built["capture-all"].max_graph_pool_size == 46
+    assert built["lazy-unbounded"].graph_warmup == "none" and built["lazy-unbounded"].pool_config.miss_policy == "capture"
+    assert built["lru16-capture-on-miss"].max_graph_pool_size == 16 and built["lru16-capture-on-miss"].pool_config.mempool == "shared"
+    assert built["lru16-capture-on-miss"].graph_warmup == tuple(range(1, 17))  # what LightLLM's LRU keeps after its warm-up
+    cover = built["warm-cover"].graph_warmup
     assert isinstance(cover, tuple) and 256 in cover and 1 in cover and len(cover) <= 16
-    assert built["e"].pool_config.miss_policy == "admit" and built["e"].pool_config.mempool == "per_graph"
-    assert built["f"].pool_config.graph_memory_budget == 256 << 20
+    assert built["no-warmup"].pool_config.miss_policy == "admit" and built["no-warmup"].pool_config.mempool == "arena"
+    assert built["budget"].pool_config.graph_memory_budget == 256 << 20
     # one fixed KV cache for every configuration (8 GiB of llama3.2-1b KV in 16-token blocks)
     assert len({b.num_kv_blocks for b in built.values()}) == 1
-    assert built["a"].num_kv_blocks == (8 << 30) // (2 * 16 * 16 * 8 * 64 * 4)  # fp32 on CPU
+    assert built["no-graphs"].num_kv_blocks == (8 << 30) // (2 * 16 * 16 * 8 * 64 * 4)  # fp32 on CPU
     assert all(not b.profile_steps for b in built.values())
 
 
@@ -152,8 +152,8 @@ def test_trace_bench_rotates_config_order_per_load_and_reports_after_every_run(
         tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     import json
 
-    from graphpool.bench import trace
-    from graphpool.bench.trace_warmup import WarmupReport
+    from graphpool.bench.trace import run as trace
+    from graphpool.bench.trace.warmup import WarmupReport
     from test_bench_report import _run
 
     ran: list[tuple[float, str]] = []
@@ -166,14 +166,14 @@ def test_trace_bench_rotates_config_order_per_load_and_reports_after_every_run(
 
     monkeypatch.setattr(trace, "run_one", fake_run_one)
     monkeypatch.setattr(trace, "warm_process", lambda cfg: WarmupReport(contexts=[32, 2047], decode_steps=4))
-    cfg = TraceBenchConfig(rates=(4.0, 16.0, 40.0), configs=tuple("abc"), device="cpu")
+    a, b, c = "no-graphs", "capture-all", "lazy-unbounded"
+    cfg = TraceBenchConfig(rates=(4.0, 16.0, 40.0), configs=(a, b, c), device="cpu")
     res = trace.run_trace_bench(cfg, tmp_path, ["test"])
-    assert [k for _, k in ran] == list("abc" "bca" "cab")  # no policy always first
+    assert [k for _, k in ran] == [a, b, c, b, c, a, c, a, b]  # no policy always first
     runs = res["runs"]
-    assert [(r["rate"], r["config"], r["run_order"]) for r in runs[3:6]] == [(16.0, "b", 0), (16.0, "c", 1),
-                                                                           (16.0, "a", 2)]
+    assert [(r["rate"], r["config"], r["run_order"]) for r in runs[3:6]] == [(16.0, b, 0), (16.0, c, 1), (16.0, a, 2)]
     assert json.loads((tmp_path / "trace.json").read_text())["results"]["process_warmup"]["decode_steps"] == 4
     md = (tmp_path / "trace.md").read_text()
     table16 = md.split("## 16 requests/s")[1].split("##")[0]
-    assert [ln[3] for ln in table16.splitlines() if ln.startswith("| (")] == list("abc")  # listed in order
+    assert [ln[3:ln.index(")")] for ln in table16.splitlines() if ln.startswith("| (")] == [a, b, c]  # in order
     assert "process warm-up (graphs off) ran 4 eager decode steps at 2 context lengths up to 2047" in md

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from graphpool.bench.trace import config_from_args
-from graphpool.bench.trace_config import TraceBenchConfig, model_architecture
+from graphpool.bench.trace.config import TraceBenchConfig, model_architecture
+from graphpool.bench.trace.run import config_from_args
 from graphpool.cli import build_parser
 from graphpool.model.gguf_loader import default_gguf_path
 

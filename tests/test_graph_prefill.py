@@ -85,18 +85,18 @@ def test_on_by_default_within_the_largest_graph_and_validated() -> None:
         EngineConfig(graph_prefill_max_tokens=-1)
 
 
-def test_bench_serve_configs_g_and_h_are_valid_server_configurations() -> None:
+def test_bench_serve_prefill_configs_are_valid_server_configurations() -> None:
     import argparse
 
-    from graphpool.bench.serve import serve_configs
+    from graphpool.bench.serve.configs import serve_configs
     from graphpool.engine.args import add_engine_args, engine_config_from_args
 
     parser = argparse.ArgumentParser()
     add_engine_args(parser)
     configs = serve_configs(46, "256MiB")
-    cfg = engine_config_from_args(parser.parse_args(list(configs["g"].flags)), device="cpu")
+    cfg = engine_config_from_args(parser.parse_args(list(configs["eager-prefill"].flags)), device="cpu")
     assert cfg.graph_prefill_max_tokens == 0 and not cfg.enable_mixed_steps
-    cfg = engine_config_from_args(parser.parse_args(list(configs["h"].flags)), device="cpu")
+    cfg = engine_config_from_args(parser.parse_args(list(configs["no-mixed-steps"].flags)), device="cpu")
     assert cfg.graph_prefill_max_tokens == 256 and not cfg.enable_mixed_steps
     cfg = engine_config_from_args(parser.parse_args(["--enable-mixed-steps"]), device="cpu")
     assert cfg.enable_mixed_steps and cfg.mixed_rows == 256

@@ -171,7 +171,7 @@ def test_package_imports_and_runs_without_triton() -> None:
         assert out.shape == (2, 4, 8) and bool(torch.isfinite(out).all())
         """
     )
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=600)  # generous: a busy machine is slow
 
 
 # NOTE: the Triton interpreter (TRITON_INTERPRET=1) runs the real kernel on CPU tensors. It must be set before
@@ -198,8 +198,9 @@ sys.path.insert(0, os.environ["GP_TESTS_DIR"])
 def run_in_triton_interpreter(script: str) -> list[float]:
     """Run ``script`` (after the prelude above) in a fresh interpreter; it prints a JSON list last."""
     env = {**os.environ, "GP_TESTS_DIR": os.path.dirname(__file__)}
+    # NOTE: the limit only ends a hang: the interpreter is slow, and slower still on a busy machine
     proc = subprocess.run(
-        [sys.executable, "-c", _INTERP_PRELUDE + script], env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", _INTERP_PRELUDE + script], env=env, capture_output=True, text=True, timeout=3600
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])

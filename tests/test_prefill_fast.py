@@ -12,7 +12,7 @@ import torch
 from torch.nn import functional as F
 from torch.nn.attention import sdpa_kernel
 
-from graphpool.bench.profile_prefill import MIXED_PROMPTS, count_prefill_ops
+from graphpool.bench.profile.prefill import MIXED_PROMPTS, count_prefill_ops
 from graphpool.engine.config import EngineConfig
 from graphpool.engine.engine import LLMEngine
 from graphpool.engine.sampling_params import SamplingParams

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from graphpool import LLM, SamplingParams
-from graphpool.bench.serve_attribution import CAUSES, attribute, gap_parts
+from graphpool.bench.serve.attribution import CAUSES, attribute, gap_parts
 from graphpool.engine.timeline import StepRecord, StepTimeline, records_from_export
 from graphpool.pool.testing import EagerCapturer
 
@@ -137,7 +137,7 @@ def test_a_gap_the_client_was_late_for_is_the_clients() -> None:
 
 def test_client_processes_share_one_time_axis() -> None:
     pytest.importorskip("openai")
-    from graphpool.bench.serve_clients import run_trace_processes
+    from graphpool.bench.serve.clients import run_trace_processes
     from graphpool.bench.workload import TraceRequest
     from graphpool.server.main import serve_in_thread
 
@@ -150,7 +150,7 @@ def test_client_processes_share_one_time_axis() -> None:
     assert run.processes == 2 and [r.index for r in run.results] == list(range(6))
     assert [r.worker for r in run.results] == [0, 1, 0, 1, 0, 1]
     assert all(r.error is None and r.completion_tokens == 3 for r in run.results), run.errors_sample
-    assert t < run.t0_monotonic < t + 60 and len(run.late_spans) == 2 and run.cpu_share > 0
-    for r in run.results:  # sent on schedule, on the shared axis
-        assert r.timeline.arrival_s == pytest.approx(r.scheduled_s, abs=0.5)
+    assert t < run.t0_monotonic and len(run.late_spans) == 2 and run.cpu_share > 0
+    for r in run.results:  # sent on schedule (never early; late on a busy machine), on the shared axis
+        assert r.scheduled_s - 0.01 <= r.timeline.arrival_s < r.scheduled_s + 30
         assert r.timeline.token_times[0] > r.timeline.arrival_s

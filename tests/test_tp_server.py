@@ -29,8 +29,8 @@ def test_a_tensor_parallel_server_serves_and_stops_its_ranks(server_factory: Any
     reply = httpx.post(f"{server.url}/v1/completions", json=body, timeout=120).json()
     assert reply["usage"]["completion_tokens"] == 5 and reply["choices"][0]["finish_reason"] == "length"
     server.proc.send_signal(signal.SIGTERM)
-    assert server.proc.wait(60) == 0
-    deadline = time.monotonic() + 15
+    assert server.proc.wait(300) == 0
+    deadline = time.monotonic() + 120  # generous: a busy machine tears torch down slowly
     while (alive := [pid for pid in ranks if _running(pid)]) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not alive, f"rank processes {alive} outlived the server"

@@ -1,8 +1,8 @@
 """GPU tests never skip for a missing dependency or model where CUDA is present: they fail with the reason.
 
-NOTE: the server GPU test once skipped itself on the device machine (no fastapi/openai, no default model
-there), so a server that crashed on the GPU looked green. On a machine without CUDA the collection hook in
-tests/conftest.py skips everything here before these fixtures run.
+NOTE: a test that skipped itself for a missing package or model would let a server that crashes on the GPU
+look green. On a machine without CUDA the collection hook in tests/conftest.py skips everything here before
+these fixtures run.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 import torch
 from gpu_helpers import SETUP_HINT
 
-from graphpool.bench.toy import ToyDecode
+from toy import ToyDecode
 
 
 @pytest.fixture(scope="session")

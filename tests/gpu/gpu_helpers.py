@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import importlib
-import json
-import os
 from types import ModuleType
 from typing import Any
 
 import pytest
 
-SETUP_HINT = "on the device machine: source .carry/on-device.sh (see shared/device/README.md)"
+SETUP_HINT = "./scripts/setup.sh installs it (GRAPHPOOL_KEEP_TORCH=1 keeps a machine's own CUDA torch)"
 
 
 def require(module: str) -> ModuleType:
@@ -22,9 +20,5 @@ def require(module: str) -> ModuleType:
 
 
 def report(name: str, value: Any) -> None:
-    """Prints a measured figure and, with GRAPHPOOL_TEST_REPORT set, appends it to that JSON-lines file."""
+    """Prints a measured figure next to the test's assertions (shown with ``pytest -s``)."""
     print(f"[report] {name}: {value}")
-    path = os.environ.get("GRAPHPOOL_TEST_REPORT")
-    if path:
-        with open(path, "a") as f:
-            f.write(json.dumps({"test": name, "value": value}) + "\n")

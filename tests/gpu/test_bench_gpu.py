@@ -9,7 +9,7 @@ from pathlib import Path
 from graphpool.bench.kernels_ab import KernelsABConfig, run_kernels_bench
 from graphpool.bench.memory import MemoryBenchConfig, run_memory_bench
 from graphpool.bench.step import StepBenchConfig, run_step_bench
-from graphpool.bench.trace import TraceBenchConfig, run_trace_bench
+from graphpool.bench.trace.run import TraceBenchConfig, run_trace_bench
 from graphpool.model.config import ModelConfig
 
 # two layers: torch.compile of the whole step stays a few seconds
@@ -61,17 +61,17 @@ def test_memory_bench_eviction_frees_memory_and_budget_holds(tmp_path: Path) -> 
 
 
 def test_trace_bench_runs_two_configs_through_the_engine(tmp_path: Path) -> None:
-    cfg = TraceBenchConfig(model="random:smollm2-135m", rates=(8.0,), duration_s=2.0, configs=("a", "e"),
+    cfg = TraceBenchConfig(model="random:smollm2-135m", rates=(8.0,), duration_s=2.0, configs=("no-graphs", "no-warmup"),
                            kv_gib=0.25, max_model_len=512, prompt_mean=32, prompt_cap=128, output_mean=32,
                            output_cap=128)
     res = run_trace_bench(cfg, tmp_path, ["test"])
     runs = {r["config"]: r for r in res["runs"]}
-    assert set(runs) == {"a", "e"}
-    assert runs["a"]["graph_steps"] == 0 and runs["a"]["stats_end"] is None
-    assert runs["e"]["decode_steps"] > 0 and runs["e"]["stats_end"] is not None
+    assert set(runs) == {"no-graphs", "no-warmup"}
+    assert runs["no-graphs"]["graph_steps"] == 0 and runs["no-graphs"]["stats_end"] is None
+    assert runs["no-warmup"]["decode_steps"] > 0 and runs["no-warmup"]["stats_end"] is not None
     for r in runs.values():
         assert r["latency"].output_tokens > 0 and r["latency"].started > 0 and r["prefill_steps"] > 0
-    assert runs["a"]["decode_steps"] >= 20  # eager decode is not starved by prefill (kernel variants pre-warmed)
+    assert runs["no-graphs"]["decode_steps"] >= 20  # eager decode is not starved by prefill (kernel variants pre-warmed)
     warm = res["process_warmup"]
     assert warm["contexts"][-1] == 255 and warm["decode_steps"] >= 2 * len(warm["contexts"])
     assert 0 < warm["second_pass_max_ms"] < 250  # nothing left to JIT-compile on the second pass (a JIT: ~0.5 s)

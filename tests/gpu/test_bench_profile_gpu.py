@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from graphpool.bench.profile_step import PARTS, ProfileConfig, run_profile_bench
+from graphpool.bench.profile.run import PARTS, ProfileConfig, run_profile_bench
 
 
 def test_profile_bench_counts_the_kernels_of_a_bf16_decode_step(tmp_path: Path) -> None:
@@ -38,7 +38,7 @@ def test_profile_bench_counts_the_kernels_of_a_bf16_decode_step(tmp_path: Path) 
     assert not any(r.name.startswith("gp.") for r in p.top_kernels)
     assert p.kernel_ms <= p.profiled_step_ms and p.launches > n and p.launch_host_us > 0
     # NOTE: on torch 2.11 / Python 3.12 cProfile loses the frames above the layers around the varlen attention;
-    # the report says so (profile_prefill.LOST_FRAMES_NOTE) rather than show a table that looks whole
+    # the report says so (profile/prefill.LOST_FRAMES_NOTE) rather than show a table that looks whole
     assert p.top_python and any(f.startswith("model/") for f, _, _ in p.top_python), p.top_python
     lost = "cProfile lost the frames" in p.python_source
     assert lost or any(f.endswith(": prefill") for f, _, _ in p.top_python), (p.python_source, p.top_python)

@@ -22,9 +22,9 @@ from graphpool import LLM, SamplingParams
 from graphpool.bench import budget_probe
 from graphpool.bench.decode import DecodeSetup, build_random_model, setup_input_specs
 from graphpool.bench.memory import Recorder, capture_order
-from graphpool.bench.toy import TOY_SPECS, ToyDecode
 from graphpool.pool import CudaGraphCapturer, FallbackReason, GraphPool, PoolConfig, cuda_state
 from model_reference import PARITY_PROMPTS
+from toy import TOY_SPECS, ToyDecode
 
 DEV = torch.device("cuda")
 MiB = 2**20

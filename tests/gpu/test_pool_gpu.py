@@ -11,8 +11,6 @@ from typing import Any
 import pytest
 import torch
 
-from graphpool.bench.memory_probe import probe_layout
-from graphpool.bench.toy import TOY_SPECS, ToyDecode
 from graphpool.pool import (
     CapturedGraph,
     CaptureError,
@@ -22,6 +20,8 @@ from graphpool.pool import (
     GraphPool,
     PoolConfig,
 )
+from memory_probe import probe_layout
+from toy import TOY_SPECS, ToyDecode
 
 DEV = torch.device("cuda")
 

@@ -14,8 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-from graphpool.bench import budget_probe
-from graphpool.bench.toy import TOY_SPECS, ToyDecode
+import budget_probe
 from graphpool.engine.config import EngineConfig
 from graphpool.engine.engine import LLMEngine
 from graphpool.engine.sampling_params import SamplingParams
@@ -28,6 +27,7 @@ from graphpool.pool import (
     PoolConfig,
     cuda_state,
 )
+from toy import TOY_SPECS, ToyDecode
 
 DEV = torch.device("cuda")
 MiB = 2**20
@@ -167,7 +167,7 @@ def test_per_graph_budget_holds_in_the_driver_view() -> None:
     print("\n[budget] outputs dropped each step: " + budget_probe.describe(r))
     assert r["captures"] > 10 and r["evictions"] > 0
     # NOTE: cuBLAS + cuBLASLt workspaces of the capture stream and their kernels' device code (driver view):
-    # 104 MiB measured on an H200 with torch 2.11 by bench/budget_probe.
+    # 104 MiB measured on an H200 with torch 2.11 by benchmarks/budget_probe.py.
     assert r["overhead"] <= 128 * MiB
     assert r["held"] <= r["budget"] + r["overhead"] + ROUNDING
     assert r["after_close"] <= r["overhead"] + ROUNDING  # everything else given back
@@ -203,7 +203,7 @@ def test_eviction_keeps_the_processes_cached_blocks(big: ToyDecode) -> None:
 
 
 def test_eviction_bench_runs() -> None:
-    from graphpool.bench.eviction_bench import run
+    from eviction_bench import run
 
     res = run(trials=2, rows=512, graph_size=64)
     assert len(res) == 2 and all(v > 0 for r in res.values() for v in r.values())

@@ -1,6 +1,6 @@
 """Tensor parallel on two GPUs (NCCL), random llama3.2-1b weights: TP=2 with CUDA graphs (the all-reduces and
 the logits gather captured inside them) against TP=1 eager, and the two ranks' pools in lockstep through lazy
-captures and evictions. Needs 2 GPUs; skipped with fewer.
+captures and evictions. Needs 2 CUDA GPUs; skipped with fewer.
 
 The comparisons are teacher-forced (test_engine_gpu.run/compare): TP=2 sums partial products in another order,
 so a near-tied argmax may flip; each step's argmax must agree except at near-ties, and the chosen tokens'
@@ -22,7 +22,7 @@ from graphpool.pool import PoolStats
 
 pytestmark = pytest.mark.skipif(
     torch.cuda.device_count() < 2,
-    reason=f"tensor parallel needs 2 GPUs; this one has {torch.cuda.device_count()}",
+    reason=f"needs 2 CUDA GPUs; this machine has {torch.cuda.device_count()}",
 )
 
 

@@ -18,7 +18,10 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_benches(p: argparse.ArgumentParser) -> None:
-    from graphpool.bench import kernels_ab, memory, profile_step, serve, step, tp_step, trace
+    from graphpool.bench import kernels_ab, memory, step, tp_step
+    from graphpool.bench.profile import run as profile
+    from graphpool.bench.serve import run as serve
+    from graphpool.bench.trace import run as trace
 
     bench_sub = p.add_subparsers(dest="bench", required=True, metavar="BENCH")
     for name, module, text in (
@@ -26,7 +29,7 @@ def _add_benches(p: argparse.ArgumentParser) -> None:
         ("memory", memory, "graph memory: where a graph's bytes go, arena vs per_graph mempool, eviction, byte budget"),
         ("trace", trace, "a serving trace through the engine under seven graph policies"),
         ("serve", serve, "a live server per graph configuration, driven by a streaming openai client"),
-        ("profile", profile_step, "torch.profiler: the kernels of a decode step per layer; a prefill step's time"),
+        ("profile", profile, "torch.profiler: the kernels of a decode step per layer; a prefill step's time"),
         ("tp-step", tp_step, "the engine's decode step by tensor-parallel size and batch size, graph and eager"),
         ("kernels", kernels_ab, "the decode step with kernel switches A (default kernels off) vs B, interleaved"),
     ):

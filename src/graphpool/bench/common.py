@@ -221,5 +221,5 @@ def write_report(
 
 
 def progress(msg: str) -> None:
-    """One progress line on stderr, flushed, so a log cut short still shows how far the bench got."""
+    """One progress line on stderr, flushed (a log cut short still shows where the bench got to)."""
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)

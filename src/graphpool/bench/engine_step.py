@@ -1,5 +1,5 @@
 """`bench step`'s engine columns: the whole engine's decode step (scheduling, inputs, the pool's replay,
-sampling, outputs) next to the bare graph replay, synchronous and with async scheduling (target:
+sampling, outputs) next to the bare graph replay, synchronous and with async scheduling (the target:
 the engine's step <= 1.05x the replay alone at 1B bs 1).
 
 Each size: `bs` requests of about `context_len` random tokens decode greedily over the step bench's own model (its

@@ -129,8 +129,8 @@ def markdown(rows: Sequence[StepRow], bandwidth: float, cfg: StepBenchConfig) ->
         eng = [r for r in mine if not math.isnan(r.engine_ms)]
         if eng:
             out.append("\nThe engine's whole decode step (scheduling, inputs, replay, sampling, outputs; median wall "
-                       "ms), synchronous and with async scheduling, against the graph replay alone (target: "
-                       "<= 1.05x at bs 1):\n\n")
+                       "ms), synchronous and with async scheduling, against the graph replay alone (the "
+                       "target: <= 1.05x at bs 1):\n\n")
             out.append(md_table(
                 ["bs", "engine ms", "engine async ms", "graph ms", "engine/graph", "async/graph", "async/engine"],
                 [[r.batch_size, r.engine_ms, r.engine_async_ms, r.graph_ms, ratio(r.engine_ms, r.graph_ms),

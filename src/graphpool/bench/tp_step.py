@@ -158,7 +158,7 @@ def _markdown(cfg: TPStepConfig, rows: list[TPStepRow]) -> str:
             + "\nGraph memory per rank after the run (MiB; the pool accounts the largest footprint over ranks):\n\n"
             + md_table(["engine", *(f"rank {i}" for i in range(width - 1))], graph_mib)
             + "\nWall time of the whole step (ms), and its ratio to the forward (the engine's host work around "
-            "the forward: scheduling, inputs, sampling, outputs; target: <= 1.05 at tp1 graph bs 1):\n\n"
+            "the forward: scheduling, inputs, sampling, outputs; the target is <= 1.05 at tp1 graph bs 1):\n\n"
             + md_table(["bs", *(f"tp{n} {m}" for n in cfg.tp_sizes for m in cfg.modes),
                         *(f"tp{n} {m} step/forward" for n in cfg.tp_sizes for m in cfg.modes)],
                        [[bs, *(by[(n, m, bs)].step_ms for n in cfg.tp_sizes for m in cfg.modes),

@@ -1,6 +1,6 @@
 """Serving-trace generator: Poisson arrivals, long-tailed (lognormal) prompt and output lengths.
 
-Pure and deterministic for a seed; knows nothing about the engine (the replay driver is in trace.py).
+Pure and deterministic for a seed; knows nothing about the engine (the replay driver is trace/replay.py).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ import functools
 
 import torch
 
-# NOTE: these shape the grid, not correctness; graphpool.bench.attention_kernel is where to tune them.
+# NOTE: these shape the grid, not correctness; benchmarks/attention_kernel.py is where to tune them.
 BLOCK_N = 64  # context tokens per inner-loop tile
 MAX_SPLITS = 64  # caps the merge kernel's tile ([MAX_SPLITS, head_dim] fp32)
 MIN_SPLIT_LEN = 256  # keeps the partial-output traffic a few percent of the K/V bytes at large batches

@@ -13,45 +13,24 @@ import torch
 
 from graphpool.bench import common
 from graphpool.bench.common import MIB, progress
-from graphpool.bench.trace_config import ServingConfig, TraceBenchConfig
-from graphpool.bench.trace_replay import replay_trace
-from graphpool.bench.trace_report import RunResult, summarize_run, write_trace_report
-from graphpool.bench.trace_warmup import WarmupReport, warm_engine
+from graphpool.bench.trace.config import (
+    CONFIG_HELP,
+    CONFIG_NAMES,
+    ServingConfig,
+    TraceBenchConfig,
+    serving_configs,
+)
+from graphpool.bench.trace.replay import replay_trace
+from graphpool.bench.trace.report import RunResult, summarize_run, write_trace_report
+from graphpool.bench.trace.warmup import WarmupReport, warm_engine
 from graphpool.bench.workload import generate_trace, summarize_trace
 from graphpool.engine.config import resolve_device
-
-
-def serving_configs(ladder: Sequence[int], budget_bytes: int) -> list[ServingConfig]:
-    """The policies under test, as EngineConfig overrides (graphpool's are named explicitly so the bench
-    measures them whatever the defaults become)."""
-    from graphpool.pool import PoolConfig
-
-    all_sizes = tuple(ladder)  # NOTE: explicit sizes: "capture every size", whatever "all" means to the engine
-    n = len(ladder)
-    # NOTE: LightLLM's pool captures every size at start-up and its LRU then keeps the 16 smallest; warming
-    # exactly those gives the same resident set (its start-up capture time is then understated, not overstated).
-    seed_resident = tuple(sorted(ladder)[:16])
-    pool_defaults = PoolConfig()
-    cover = tuple(pool_defaults.ladder().padding_cover(pool_defaults.max_padding_ratio)[:16])
-    capture = {"graph_miss_policy": "capture", "graph_mempool": "shared"}
-    # NOTE: graphpool's configs use the pool's default miss policy, named explicitly (and in the label)
-    ours = {"graph_miss_policy": pool_defaults.miss_policy, "graph_mempool": "per_graph"}
-    return [
-        ServingConfig("a", "no graphs", {"disable_cudagraph": True}),
-        ServingConfig("b", "capture all at start-up", {"max_graph_pool_size": n, "graph_warmup": all_sizes, **capture}),
-        ServingConfig("c", "lazy, unbounded", {"max_graph_pool_size": n, "graph_warmup": "none", **capture}),
-        ServingConfig("d", "LightLLM LRU 16", {"max_graph_pool_size": 16, "graph_warmup": seed_resident, **capture}),
-        ServingConfig("e", f"graphpool ({pool_defaults.miss_policy}, per_graph)", {**ours, "graph_warmup": "none"}),
-        ServingConfig("f", f"graphpool + budget {budget_bytes // MIB} MiB",
-                      {**ours, "graph_warmup": "none", "graph_memory_budget": budget_bytes}),
-        ServingConfig("g", f"graphpool + warm cover ({len(cover)})", {**ours, "graph_warmup": cover}),
-    ]
 
 
 def warm_process(cfg: TraceBenchConfig) -> WarmupReport:
     """One untimed eager engine run first, so that one-time costs of the process (Triton JIT compiles for
     each kernel variant, cuBLAS handles) land in no timed configuration: decode batches shrinking 17 -> 1,
-    then eager decode across every context length the trace can reach (trace_warmup.py says why)."""
+    then eager decode across every context length the trace can reach (trace/warmup.py says why)."""
     from graphpool.engine.engine import LLMEngine
 
     engine = LLMEngine(cfg.engine_config({"disable_cudagraph": True}))
@@ -108,12 +87,12 @@ def run_trace_bench(cfg: TraceBenchConfig, out_dir: Path, argv: Sequence[str] | 
     for i, rate in enumerate(cfg.rates):
         traces[rate] = summarize_trace(generate_trace(cfg.trace_config(rate)), cfg.duration_s)
         mine: list[RunResult] = []
-        # NOTE: the order rotates by one config per load, so no policy always runs first (or right after (a))
+        # NOTE: the order rotates by one config per load, so no policy always runs first (or right after no-graphs)
         order = configs[i % len(configs):] + configs[:i % len(configs)]
         for sc in order:
             mine.append(run_one(cfg, sc, rate, ladder))
             mine[-1].run_order = len(mine) - 1
-            base = next((r for r in mine if r.config == "a"), None)
+            base = next((r for r in mine if r.config == "no-graphs"), None)
             for r in mine:
                 r.driver_delta_mib = r.driver_end_mib - base.driver_end_mib if base else math.nan
             # NOTE: rewritten after every run (the plot after every load), so a run cut short keeps its numbers
@@ -133,11 +112,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true",
                    help="~1.5 min: two loads (16 and 40 req/s), 5 s each (default: 4, 16, 40 req/s, 8 s each, "
                         "~4 min for the 7 configs on the H200)")
-    p.add_argument("--configs", default="abcdefg",
-                   help="letters of the configurations: (a) no graphs, (b) capture all at start-up, (c) lazy "
-                        "unbounded, (d) LightLLM LRU 16, (e) graphpool, (f) graphpool + budget, (g) graphpool + "
-                        "warm padding cover")
-    p.add_argument("--budget-mib", type=int, default=256, help="graph memory budget of config (f)")
+    p.add_argument("--configs", nargs="+", default=list(TraceBenchConfig.configs), choices=list(CONFIG_NAMES),
+                   metavar="NAME", help=f"graph policies, of: {CONFIG_HELP} (default: all)")
+    p.add_argument("--budget-mib", type=int, default=256, help="graph memory budget of config budget")
     p.add_argument("--kv-gib", type=float, default=8.0, help="KV cache size, the same for every config")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="auto")

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from graphpool.bench.common import progress
-from graphpool.bench.serve_client import ClientRun, run_trace
+from graphpool.bench.serve.client import ClientRun, run_trace
 from graphpool.bench.workload import TraceRequest
 
 _START_S = 0.3  # from the moment every process is ready to the trace's time 0

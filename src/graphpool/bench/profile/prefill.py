@@ -17,8 +17,8 @@ from torch._C._profiler import _ExperimentalConfig
 from torch.profiler import ProfilerActivity, profile, record_function
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from graphpool.bench import profile_events as pe
 from graphpool.bench.common import md_table, median, sync
+from graphpool.bench.profile import events as pe
 from graphpool.engine.config import EngineConfig
 from graphpool.engine.engine import LLMEngine, LoadedModel
 from graphpool.engine.sampling_params import SamplingParams

@@ -1,6 +1,6 @@
 """Device memory of the three mempool layouts, in the driver's view.
 
-    python -m graphpool.bench.memory_probe [--graphs 35] [--keep 16] [--hidden 2048] [--vocab 32000]
+    python benchmarks/memory_probe.py [--graphs 35] [--keep 16] [--hidden 2048] [--vocab 32000]
 
 For each layout: capture N graphs (largest first), then evict the least recently used down to K, then all.
 Reports resident bytes (driver delta and the pool's accounting) and bytes given back at each eviction.
@@ -15,9 +15,9 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from graphpool.bench.toy import TOY_SPECS, ToyDecode
 from graphpool.pool.config import PoolConfig
 from graphpool.pool.pool import GraphPool
+from toy import TOY_SPECS, ToyDecode
 
 MiB = 2**20
 

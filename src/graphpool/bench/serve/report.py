@@ -13,6 +13,7 @@ from typing import Any
 from graphpool.bench import common
 from graphpool.bench.common import MIB, md_table, median, percentile
 from graphpool.bench.latency import all_itls_ms
+from graphpool.bench.serve.configs import config_order
 
 # serving-time deltas of the pool's counters (after the run minus right after start-up)
 DELTA_KEYS = ("captures", "hits", "padded_hits", "misses", "evictions", "eager_steps", "fallbacks")
@@ -20,7 +21,7 @@ DELTA_KEYS = ("captures", "hits", "padded_hits", "misses", "evictions", "eager_s
 
 @dataclass(frozen=True)
 class RunSummary:
-    config: str  # letter
+    config: str  # the configuration's name (serve/configs.py)
     label: str
     seed: int
     model: str
@@ -46,7 +47,7 @@ class RunSummary:
     stop_s: float
     killed: bool
     errors_sample: list[str] = field(default_factory=list)
-    # client-side gaps over 10 ms by cause, from the server's step timeline (serve_attribution.attribute)
+    # client-side gaps over 10 ms by cause, from the server's step timeline (serve/attribution.attribute)
     gap_causes: dict[str, Any] = field(default_factory=dict)
     client_loop_lag_ms: dict[str, float] = field(default_factory=dict)  # p50 / p99 / max lateness of a 10-ms timer
     client_cpu_share: float = math.nan  # client CPU time / wall time (1.0 = one core busy)
@@ -149,11 +150,12 @@ class Target:
 
 
 def evaluate_targets(by_config: Mapping[str, Sequence[RunSummary]]) -> list[Target]:
-    """The targets on medians over seeds: b = capture all, c = LightLLM's LRU pool, d = graphpool default."""
+    """The targets on medians over seeds: capture-all, LightLLM's LRU pool (lru16-capture-on-miss) and graphpool's
+    default."""
     errors = sum(r.errors for rs in by_config.values() for r in rs)
     runs = sum(len(rs) for rs in by_config.values())
     out = [Target("0 errors", errors == 0 if runs else None, f"{errors} errors in {runs} runs")]
-    b, c, d = (by_config.get(k, ()) for k in "bcd")
+    b, c, d = (by_config.get(k, ()) for k in ("capture-all", "lru16-capture-on-miss", "default"))
 
     def med(rs: Sequence[RunSummary], key: str) -> float:
         return spread(rs, key)[0]
@@ -169,14 +171,14 @@ def evaluate_targets(by_config: Mapping[str, Sequence[RunSummary]]) -> list[Targ
                           f"{sd:.2f} s vs {sb:.2f} s (graphpool_graph_capture_seconds after start-up): "
                           f"{100 * common.ratio(sd, sb):.1f}%"))
     else:
-        out.append(Target("default vs capture-all (ITL p99.9, start-up capture)", None, "needs configs b and d"))
+        out.append(Target("default vs capture-all (ITL p99.9, start-up capture)", None, "needs configs capture-all and default"))
     if c and d:
         cc, cd = med(c, "serving.captures"), med(d, "serving.captures")
         ok = None if cc == 0 or math.isnan(cc) or math.isnan(cd) else cc >= 5 * cd
         out.append(Target(">= 5x fewer captures while serving than LightLLM's LRU", ok,
                           f"default {cd:.0f} vs LightLLM {cc:.0f}" + (f": {cc / cd:.1f}x fewer" if cd else "")))
     else:
-        out.append(Target(">= 5x fewer captures while serving than LightLLM's LRU", None, "needs configs c and d"))
+        out.append(Target(">= 5x fewer captures while serving than LightLLM's LRU", None, "needs configs lru16-capture-on-miss and default"))
     return out
 
 
@@ -197,7 +199,7 @@ COLUMNS = [
 def markdown(by_config: Mapping[str, Sequence[RunSummary]], targets: Sequence[Target], png: str | None) -> str:
     first = next(r for rs in by_config.values() for r in rs)
     rows = [[f"({k}) {rs[0].label}", len(rs), *(_cell(rs, key) for _, key in COLUMNS[1:])]
-            for k, rs in sorted(by_config.items())]
+            for k, rs in by_config.items()]
     body = (f"Model `{first.model}`, Poisson {first.rate:g} req/s for {first.trace_s:g} s per run; each cell is the "
             "median over seeds [min-max]. Latencies are client-side (openai AsyncOpenAI, streamed completions); "
             "ITL = gaps between streamed chunks that carry tokens; captures and the other pool counters are "
@@ -214,17 +216,17 @@ def markdown(by_config: Mapping[str, Sequence[RunSummary]], targets: Sequence[Ta
 
 
 def _attribution_section(by_config: Mapping[str, Sequence[RunSummary]]) -> str:
-    from graphpool.bench.serve_attribution import cause_table, merge, step_table
+    from graphpool.bench.serve.attribution import cause_table, merge, step_table
 
     causes = {f"({k}) {rs[0].label}": merge([r.gap_causes for r in rs if r.gap_causes])
-              for k, rs in sorted(by_config.items()) if any(r.gap_causes for r in rs)}
+              for k, rs in by_config.items() if any(r.gap_causes for r in rs)}
     if not causes:
         return ""
     steps = {f"({k}) {rs[0].label}, seed {r.seed}": r.gap_causes["steps"]
-             for k, rs in sorted(by_config.items()) for r in [r for r in rs if r.gap_causes][:1]}
+             for k, rs in by_config.items() for r in [r for r in rs if r.gap_causes][:1]}
     return ("\nWhere the client's inter-token gaps over 10 ms come from (every seed with a server step timeline; "
             "each gap counted under its largest part, in brackets each cause's share of those gaps' time; "
-            "bench/serve_attribution.py says how):\n\n" + cause_table(causes)
+            "bench/serve/attribution.py says how):\n\n" + cause_table(causes)
             + "\nThe server's steps (GET /debug/steps; host ms = the engine thread's wall time of a step, device "
             "ms = its forward's GPU time):\n\n" + step_table(steps))
 
@@ -238,7 +240,7 @@ def write_serve_report(out_dir: Path, env: common.EnvInfo, extra: Mapping[str, A
     if not runs:
         raise ValueError(f"no runs under {out_dir / 'runs'}")
     by_config: dict[str, list[RunSummary]] = {}
-    for r in sorted(runs, key=lambda r: (r.config, r.seed)):
+    for r in sorted(runs, key=lambda r: (config_order(r.config), r.seed)):
         by_config.setdefault(r.config, []).append(r)
     targets = evaluate_targets(by_config)
     png = None

@@ -11,10 +11,11 @@ from typing import TYPE_CHECKING, Any
 from graphpool.bench import common
 from graphpool.bench.common import MIB, md_table, ratio
 from graphpool.bench.latency import LatencySummary, WorkingSet, all_itls_ms, summarize_latency, working_set
-from graphpool.bench.trace_replay import ReplayResult
+from graphpool.bench.trace.config import config_order
+from graphpool.bench.trace.replay import ReplayResult
 
 if TYPE_CHECKING:
-    from graphpool.bench.trace_config import ServingConfig, TraceBenchConfig
+    from graphpool.bench.trace.config import ServingConfig, TraceBenchConfig
 
 
 @dataclass
@@ -31,7 +32,7 @@ class RunResult:
     captures_serving: int
     evictions_serving: int
     peak_graph_mib: float  # accounted resident bytes, max over every step
-    driver_delta_mib: float  # device memory in use at the end minus config (a)'s at the same load
+    driver_delta_mib: float  # device memory in use at the end minus no-graphs' at the same load
     driver_start_mib: float
     driver_end_mib: float
     graph_steps: int
@@ -70,9 +71,9 @@ def summarize_run(sc: ServingConfig, rate: float, startup_s: float, rr: ReplayRe
 
 
 def working_set_reference(runs: Sequence[RunResult]) -> RunResult:
-    """The run whose batch-size working set describes its load: the most decode steps ((b) on a tie). A
+    """The run whose batch-size working set describes its load: the most decode steps (capture-all on a tie). A
     config that starves decode (no graphs) would say the load touches almost no buckets."""
-    return max(runs, key=lambda r: (r.decode_steps, r.config == "b"))
+    return max(runs, key=lambda r: (r.decode_steps, r.config == "capture-all"))
 
 
 def markdown(runs: Sequence[RunResult], traces: dict[float, dict[str, float]], cfg: TraceBenchConfig) -> str:
@@ -86,8 +87,8 @@ def markdown(runs: Sequence[RunResult], traces: dict[float, dict[str, float]], c
                         [[r, t["requests"], t.get("prompt_mean", 0), t.get("output_mean", 0), t.get("output_p99", 0)]
                          for r, t in traces.items()]))
     for rate in dict.fromkeys(r.rate for r in runs):
-        mine = sorted((r for r in runs if r.rate == rate), key=lambda r: r.config)
-        base_b = next((r for r in mine if r.config == "b"), None)
+        mine = sorted((r for r in runs if r.rate == rate), key=lambda r: config_order(r.config))
+        base_b = next((r for r in mine if r.config == "capture-all"), None)
         out.append(f"\n## {rate:g} requests/s\n\n")
         ref = working_set_reference(mine)
         ws = ref.working_set
@@ -97,7 +98,7 @@ def markdown(runs: Sequence[RunResult], traces: dict[float, dict[str, float]], c
                    f"within {ws.window} decode steps, mean batch {ws.mean_batch:.1f}: {over} a pool of 16.\n\n")
         out.append(md_table(
             ["config", "start-up s", "start-up capture s", "tok/s", "ITL p50 ms", "ITL p99 ms", "ITL p99.9 ms",
-             "ITL max ms", "TTFT p99 ms", "p99 ITL / (b)", "peak graph MiB", "driver delta MiB", "hit rate",
+             "ITL max ms", "TTFT p99 ms", "p99 ITL / capture-all", "peak graph MiB", "driver delta MiB", "hit rate",
              "captures serving", "evictions", "decode / prefill steps", "buckets (window)", "mean batch",
              "finished/started/requests"],
             [[f"({r.config}) {r.label}", r.startup_s, r.startup_capture_s, r.tokens_per_s, r.latency.itl_p50_ms,
@@ -121,7 +122,7 @@ def write_trace_report(runs: list[RunResult], traces: dict[float, dict[str, floa
     if plot:
         rates = list(dict.fromkeys(r.rate for r in runs))
         per_load = {f"{rate:g} req/s": {f"({r.config}) {r.label}": r.itls_ms
-                                        for r in sorted(runs, key=lambda r: r.config) if r.rate == rate}
+                                        for r in sorted(runs, key=lambda r: config_order(r.config)) if r.rate == rate}
                     for rate in rates}
         png = plot_itl_cdfs(per_load, png)
     body = markdown(runs, traces, cfg) + f"\n![ITL CDFs]({png.name})\n"

@@ -1,8 +1,8 @@
-"""Eviction cost on a GPU: the eviction call itself, and the eager step right after it, with two releases:
-a process-wide flush (reset the graph, then ``torch.cuda.empty_cache()``) and the pool's own (the
-evicted graph's own MemPool only), side by side in one run, trials interleaved, medians.
+"""Eviction cost on a GPU: the eviction call itself, and the eager step right after it, with a process-wide
+release (reset the graph, then ``torch.cuda.empty_cache()``) and the pool's own (the evicted graph's own
+MemPool only), side by side in one run, trials interleaved, medians.
 
-    python -m graphpool.bench.eviction_bench [--trials 30] [--rows 4096] [--graph-size 256]
+    python benchmarks/eviction_bench.py [--trials 30] [--rows 4096] [--graph-size 256]
 
 The eager step stands for the engine's prefill: a toy step of ``--rows`` rows whose blocks are cached when
 the eviction comes. After a process-wide flush it pays cudaMalloc for them again.
@@ -17,10 +17,10 @@ from collections.abc import Callable
 
 import torch
 
-from graphpool.bench.toy import TOY_SPECS, ToyDecode
 from graphpool.pool.capture import CapturedGraph, CudaGraphCapturer
 from graphpool.pool.config import PoolConfig
 from graphpool.pool.pool import GraphPool
+from toy import TOY_SPECS, ToyDecode
 
 
 class FlushingCapturer(CudaGraphCapturer):

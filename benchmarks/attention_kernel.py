@@ -1,6 +1,6 @@
 """Time the Triton paged decode attention against the HBM floor of the bytes it must read.
 
-Run on a GPU: ``python -m graphpool.bench.attention_kernel [--ref] [--mixed] [--split-len N]``.
+Run on a GPU: ``python benchmarks/attention_kernel.py [--ref] [--mixed] [--split-len N]``.
 The floor is (K + V bytes of every row's context + q + out) / the copy bandwidth measured in the same run.
 ``eager`` is triton.testing.do_bench (L2 flushed between runs, launch cost included); ``graph`` is
 do_bench_cudagraph (the kernels replayed inside a CUDA graph, as the decode step runs them).

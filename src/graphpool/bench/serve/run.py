@@ -18,11 +18,19 @@ from pathlib import Path
 
 from graphpool.bench import common
 from graphpool.bench.common import progress
-from graphpool.bench.serve_attribution import attribute
-from graphpool.bench.serve_client import run_trace
-from graphpool.bench.serve_clients import default_processes, run_trace_processes
-from graphpool.bench.serve_report import save_run, summarize_run, write_serve_report
-from graphpool.bench.serve_server import (
+from graphpool.bench.serve.attribution import attribute
+from graphpool.bench.serve.client import run_trace
+from graphpool.bench.serve.clients import default_processes, run_trace_processes
+from graphpool.bench.serve.configs import (
+    CONFIG_HELP,
+    CONFIG_LABELS,
+    DEFAULT_CONFIGS,
+    ServeConfig,
+    ladder_size,
+    serve_configs,
+)
+from graphpool.bench.serve.report import save_run, summarize_run, write_serve_report
+from graphpool.bench.serve.server import (
     ServerFailed,
     ServerProcess,
     connect,
@@ -32,57 +40,6 @@ from graphpool.bench.serve_server import (
 )
 from graphpool.bench.workload import TraceConfig, TraceRequest, generate_trace, summarize_trace
 from graphpool.engine.timeline import records_from_export
-
-CONFIG_LABELS = {
-    "a": "no graphs",
-    "b": "capture all at start-up",
-    "c": "LightLLM LRU 16, capture on miss, shared",
-    "d": "graphpool default",
-    "e": "graphpool + byte budget",
-    "f": "graphpool, no start-up warm-up",
-    "g": "graphpool, eager prefill steps, no mixed steps",
-    "h": "graphpool, no mixed steps",
-    "i": "graphpool + async scheduling",
-    "j": "graphpool + microbatch overlap",
-}
-# eager prefill (LightLLM's): every prefill step runs eagerly and decodes wait for it
-_EAGER_PREFILL = ("--graph-prefill-max-tokens", "0", "--no-enable-mixed-steps")
-
-
-@dataclass(frozen=True)
-class ServeConfig:
-    key: str
-    label: str
-    flags: tuple[str, ...]  # server flags of this configuration
-
-
-def ladder_size(server_args: Sequence[str]) -> int:
-    """Sizes in the pool's ladder under the server's graph flags (the pass-through ones included)."""
-    from graphpool.engine.args import add_engine_args, engine_config_from_args
-
-    parser = argparse.ArgumentParser(add_help=False)
-    add_engine_args(parser)
-    known, _ = parser.parse_known_args(list(server_args))
-    cfg = engine_config_from_args(known, device="cpu")
-    return len(cfg.pool_config.ladder().sizes)
-
-
-def serve_configs(ladder_n: int, budget: str) -> dict[str, ServeConfig]:
-    flags = {
-        "a": ("--disable-cudagraph",),
-        "b": ("--graph-warmup", "all", "--max-graph-pool-size", str(ladder_n)),
-        "c": ("--max-graph-pool-size", "16", "--graph-miss-policy", "capture", "--graph-mempool", "shared",
-              "--graph-warmup", "none", *_EAGER_PREFILL),
-        "d": (),
-        "e": ("--graph-memory-budget", budget),
-        "f": ("--graph-warmup", "none"),
-        "g": _EAGER_PREFILL,
-        "h": ("--no-enable-mixed-steps",),
-        "i": ("--async-scheduling",),
-        "j": ("--enable-microbatch-overlap",),  # NOTE: for tensor parallel (--server-arg=--tensor-parallel-size=2)
-    }
-    labels = CONFIG_LABELS | {"b": f"capture all {ladder_n} at start-up", "e": f"graphpool + budget {budget}"}
-    return {k: ServeConfig(k, labels[k], v) for k, v in flags.items()}
 
 
 @dataclass(frozen=True)
@@ -107,17 +64,17 @@ class ServeBenchConfig:
     resume: bool
     prime: bool = True
     step_timeline: bool = True  # the server keeps a step timeline, and the client's gaps are attributed by it
-    client_processes: int = 1  # client processes streaming the trace (serve_clients.py says why)
+    client_processes: int = 1  # client processes streaming the trace (serve/clients.py says why)
 
     def __post_init__(self) -> None:
         if not self.seeds:
             raise ValueError("serve bench: --seeds must be >= 1")
         unknown = [c for c in self.configs if c not in CONFIG_LABELS]
         if unknown or not self.configs:
-            raise ValueError(f"serve bench: --configs are letters of {''.join(CONFIG_LABELS)}, "
-                             f"got {''.join(self.configs)!r}")
+            raise ValueError(f"serve bench: --configs are names of {', '.join(CONFIG_LABELS)}, "
+                             f"got {' '.join(self.configs)!r}")
         if self.url and len(self.configs) != 1:
-            raise ValueError("serve bench: with --url (an existing server) give exactly one --configs letter, "
+            raise ValueError("serve bench: with --url (an existing server) give exactly one --configs name, "
                              "the one that server runs")
         if self.client_processes < 1:
             raise ValueError(f"serve bench: --client-processes must be >= 1, got {self.client_processes}")
@@ -196,7 +153,7 @@ def _model_card(url: str) -> dict[str, object]:
 def prime(cfg: ServeBenchConfig, out_dir: Path, flags: Sequence[str]) -> None:
     """Untimed, before every timed run: one server with graphs off decodes, one request at a time, across every
     64-token interval of context the traces can reach, so the Triton decode kernel's variants (one per bound,
-    see trace_warmup.py) are compiled into the on-disk cache and no timed run pays a JIT compile."""
+    see trace/warmup.py) are compiled into the on-disk cache and no timed run pays a JIT compile."""
     log = out_dir / "logs" / "prime.log"
     server = start_server([*cfg.engine_flags(), *flags], log, cfg.startup_timeout_s)
     try:
@@ -240,14 +197,14 @@ def run_serve_bench(cfg: ServeBenchConfig, out_dir: Path, argv: Sequence[str] | 
     if cfg.resume:
         todo = [(sc, s) for sc, s in todo if not (out_dir / "runs" / f"{sc.key}-seed{s}.json").exists()]
     trace0 = summarize_trace(generate_trace(cfg.trace(cfg.seeds[0])), cfg.duration_s)
-    progress(f"serve bench: {len(todo)} runs ({''.join(cfg.configs)} x seeds {list(cfg.seeds)}), "
+    progress(f"serve bench: {len(todo)} runs ({' '.join(cfg.configs)} x seeds {list(cfg.seeds)}), "
              f"model {cfg.model}, seed {cfg.seeds[0]} trace: {trace0['requests']} requests, "
              f"{trace0.get('output_tokens', 0)} output tokens")
     if todo:
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "env.json").write_text(json.dumps(vars(env), indent=1) + "\n")
     if todo and cfg.prime and not cfg.url:
-        prime(cfg, out_dir, configs["a"].flags)
+        prime(cfg, out_dir, configs["no-graphs"].flags)
     for sc, seed in todo:
         run_one(cfg, sc, seed, out_dir)
         # NOTE: rewritten after every run, so a benchmark cut short keeps what it measured
@@ -279,21 +236,16 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--duration", type=float, default=30.0, help="seconds of arrivals per run")
     p.add_argument("--seeds", type=int, default=3, help="seeds per configuration (trace seeds first-seed..)")
     p.add_argument("--first-seed", type=int, default=0, help="first trace seed (split seeds over calls)")
-    p.add_argument("--configs", default="abcde",
-                   help="letters: (a) no graphs, (b) capture every ladder size at start-up, (c) LightLLM's LRU 16, "
-                        "capture on miss, shared mempool, no warm-up, (d) graphpool default, (e) graphpool with "
-                        "--graph-memory-budget, (f) graphpool default without the start-up warm-up (lazy capture), (g) "
-                        "eager prefill steps and no mixed steps, (h) no mixed steps, "
-                        "(i) + --async-scheduling, (j) + --enable-microbatch-overlap (with "
-                        "--server-arg=--tensor-parallel-size=2)")
-    p.add_argument("--budget", default="256MiB", help="--graph-memory-budget of configuration (e)")
+    p.add_argument("--configs", nargs="+", default=list(DEFAULT_CONFIGS), choices=list(CONFIG_LABELS),
+                   metavar="NAME", help=f"server configurations, of: {CONFIG_HELP} (default: %(default)s)")
+    p.add_argument("--budget", default="256MiB", help="--graph-memory-budget of configuration budget")
     p.add_argument("--prompt-mean", type=float, default=300.0, help="lognormal prompt length mean (tokens)")
     p.add_argument("--prompt-cap", type=int, default=1024)
     p.add_argument("--max-tokens-mean", type=float, default=256.0, help="lognormal max_tokens mean (ignore_eos)")
     p.add_argument("--max-tokens-cap", type=int, default=768)
     p.add_argument("--sigma", type=float, default=1.0, help="lognormal shape of both lengths")
     p.add_argument("--concurrency", type=int, default=None, help="most requests in flight (default: no cap)")
-    p.add_argument("--url", default=None, help="an existing server (one --configs letter; never stopped)")
+    p.add_argument("--url", default=None, help="an existing server (one --configs name; never stopped)")
     p.add_argument("--server-arg", action="append", default=[], metavar="ARG",
                    help="one more server flag, e.g. --server-arg=--max-num-seqs=64 (repeatable)")
     p.add_argument("--startup-timeout", type=float, default=900.0, help="seconds for the server to get healthy")

@@ -16,10 +16,10 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from graphpool.bench import common
-from graphpool.bench import profile_events as pe
 from graphpool.bench.common import md_table, progress
 from graphpool.bench.decode import DecodeSetup, build_random_model, model_label
-from graphpool.bench.profile_prefill import PrefillProfile, prefill_markdown, run_prefill
+from graphpool.bench.profile import events as pe
+from graphpool.bench.profile.prefill import PrefillProfile, prefill_markdown, run_prefill
 from graphpool.engine.engine import LoadedModel
 from graphpool.engine.sampler import Sampler
 from graphpool.engine.sampling_params import SamplingParams

@@ -2,11 +2,10 @@
 allocations inside, random batch sizes through capture-on-miss under a budget; device memory held since the
 pool was created (``mem_get_info``) against the bytes the pool accounts.
 
-    python -m graphpool.bench.budget_probe [--steps 200] [--budget-mib 96] [--keep-outputs] [--layout arena]
+    python benchmarks/budget_probe.py [--steps 200] [--budget-mib 96] [--keep-outputs] [--layout arena]
 
-Uses only the pool's public API, so the same file measures an older checkout too (copied out of the
-package directory, whose module names would shadow top-level ones when run as a script):
-``cp src/graphpool/bench/budget_probe.py /tmp/ && PYTHONPATH=<old checkout>/src python /tmp/budget_probe.py``.
+Uses only the pool's public API, so the same file measures an older checkout too:
+``PYTHONPATH=<old checkout>/src python benchmarks/budget_probe.py``.
 """
 
 from __future__ import annotations

@@ -1,0 +1,1 @@
+"""`graphpool bench serve`: a live server per graph configuration, driven by a streaming openai client."""

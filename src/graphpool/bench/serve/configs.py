@@ -1,0 +1,74 @@
+"""The server configurations `bench serve` compares, by name: each is a set of `graphpool serve` flags."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+CONFIG_LABELS = {
+    "no-graphs": "no graphs",
+    "capture-all": "capture all at start-up",
+    "lru16-capture-on-miss": "seed: LRU 16, capture on miss, shared",
+    "default": "graphpool default",
+    "budget": "graphpool + byte budget",
+    "no-warmup": "graphpool, no start-up warm-up",
+    "eager-prefill": "graphpool, eager prefill steps, no mixed steps",
+    "no-mixed-steps": "graphpool, no mixed steps",
+    "async-scheduling": "graphpool + async scheduling",
+    "microbatch-overlap": "graphpool + microbatch overlap",
+}
+CONFIG_NAMES = tuple(CONFIG_LABELS)
+DEFAULT_CONFIGS = ("no-graphs", "capture-all", "lru16-capture-on-miss", "default", "budget")
+CONFIG_HELP = (
+    "no-graphs; capture-all: every ladder size at start-up; lru16-capture-on-miss: the seed's pool (LRU 16, capture "
+    "on miss, shared mempool, no warm-up, eager prefill); default: graphpool's defaults; budget: with "
+    "--graph-memory-budget; no-warmup: the defaults without the start-up warm-up (lazy capture); eager-prefill: eager "
+    "prefill steps and no mixed steps; no-mixed-steps; async-scheduling: + --async-scheduling; microbatch-overlap: "
+    "+ --enable-microbatch-overlap (with --server-arg=--tensor-parallel-size=2)"
+)
+# every prefill step eager, and decodes wait for it (the seed's prefill)
+_EAGER_PREFILL = ("--graph-prefill-max-tokens", "0", "--no-enable-mixed-steps")
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    key: str
+    label: str
+    flags: tuple[str, ...]  # server flags of this configuration
+
+
+def ladder_size(server_args: Sequence[str]) -> int:
+    """Sizes in the pool's ladder under the server's graph flags (the pass-through ones included)."""
+    from graphpool.engine.args import add_engine_args, engine_config_from_args
+
+    parser = argparse.ArgumentParser(add_help=False)
+    add_engine_args(parser)
+    known, _ = parser.parse_known_args(list(server_args))
+    cfg = engine_config_from_args(known, device="cpu")
+    return len(cfg.pool_config.ladder().sizes)
+
+
+def serve_configs(ladder_n: int, budget: str) -> dict[str, ServeConfig]:
+    flags = {
+        "no-graphs": ("--disable-cudagraph",),
+        "capture-all": ("--graph-warmup", "all", "--max-graph-pool-size", str(ladder_n)),
+        "lru16-capture-on-miss": ("--max-graph-pool-size", "16", "--graph-miss-policy", "capture", "--graph-mempool",
+                                  "shared", "--graph-warmup", "none", *_EAGER_PREFILL),
+        "default": (),
+        "budget": ("--graph-memory-budget", budget),
+        "no-warmup": ("--graph-warmup", "none"),
+        "eager-prefill": _EAGER_PREFILL,
+        "no-mixed-steps": ("--no-enable-mixed-steps",),
+        "async-scheduling": ("--async-scheduling",),
+        # NOTE: for tensor parallel (--server-arg=--tensor-parallel-size=2)
+        "microbatch-overlap": ("--enable-microbatch-overlap",),
+    }
+    labels = CONFIG_LABELS | {"capture-all": f"capture all {ladder_n} at start-up",
+                              "budget": f"graphpool + budget {budget}"}
+    return {k: ServeConfig(k, labels[k], v) for k, v in flags.items()}
+
+
+def config_order(key: str) -> tuple[int, str]:
+    """Sort key: the configurations in the order above, any other name (a run saved by another version) after."""
+    return (CONFIG_NAMES.index(key), "") if key in CONFIG_LABELS else (len(CONFIG_NAMES), key)
