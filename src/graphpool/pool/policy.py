@@ -16,7 +16,7 @@ Choice = Literal["capture"] | int | FallbackReason
 
 
 class CaptureOnMiss:
-    """The seed's behaviour: every miss captures, evicting the least recently used graph.
+    """LightLLM's behaviour: every miss captures, evicting the least recently used graph.
 
     Also the shape of any miss policy (subclass it): ``observe`` sees every graph-eligible step's bucket
     before the pool decides anything; ``on_miss`` answers a bucket with no resident graph, given the resident

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 CONFIG_LABELS = {
     "no-graphs": "no graphs",
     "capture-all": "capture all at start-up",
-    "lru16-capture-on-miss": "seed: LRU 16, capture on miss, shared",
+    "lru16-capture-on-miss": "LightLLM: LRU 16, capture on miss, shared",
     "default": "graphpool default",
     "budget": "graphpool + byte budget",
     "no-warmup": "graphpool, no start-up warm-up",
@@ -21,13 +21,13 @@ CONFIG_LABELS = {
 CONFIG_NAMES = tuple(CONFIG_LABELS)
 DEFAULT_CONFIGS = ("no-graphs", "capture-all", "lru16-capture-on-miss", "default", "budget")
 CONFIG_HELP = (
-    "no-graphs; capture-all: every ladder size at start-up; lru16-capture-on-miss: the seed's pool (LRU 16, capture "
+    "no-graphs; capture-all: every ladder size at start-up; lru16-capture-on-miss: LightLLM's pool (LRU 16, capture "
     "on miss, shared mempool, no warm-up, eager prefill); default: graphpool's defaults; budget: with "
     "--graph-memory-budget; no-warmup: the defaults without the start-up warm-up (lazy capture); eager-prefill: eager "
     "prefill steps and no mixed steps; no-mixed-steps; async-scheduling: + --async-scheduling; microbatch-overlap: "
     "+ --enable-microbatch-overlap (with --server-arg=--tensor-parallel-size=2)"
 )
-# every prefill step eager, and decodes wait for it (the seed's prefill)
+# every prefill step eager, and decodes wait for it (LightLLM's prefill)
 _EAGER_PREFILL = ("--graph-prefill-max-tokens", "0", "--no-enable-mixed-steps")
 
 

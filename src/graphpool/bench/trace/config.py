@@ -23,7 +23,7 @@ CONFIG_NAMES = ("no-graphs", "capture-all", "lazy-unbounded", "lru16-capture-on-
                 "warm-cover")
 CONFIG_HELP = (
     "no-graphs; capture-all: every ladder size at start-up; lazy-unbounded: capture on miss, no eviction; "
-    "lru16-capture-on-miss: the seed's pool (LRU 16, capture on miss, shared mempool); no-warmup: graphpool's pool "
+    "lru16-capture-on-miss: LightLLM's pool (LRU 16, capture on miss, shared mempool); no-warmup: graphpool's pool "
     "without warm-up; budget: the same with a byte budget; warm-cover: graphpool warming a padding cover"
 )
 
@@ -47,22 +47,22 @@ def serving_configs(ladder: Sequence[int], budget_bytes: int) -> list[ServingCon
 
     all_sizes = tuple(ladder)  # NOTE: explicit sizes: "capture every size", whatever "all" means to the engine
     n = len(ladder)
-    # NOTE: the seed captures every size at start-up and its LRU then keeps the 16 smallest; warming exactly
+    # NOTE: LightLLM's pool captures every size at start-up and its LRU then keeps the 16 smallest; warming exactly
     # those gives the same resident set (its start-up capture time is then understated, not overstated).
     seed_resident = tuple(sorted(ladder)[:16])
     pool_defaults = PoolConfig()
     cover = tuple(pool_defaults.ladder().padding_cover(pool_defaults.max_padding_ratio)[:16])
     capture = {"graph_miss_policy": "capture", "graph_mempool": "shared"}
-    # NOTE: graphpool's configs use the pool's default miss policy, named explicitly (and in the label)
-    ours = {"graph_miss_policy": pool_defaults.miss_policy, "graph_mempool": "per_graph"}
+    # NOTE: graphpool's configs use the pool's default miss policy and layout, named explicitly (and in the label)
+    ours = {"graph_miss_policy": pool_defaults.miss_policy, "graph_mempool": pool_defaults.mempool}
     return [
         ServingConfig("no-graphs", "no graphs", {"disable_cudagraph": True}),
         ServingConfig("capture-all", "capture all at start-up",
                       {"max_graph_pool_size": n, "graph_warmup": all_sizes, **capture}),
         ServingConfig("lazy-unbounded", "lazy, unbounded", {"max_graph_pool_size": n, "graph_warmup": "none", **capture}),
-        ServingConfig("lru16-capture-on-miss", "seed: LRU 16",
+        ServingConfig("lru16-capture-on-miss", "LightLLM: LRU 16",
                       {"max_graph_pool_size": 16, "graph_warmup": seed_resident, **capture}),
-        ServingConfig("no-warmup", f"graphpool ({pool_defaults.miss_policy}, per_graph)",
+        ServingConfig("no-warmup", f"graphpool ({pool_defaults.miss_policy}, {pool_defaults.mempool})",
                       {**ours, "graph_warmup": "none"}),
         ServingConfig("budget", f"graphpool + budget {budget_bytes // MIB} MiB",
                       {**ours, "graph_warmup": "none", "graph_memory_budget": budget_bytes}),
