@@ -18,8 +18,8 @@ import pytest
 import torch
 from gpu_helpers import report
 
+import budget_probe
 from graphpool import LLM, SamplingParams
-from graphpool.bench import budget_probe
 from graphpool.bench.decode import DecodeSetup, build_random_model, setup_input_specs
 from graphpool.bench.memory import Recorder, capture_order
 from graphpool.pool import CudaGraphCapturer, FallbackReason, GraphPool, PoolConfig, cuda_state
