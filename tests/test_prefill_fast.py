@@ -1,4 +1,4 @@
-"""Fast prefill (issue 11 §2): the prefill attention over the whole batch equals the previous per-sequence loop
+"""Fast prefill: the prefill attention over the whole batch equals the previous per-sequence loop
 (bitwise in float32 on the CPU), prefill logits and greedy generation are unchanged, and a prefill step
 dispatches fewer ops than before."""
 

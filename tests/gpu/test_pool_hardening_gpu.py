@@ -1,4 +1,4 @@
-"""The pool's hardening on a real GPU (issue 9): a failed capture leaves no capture state behind, the byte
+"""The pool's hardening on a real GPU: a failed capture leaves no capture state behind, the byte
 budget holds in the driver's view, eviction gives back only the evicted graph's memory.
 
 Run: .venv/bin/python -m pytest -q -s -p no:cacheprovider tests/gpu/test_pool_hardening_gpu.py
