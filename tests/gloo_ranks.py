@@ -32,9 +32,10 @@ def _rank_main(fn: Callable[..., Any], rank: int, world: int, port: int, args: t
         out.put((rank, False, traceback.format_exc()))
 
 
-def run_ranks(fn: Callable[..., Any], world: int, *args: Any, timeout: float = 120.0) -> list[Any]:
+def run_ranks(fn: Callable[..., Any], world: int, *args: Any, timeout: float = 600.0) -> list[Any]:
     """`fn(rank, world, *args)` on `world` spawned processes (a picklable, module-level `fn`); the results
-    by rank. A rank that raises fails the call with its traceback."""
+    by rank. A rank that raises fails the call with its traceback; `timeout` (generous: a busy machine is slow)
+    only ends a hang."""
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     port = free_port()

@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from graphpool.engine.sampling_params import SamplingParams
 from graphpool.pool.stats import FallbackReason, PoolStats
 from graphpool.server.app import build_app
-from graphpool.server.async_engine import AsyncEngine
+from graphpool.server.async_engine import IDLE_WAIT_S, AsyncEngine
 from graphpool.server.metrics import ServerMetrics
 
 
@@ -231,8 +231,14 @@ def test_engine_loop_does_not_spin_on_a_step_that_schedules_nothing() -> None:
             await async_engine.add_request("r", [1, 2], SamplingParams(max_tokens=2))
 
         asyncio.run(add())
+        deadline = time.monotonic() + 60
+        while engine.steps == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        first, t0 = engine.steps, time.monotonic()
         time.sleep(0.3)
-        assert 1 <= engine.steps <= 0.3 / 0.005 + 5
+        steps, elapsed = engine.steps - first, time.monotonic() - t0
+        # each step that scheduled nothing waits IDLE_WAIT_S for a command (however long the sleep really took)
+        assert first >= 1 and steps <= elapsed / IDLE_WAIT_S + 5
     finally:
         async_engine.shutdown()
 
