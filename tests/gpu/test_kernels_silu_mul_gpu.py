@@ -12,6 +12,7 @@ import dataclasses
 import pytest
 import torch
 from test_engine_gpu import MAX_MODEL_LEN, PRESET, Record, compare, make, run, workload
+from test_kernels_silu_mul import ulp_distance
 
 from graphpool.kernels.silu_mul import silu_mul, silu_mul_ref, silu_mul_unchecked
 from graphpool.model.attn_metadata import AttentionMetadata
@@ -19,7 +20,6 @@ from graphpool.model.llama import LlamaModel
 from graphpool.model.loader import model_source
 from graphpool.model.ops import ModelOps, kernel_ops
 from graphpool.model.weights import init_random_weights
-from test_kernels_silu_mul import ulp_distance
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 # tolerance: one ulp of the rounded silu can move the product by up to two output ulps; fp32 a few ulps

@@ -13,12 +13,12 @@ from __future__ import annotations
 import pytest
 import torch
 from gpu_helpers import report
+from test_prefill_fast import MIXED, loop_prefill_attention
 
 from graphpool.model import attn_ops
 from graphpool.model.attn_metadata import AttentionMetadata
 from graphpool.model.attn_ops import prefill_attention, sdpa_prefill_attention
 from graphpool.model.loader import load_model
-from test_prefill_fast import MIXED, loop_prefill_attention
 
 # (query heads, KV heads, head dim): SmolLM2-135M, Qwen2.5-0.5B, Llama-3.2-1B, Llama-3-8B
 SHAPES = [(9, 3, 64), (14, 2, 64), (32, 8, 64), (32, 8, 128)]

@@ -80,7 +80,7 @@ def hf_tokenizer_from_gguf_metadata(meta: Mapping[str, Any]) -> Any | None:
     transformers has no such converter (before 5.0).
 
     The grouping mirrors ``transformers.integrations.gguf.get_gguf_tokenizer``, which takes a path and reads
-    the file itself; tests/test_model_tokenizer_gguf.py holds the result equal to ``AutoTokenizer``'s.
+    the file itself; tests/model/test_model_tokenizer_gguf.py holds the result equal to ``AutoTokenizer``'s.
     """
     try:
         from transformers.integrations.gguf.gguf_tokenizer_mapping import (

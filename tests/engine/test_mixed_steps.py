@@ -5,6 +5,8 @@ token those of strict interleaving (real default model, CPU, eager and through t
 from __future__ import annotations
 
 import pytest
+from test_chunked_prefill import MAX_MODEL_LEN
+from test_graph_prefill import loaded, prompts  # noqa: F401 (fixtures)
 
 from graphpool.engine.config import EngineConfig
 from graphpool.engine.engine import LLMEngine
@@ -13,8 +15,6 @@ from graphpool.engine.sampling_params import SamplingParams
 from graphpool.engine.scheduler import Scheduler
 from graphpool.engine.sequence import Sequence
 from graphpool.pool.testing import EagerCapturer
-from test_chunked_prefill import MAX_MODEL_LEN
-from test_graph_prefill import loaded, prompts  # noqa: F401 (fixtures)
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 LADDER = {"graph_max_batch_size": 64, "graph_split_batch_size": 8, "graph_grow_step_size": 8}

@@ -6,12 +6,12 @@ eager prefill, fresh and resumed chunks and prefix hits alike, and prefill steps
 from __future__ import annotations
 
 import pytest
+from test_chunked_prefill import MAX_MODEL_LEN, TEXTS
 
 from graphpool.engine.config import EngineConfig
 from graphpool.engine.engine import LLMEngine
 from graphpool.pool.testing import EagerCapturer
 from model_reference import run_waves
-from test_chunked_prefill import MAX_MODEL_LEN, TEXTS
 
 LADDER = {"graph_max_batch_size": 64, "graph_split_batch_size": 8, "graph_grow_step_size": 8}
 

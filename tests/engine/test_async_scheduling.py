@@ -8,13 +8,13 @@ back. tests/gpu/test_graph_prefill_gpu.py checks it on the GPU, where the overla
 from __future__ import annotations
 
 import pytest
+from test_chunked_prefill import MAX_MODEL_LEN
+from test_graph_prefill import loaded, prompts  # noqa: F401 (fixtures)
 
 from graphpool.engine.config import EngineConfig
 from graphpool.engine.engine import LLMEngine
 from graphpool.engine.sampling_params import SamplingParams
 from graphpool.pool.testing import EagerCapturer
-from test_chunked_prefill import MAX_MODEL_LEN
-from test_graph_prefill import loaded, prompts  # noqa: F401 (fixtures)
 
 LADDER = {"graph_max_batch_size": 64, "graph_split_batch_size": 8, "graph_grow_step_size": 8}
 

@@ -191,7 +191,7 @@ def _patch(tensor, scope):
     scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
 
 interp._patch_lang_tensor = _patch
-sys.path.insert(0, os.environ["GP_TESTS_DIR"])
+sys.path[:0] = [os.environ["GP_TESTS_DIR"], os.path.dirname(os.environ["GP_TESTS_DIR"])]  # + the tests' helpers
 """
 
 

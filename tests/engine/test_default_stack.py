@@ -6,14 +6,14 @@ equal, request for request, with prompts arriving while others decode."""
 from __future__ import annotations
 
 import pytest
+from test_async_scheduling import _drive
+from test_chunked_prefill import MAX_MODEL_LEN
+from test_graph_prefill import loaded, prompts  # noqa: F401 (fixtures)
 
 from graphpool.engine.config import EngineConfig
 from graphpool.engine.engine import LLMEngine
 from graphpool.engine.sampling_params import SamplingParams
 from graphpool.pool.testing import EagerCapturer
-from test_async_scheduling import _drive
-from test_chunked_prefill import MAX_MODEL_LEN
-from test_graph_prefill import loaded, prompts  # noqa: F401 (fixtures)
 
 LADDER = {"graph_max_batch_size": 32, "graph_split_batch_size": 8, "graph_grow_step_size": 8}
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_kernels_decode_attention import run_in_triton_interpreter
 
 from graphpool.kernels.gemv import linear, uses_gemv
 from graphpool.kernels.switches import KERNEL_SWITCHES, check_switches
-from test_kernels_decode_attention import run_in_triton_interpreter
 
 _SCRIPT = """
 from graphpool.kernels._triton_gemv import Tiles, gemv_triton

@@ -152,9 +152,10 @@ def test_trace_bench_rotates_config_order_per_load_and_reports_after_every_run(
         tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     import json
 
+    from test_bench_report import _run
+
     from graphpool.bench.trace import run as trace
     from graphpool.bench.trace.warmup import WarmupReport
-    from test_bench_report import _run
 
     ran: list[tuple[float, str]] = []
 

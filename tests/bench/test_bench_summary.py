@@ -3,6 +3,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from test_bench_report import _run
 
 from graphpool.bench import common
 from graphpool.bench.latency import WorkingSet
@@ -10,7 +11,6 @@ from graphpool.bench.memory import BudgetResult, LayoutResult
 from graphpool.bench.step import StepBenchConfig, StepRow
 from graphpool.bench.trace.run import TraceBenchConfig
 from summary import BEGIN, END, main, summarize
-from test_bench_report import _run
 
 
 def _write(tmp: Path, bench: str, results: dict) -> None:

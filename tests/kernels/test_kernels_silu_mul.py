@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_kernels_decode_attention import run_in_triton_interpreter
 
 from graphpool.kernels.silu_mul import silu_mul, silu_mul_ref, silu_mul_unchecked
 from graphpool.model.config import ModelConfig
-from test_kernels_decode_attention import run_in_triton_interpreter
 
 
 def ulp_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 import torch
+from test_kernels_decode_attention import run_in_triton_interpreter
 
 from graphpool.engine.config import EngineConfig
 from graphpool.engine.engine import LLMEngine
@@ -20,7 +21,6 @@ from graphpool.model.llama import LlamaModel
 from graphpool.model.ops import TORCH_OPS, ModelOps
 from graphpool.model.weights import init_random_weights
 from model_reference import run_waves
-from test_kernels_decode_attention import run_in_triton_interpreter
 
 _SCRIPT = """
 from graphpool.kernels._triton_gemv import gemv_triton

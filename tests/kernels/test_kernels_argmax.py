@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_kernels_decode_attention import run_in_triton_interpreter
 
 from graphpool.kernels.argmax import argmax_rows
-from test_kernels_decode_attention import run_in_triton_interpreter
 
 _SCRIPT = """
 from graphpool.kernels._triton_argmax import argmax_rows_triton

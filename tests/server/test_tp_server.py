@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-
 from test_server_shutdown import server_factory  # noqa: F401 (a fixture)
 
 MODEL = "random:qwen2.5-0.5b?layers=2"

@@ -21,7 +21,7 @@ from graphpool.bench.serve.run import ServeBenchConfig, config_from_args
 from graphpool.bench.serve.server import parse_metrics
 from graphpool.bench.workload import generate_trace
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+SRC = Path(__file__).resolve().parents[2] / "src"
 
 
 def _bench_config(**kw: object) -> ServeBenchConfig:

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_kernels_decode_attention import run_in_triton_interpreter
 
 from graphpool.kernels.norm_rope import (
     add_rms_norm,
@@ -13,7 +14,6 @@ from graphpool.kernels.norm_rope import (
     rms_norm,
     rms_norm_ref,
 )
-from test_kernels_decode_attention import run_in_triton_interpreter
 
 
 def test_rms_norm_ref_matches_float64_formula() -> None:
