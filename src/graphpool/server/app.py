@@ -37,13 +37,15 @@ M = TypeVar("M", bound=BaseModel)
 
 def build_app(
     engine: AsyncEngine, metrics: ServerMetrics, served_model_name: str | None = None,
-    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+    max_request_bytes: int | None = None,
 ) -> FastAPI:
     """An app serving ``engine`` (an AsyncEngine around an LLMEngine); the lifespan starts and stops its loop.
 
     ``metrics`` must be the AsyncEngine's observer, so that step histograms and finish reasons are recorded.
-    A request body past ``max_request_bytes`` is refused with a 413 before it is parsed.
+    A request body past ``max_request_bytes`` (None: the default) is refused with a 413 before it is parsed.
     """
+    if max_request_bytes is None:
+        max_request_bytes = DEFAULT_MAX_REQUEST_BYTES
     if max_request_bytes < 1:
         raise ValueError(f"max_request_bytes must be >= 1, got {max_request_bytes}")
     model_name = served_model_name or engine.engine.model_name

@@ -152,8 +152,7 @@ def make_server(
 
     metrics = ServerMetrics(disabled_kernels=disabled_kernels)
     async_engine = AsyncEngine(engine, observer=metrics)
-    app = build_app(async_engine, metrics, served_model_name,
-                    **({} if max_request_bytes is None else {"max_request_bytes": max_request_bytes}))
+    app = build_app(async_engine, metrics, served_model_name, max_request_bytes)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False)
     return GracefulServer(config, async_engine, shutdown_timeout, on_ready)
 
