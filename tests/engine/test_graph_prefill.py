@@ -100,3 +100,18 @@ def test_bench_serve_prefill_configs_are_valid_server_configurations() -> None:
     assert cfg.graph_prefill_max_tokens == 256 and not cfg.enable_mixed_steps
     cfg = engine_config_from_args(parser.parse_args(["--enable-mixed-steps"]), device="cpu")
     assert cfg.enable_mixed_steps and cfg.mixed_rows == 256
+
+
+def test_async_scheduling_default_follows_the_device_and_the_flag() -> None:
+    import argparse
+
+    from graphpool.engine.args import add_engine_args, engine_config_from_args
+
+    assert EngineConfig(device="cpu").async_scheduling is False  # nothing to overlap on the CPU
+    assert EngineConfig(device="cpu", async_scheduling=True).async_scheduling is True
+    with pytest.raises(ValueError, match="profile_steps"):
+        EngineConfig(device="cpu", async_scheduling=True, profile_steps=True)
+    parser = argparse.ArgumentParser()
+    add_engine_args(parser)
+    assert engine_config_from_args(parser.parse_args(["--async-scheduling"]), device="cpu").async_scheduling
+    assert not engine_config_from_args(parser.parse_args(["--no-async-scheduling"]), device="cpu").async_scheduling

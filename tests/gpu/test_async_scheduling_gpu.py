@@ -20,8 +20,11 @@ def test_float32_greedy_equal_the_synchronous_engine(prompts) -> None:  # noqa: 
     loaded = load_model(None, "cuda", torch.float32, "triton", max_positions=MAX_MODEL_LEN)
     base = BASE | {"dtype": "float32"}
     waves = [[0], list(range(1, len(prompts)))]
-    want = run_waves(LLMEngine(EngineConfig(**base), loaded=loaded), prompts, waves, max_tokens=24)
-    engine = LLMEngine(EngineConfig(**base, async_scheduling=True), loaded=loaded)
+    want = run_waves(LLMEngine(EngineConfig(**base, async_scheduling=False), loaded=loaded), prompts, waves,
+                     max_tokens=24)
+    config = EngineConfig(**base)
+    assert config.async_scheduling  # the default with CUDA
+    engine = LLMEngine(config, loaded=loaded)
     got = run_waves(engine, prompts, waves, max_tokens=24)
     report("async_scheduling_gpu fp32 chained decode steps", engine._async.chained_steps)
     assert got == want and engine._async.chained_steps > 0

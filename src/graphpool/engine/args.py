@@ -77,9 +77,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                        default=None, help="decode steps take prompt chunks into their leftover rows (up to the "
                        "largest graph and the token budget), so streams get tokens while prompts prefill (default: on with CUDA graphs)")
     _ENGINE_FLAGS["--async-scheduling"] = "async_scheduling"
-    group.add_argument("--async-scheduling", dest="async_scheduling", action="store_true", default=None,
-                       help="launch the next decode step before the host has this one's tokens, so detokenizing "
-                            "and scheduling overlap the GPU's work (experimental)")
+    group.add_argument("--async-scheduling", dest="async_scheduling", action=argparse.BooleanOptionalAction,
+                       default=None, help="launch the next decode step before the host has this one's tokens, so "
+                       "detokenizing and scheduling overlap the GPU's work (default: on with CUDA, off on the CPU "
+                       "and with --profile-steps)")
     _ENGINE_FLAGS["--enable-microbatch-overlap"] = "enable_microbatch_overlap"
     group.add_argument("--enable-microbatch-overlap", dest="enable_microbatch_overlap", action="store_true",
                        default=None, help="run each decode step as two microbatches in one graph, so one's "

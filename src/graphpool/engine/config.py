@@ -108,8 +108,9 @@ class EngineConfig:
     # None -> on where decode graphs run (the prompt rows ride in them), off on the CPU and without graphs
     enable_mixed_steps: bool | None = None
     # launch the next decode step before the host has this one's tokens (engine/async_scheduling.py; what it
-    # buys: docs/benchmarks.md). Opt-in until the GPU suite ran with it on.
-    async_scheduling: bool = False
+    # buys: docs/benchmarks.md). None -> on with CUDA unless profile_steps (which synchronizes every forward);
+    # on the CPU the host and the "device" are the same cores, so there is nothing to overlap.
+    async_scheduling: bool | None = None
     # decode steps as two microbatches in one graph, layers interleaved so one's all-reduce overlaps the
     # other's compute (LightLLM's overlap mode; for tensor parallel). Graph sizes are then per microbatch.
     enable_microbatch_overlap: bool = False
@@ -156,6 +157,9 @@ class EngineConfig:
             raise ValueError(f"graph_warmup must be 'none', 'cover', 'all' or a tuple of sizes, got {self.graph_warmup!r}")
         if self.enable_mixed_steps is None:
             object.__setattr__(self, "enable_mixed_steps", self.graphs_off is None)
+        if self.async_scheduling is None:
+            object.__setattr__(self, "async_scheduling",
+                               self.torch_device.type == "cuda" and self.profile_steps is False)
         for name in ("disable_cudagraph", "profile_steps", "enable_prefix_caching", "record_step_timeline",
                      "enable_mixed_steps", "async_scheduling", "enable_microbatch_overlap"):
             if not isinstance(getattr(self, name), bool):
