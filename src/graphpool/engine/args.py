@@ -25,7 +25,11 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
 
     group = parser.add_argument_group("model and KV cache")
     add("--model", "model", help="'smollm2-135m-instruct' (embedded default), a .gguf file, a Hugging Face "
-        "folder, or random:<preset> (random weights, e.g. random:llama3.2-1b)")
+        "folder, a Hugging Face hub id org/name[@revision], or random:<preset> (random weights, e.g. "
+        "random:llama3.2-1b). A GGUF is dequantized on loading: a Q4 file takes full-precision memory")
+    add("--revision", "revision", help="hub id revision: a branch, tag or commit (default: main)")
+    add("--download-dir", "download_dir", help="hub cache folder (default: huggingface_hub's, under HF_HOME; "
+        "HF_HUB_OFFLINE=1 reads only the cache)")
     add("--device", "device", help="auto (default), cpu, cuda, cuda:N")
     add("--dtype", "dtype", choices=["auto", "float32", "bfloat16", "float16"],
         help="auto: bfloat16 on CUDA, float32 on CPU")

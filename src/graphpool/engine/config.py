@@ -67,6 +67,8 @@ DEFAULT_GRAPH_PREFILL_MAX_TOKENS = 256
 @dataclass(frozen=True)
 class EngineConfig:
     model: str = DEFAULT_MODEL
+    revision: str | None = None  # of a hub id (a branch, tag or commit); None -> main
+    download_dir: str | None = None  # hub cache folder; None -> huggingface_hub's (HF_HOME, HF_HUB_CACHE)
     device: str = "auto"
     dtype: str = "auto"  # auto: bfloat16 on CUDA, float32 on CPU
     max_num_seqs: int = 256
@@ -118,6 +120,9 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
             raise ValueError("model must be a preset name, a GGUF file or a Hugging Face model folder")
+        for name in ("revision", "download_dir"):
+            if getattr(self, name) is not None and (not isinstance(getattr(self, name), str) or not getattr(self, name)):
+                raise ValueError(f"{name} must be a non-empty string or None, got {getattr(self, name)!r}")
         resolve_device(self.device)
         if self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")

@@ -79,7 +79,8 @@ class LLMEngine:
             from graphpool.model.loader import load_model
 
             loaded = load_model(config.model, self.device, self.dtype, backend, seed=config.seed,
-                                max_positions=config.max_model_len, disabled_kernels=config.disabled_kernels)
+                                max_positions=config.max_model_len, disabled_kernels=config.disabled_kernels,
+                                revision=config.revision, download_dir=config.download_dir)
         self.model, self.model_config, self.tokenizer = loaded
         if getattr(self.model, "max_positions", config.max_model_len) < config.max_model_len:
             raise ValueError(f"the loaded model's rotary cache covers {self.model.max_positions} positions, "

@@ -79,7 +79,8 @@ class TPLeader:
 
     def __init__(self, config: EngineConfig, capturer: Capturer | None = None) -> None:
         self.world_size = config.tensor_parallel_size
-        check_shardable(model_config(config.model), self.world_size)  # NOTE: reads the model's config file only
+        check_shardable(model_config(config.model, revision=config.revision, download_dir=config.download_dir),
+                        self.world_size)  # NOTE: reads the model's config file only
         init_method = f"tcp://127.0.0.1:{_free_port()}"
         ctx = mp.get_context("spawn")
         self._procs: list[Any] = []

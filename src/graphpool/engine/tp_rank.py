@@ -46,7 +46,8 @@ def load_shard(config: EngineConfig, tp: TPGroup) -> tuple[Any, ModelConfig, Any
     model, model_config, tokenizer = load_model(config.model, device, config.torch_dtype,
                                                 config.resolved_attn_backend, seed=config.seed,
                                                 max_positions=config.max_model_len,
-                                                disabled_kernels=config.disabled_kernels)  # type: ignore[arg-type]
+                                                disabled_kernels=config.disabled_kernels, revision=config.revision,
+                                                download_dir=config.download_dir)  # type: ignore[arg-type]
     return shard_model(model, tp), model_config, tokenizer
 
 

@@ -115,6 +115,11 @@ class ModelConfig:
             raise ValueError(
                 f"unsupported model_type {model_type!r}: graphpool runs {sorted(_HF_MODEL_TYPES)} models"
             )
+        quant = cfg.get("quantization_config")
+        if quant:
+            method = quant.get("quant_method", "?") if isinstance(quant, Mapping) else "?"
+            raise ValueError(f"quantized checkpoints are not supported (quantization_config: {method}): graphpool "
+                             "loads bf16/fp16/fp32 safetensors; use the unquantized model")
         hidden, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
         rope = dict(cfg.get("rope_parameters") or {})
         if cfg.get("rope_scaling"):

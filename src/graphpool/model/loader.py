@@ -17,6 +17,7 @@ from graphpool.model.gguf_loader import (
     iter_gguf_weights,
     open_gguf,
 )
+from graphpool.model.hub import hub_snapshot, parse_hub_id
 from graphpool.model.llama import AttnBackend, LlamaModel
 from graphpool.model.presets import PRESETS
 from graphpool.model.tokenizer import Tokenizer, tokenizer_from_folder, tokenizer_from_gguf_metadata
@@ -30,13 +31,16 @@ def accepted_models() -> str:
     presets = ", ".join(f"{RANDOM_PREFIX}{p}" for p in sorted(PRESETS))
     return (
         f"'{DEFAULT_MODEL}' (the embedded default, also None), a path to a .gguf file, "
-        f"a Hugging Face model folder (config.json + *.safetensors), or a random-weight preset: {presets} "
+        f"a Hugging Face model folder (config.json + *.safetensors), a Hugging Face hub id (org/name[@revision]), "
+        f"or a random-weight preset: {presets} "
         f"(with '?layers=N': its first N layers only, e.g. {RANDOM_PREFIX}qwen2.5-0.5b?layers=2)"
     )
 
 
-def model_source(name_or_path: str | Path | None) -> ModelConfig | tuple[str, Path]:
-    """What a model name names: a random preset's ModelConfig, or ("gguf", file) / ("hf", folder).
+def model_source(name_or_path: str | Path | None, *, revision: str | None = None,
+                 download_dir: str | None = None) -> ModelConfig | tuple[str, Path]:
+    """What a model name names: a random preset's ModelConfig, or ("gguf", file) / ("hf", folder); a hub id
+    (`org/name[@revision]`, when no local path of that name exists) names its snapshot folder (model/hub.py).
 
     The one place that reads model names: `load_model` and `model_config` both go through it."""
     name = DEFAULT_MODEL if name_or_path is None else str(name_or_path)
@@ -62,12 +66,16 @@ def model_source(name_or_path: str | Path | None) -> ModelConfig | tuple[str, Pa
         ggufs = sorted(path.glob("*.gguf"))
         if len(ggufs) == 1:
             return ("gguf", ggufs[0])
+    ref = parse_hub_id(name) if not path.exists() else None
+    if ref is not None:
+        return ("hf", hub_snapshot(ref, revision, download_dir))
     raise ValueError(f"unknown model {name!r}; accepted models: {accepted_models()}")
 
 
-def model_config(name_or_path: str | Path | None = None) -> ModelConfig:
+def model_config(name_or_path: str | Path | None = None, *, revision: str | None = None,
+                 download_dir: str | None = None) -> ModelConfig:
     """The architecture of a model `load_model` accepts, read without loading its weights."""
-    source = model_source(name_or_path)
+    source = model_source(name_or_path, revision=revision, download_dir=download_dir)
     if isinstance(source, ModelConfig):
         return source
     kind, path = source
@@ -86,15 +94,18 @@ def load_model(
     seed: int = 0,
     max_positions: int | None = None,
     disabled_kernels: tuple[str, ...] = (),
+    revision: str | None = None,
+    download_dir: str | None = None,
 ) -> tuple[LlamaModel, ModelConfig, Tokenizer | None]:
     """Build and fill the model. Returns (model, config, tokenizer or None for random presets).
 
     `max_positions` caps the rotary cache (defaults to the model's max_position_embeddings);
-    `disabled_kernels`: kernel switches off in the model's operations (`kernels/switches.py`).
+    `disabled_kernels`: kernel switches off in the model's operations (`kernels/switches.py`);
+    `revision`, `download_dir`: for a hub id (model/hub.py).
     """
     kwargs = {"device": torch.device(device), "dtype": dtype, "attn_backend": attn_backend,
               "max_positions": max_positions, "disabled_kernels": disabled_kernels}
-    source = model_source(name_or_path)
+    source = model_source(name_or_path, revision=revision, download_dir=download_dir)
     if isinstance(source, ModelConfig):
         model = LlamaModel(source, **kwargs)
         init_random_weights(model, seed=seed)
