@@ -96,3 +96,19 @@ def test_generate_with_a_hub_id_offline_and_a_missing_one(hub_cache: Path, tmp_p
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     errors = [line for line in bad.stderr.splitlines() if line.startswith("graphpool generate:")]
     assert len(errors) == 1 and "not in the Hugging Face cache" in errors[0]
+
+
+def test_mistral_sliding_window_caps_the_context(tmp_path: Path) -> None:
+    """A Mistral window is not implemented: up to it outputs equal the model's, past it max_model_len is refused."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(0)
+    hf = MistralForCausalLM(MistralConfig(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                                          sliding_window=64, tie_word_embeddings=False)).eval()
+    hf.save_pretrained(tmp_path)
+    assert model_config(tmp_path).sliding_window == 64
+    model, _, _ = load_model(tmp_path)
+    assert model.max_positions == 64
+    with pytest.raises(ValueError, match="sliding window of 64 tokens"):
+        load_model(tmp_path, max_positions=128)

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-# NOTE: Qwen2 differs from Llama only by its q/k/v bias; Mistral (no sliding window) is Llama-shaped.
+# NOTE: Qwen2 differs from Llama only by its q/k/v bias; Mistral is Llama-shaped up to its sliding window.
 _HF_MODEL_TYPES = {"llama": False, "qwen2": True, "mistral": False}
 _GGUF_ARCHS = {"llama": False, "qwen2": True}
 
@@ -53,6 +53,9 @@ class ModelConfig:
     # per-frequency divisors of the rotary inverse frequencies [head_dim // 2] (a GGUF `rope_freqs` tensor:
     # how llama.cpp stores Llama-3 scaling); exclusive with rope_scaling
     rope_freq_factors: tuple[float, ...] | None = None
+    # attention over the last N tokens only (Mistral; Qwen2 with use_sliding_window): graphpool attends over
+    # the whole context, so it equals such a model only up to N tokens and refuses a longer max_model_len
+    sliding_window: int | None = None
 
     def __post_init__(self) -> None:
         for name in (
@@ -144,6 +147,9 @@ class ModelConfig:
         attention_bias = _HF_MODEL_TYPES[model_type] or bool(cfg.get("attention_bias", False))
         if cfg.get("mlp_bias"):
             raise ValueError("mlp_bias=True is not supported")
+        window = cfg.get("sliding_window")
+        if model_type == "qwen2" and not cfg.get("use_sliding_window", False):
+            window = None
         return cls(
             vocab_size=int(cfg["vocab_size"]),
             hidden_size=hidden,
@@ -160,6 +166,7 @@ class ModelConfig:
             bos_token_id=None if bos is None else int(bos),
             eos_token_ids=eos_ids,
             attention_bias=attention_bias,
+            sliding_window=None if window is None else int(window),
         )
 
     @classmethod

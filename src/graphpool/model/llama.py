@@ -164,7 +164,8 @@ class LlamaModel(nn.Module):
         self.dtype = dtype
         self.ops = ops if ops is not None else resolve_ops(attn_backend, device, disabled_kernels)
         self.attn_backend: AttnBackend = self.ops.backend
-        self.max_positions = max_positions or config.max_position_embeddings
+        self.max_positions = max_positions or min(config.max_position_embeddings,
+                                                  config.sliding_window or config.max_position_embeddings)
         if self.max_positions <= 0:
             raise ValueError(f"max_positions must be positive, got {self.max_positions}")
         # NOTE: before any allocation: the rotary cache and the KV sizing scale with this length.
@@ -173,6 +174,12 @@ class LlamaModel(nn.Module):
                 f"max_model_len={self.max_positions} is past this model's context of "
                 f"{config.max_position_embeddings} tokens (max_position_embeddings): set max_model_len <= "
                 f"{config.max_position_embeddings}"
+            )
+        if config.sliding_window is not None and self.max_positions > config.sliding_window:
+            raise ValueError(
+                f"max_model_len={self.max_positions} is past this model's sliding window of {config.sliding_window} "
+                f"tokens, which graphpool does not implement (it attends over the whole context): set max_model_len "
+                f"<= {config.sliding_window}, where its outputs equal the model's"
             )
         self.embed_tokens = nn.Embedding(
             config.vocab_size,
