@@ -67,9 +67,10 @@ def test_configs_and_ladder() -> None:
                            configs=["lru16-capture-on-miss", "default"], budget="1GiB", prompt_mean=10.0, prompt_cap=20, max_tokens_mean=5.0,
                            max_tokens_cap=10, sigma=1.0, concurrency=None, url=None, server_arg=["--max-num-seqs=8"],
                            startup_timeout=10.0, stop_timeout=5.0, resume=False, prime=True,
-                           step_timeline=False, client_processes=2)
+                           step_timeline=False, client_processes=2, temperatures=[0.0, 0.8], vllm_python="python3",
+                           vllm_model=None, vllm_pythonpath="/tmp/vllm-site", vllm_arg=[])
     cfg = config_from_args(args)  # type: ignore[arg-type]
-    assert not cfg.step_timeline and cfg.client_processes == 2
+    assert not cfg.step_timeline and cfg.client_processes == 2 and cfg.temperatures == (0.0, 0.8)
     assert cfg.seeds == (3, 4) and cfg.token_ids and cfg.engine_flags()[-1] == "--max-num-seqs=8"
     with pytest.raises(ValueError, match="--seeds"):
         config_from_args(SimpleNamespace(**{**vars(args), "seeds": 0}))  # type: ignore[arg-type]
@@ -97,7 +98,7 @@ def test_metrics_names_match_the_server() -> None:
     m = parse_metrics(render(pool))
     assert m == {"captures": 5, "capture_seconds": 1.5, "hits": 20, "padded_hits": 3, "misses": 6, "evictions": 1,
                  "eager_steps": 4, "capture_failures": 0, "steps": 30, "generation_tokens": 40, "preemptions": 2,
-                 "resident": 4, "resident_bytes": 3 << 20, "fallbacks": 4}
+                 "prompt_tokens": 7, "resident": 4, "resident_bytes": 3 << 20, "arena_bytes": 0, "fallbacks": 4}
     no_graphs = parse_metrics(render(None))
     assert "captures" not in no_graphs and no_graphs["generation_tokens"] == 40
 

@@ -66,12 +66,12 @@ class ClientRun:
 
 
 async def _one(client: object, model: str, req: TraceRequest, prompt: str | list[int], res: RequestResult,
-               t0: float) -> None:
+               t0: float, temperature: float) -> None:
     tl = res.timeline
     tl.arrival_s = time.perf_counter() - t0
     try:
         stream = await client.completions.create(  # type: ignore[attr-defined]
-            model=model, prompt=prompt, max_tokens=req.output_len, temperature=0.0, stream=True,
+            model=model, prompt=prompt, max_tokens=req.output_len, temperature=temperature, stream=True,
             stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
         )
         async for chunk in stream:
@@ -98,12 +98,13 @@ async def _one(client: object, model: str, req: TraceRequest, prompt: str | list
 async def run_trace(url: str, model: str, trace: Sequence[TraceRequest], seed: int, token_ids: bool,
                     concurrency: int | None, label: str, request_timeout_s: float = 600.0,
                     progress_every_s: float = 5.0, start_monotonic: float | None = None,
-                    done: Any = None, ready: Callable[[], float] | None = None) -> ClientRun:
+                    done: Any = None, ready: Callable[[], float] | None = None,
+                    temperature: float = 0.0) -> ClientRun:
     """Sends each request at its scheduled time (waiting for a slot under ``concurrency``), streams it, and
     returns once every request has finished or failed. ``start_monotonic``: the trace's time 0 (default: now);
     ``done``: a shared counter of finished requests (a worker of `run_trace_processes`); ``ready``: called
     once the client is set up, returns the start time (the processes' rendezvous); no progress lines when
-    ``progress_every_s`` is 0."""
+    ``progress_every_s`` is 0; ``temperature``: every request's (0: greedy)."""
     import httpx
     import openai
 
@@ -123,7 +124,7 @@ async def run_trace(url: str, model: str, trace: Sequence[TraceRequest], seed: i
         state["in_flight"] += 1
         state["max_in_flight"] = max(state["max_in_flight"], state["in_flight"])
         try:
-            await _one(client, model, req, prompt, res, t0)
+            await _one(client, model, req, prompt, res, t0, temperature)
         finally:
             state["in_flight"] -= 1
             state["done"] += 1

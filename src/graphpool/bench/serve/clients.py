@@ -27,7 +27,7 @@ def default_processes() -> int:
 
 
 def _worker(index: int, args: tuple[Any, ...], ready: Any, start: Any, done: Any, out: Any) -> None:
-    url, model, shard, seed, token_ids, concurrency, label, timeout_s = args
+    url, model, shard, seed, token_ids, concurrency, label, timeout_s, temperature = args
 
     def rendezvous() -> float:
         ready.wait()
@@ -36,7 +36,7 @@ def _worker(index: int, args: tuple[Any, ...], ready: Any, start: Any, done: Any
 
     # NOTE: the client and the prompts are set up before the rendezvous: no process starts late
     run = asyncio.run(run_trace(url, model, shard, seed, token_ids, concurrency, label, timeout_s,
-                                progress_every_s=0, done=done, ready=rendezvous))
+                                progress_every_s=0, done=done, ready=rendezvous, temperature=temperature))
     for r in run.results:
         r.worker = index
     out.put((index, run))
@@ -44,18 +44,18 @@ def _worker(index: int, args: tuple[Any, ...], ready: Any, start: Any, done: Any
 
 def run_trace_processes(url: str, model: str, trace: Sequence[TraceRequest], seed: int, token_ids: bool,
                         concurrency: int | None, label: str, processes: int, request_timeout_s: float = 600.0,
-                        progress_every_s: float = 5.0) -> ClientRun:
+                        progress_every_s: float = 5.0, temperature: float = 0.0) -> ClientRun:
     """`run_trace` with the requests dealt round-robin to ``processes`` client processes (1: in this one)."""
     if processes < 1:
         raise ValueError(f"serve bench: --client-processes must be >= 1, got {processes}")
     if processes == 1:
         return asyncio.run(run_trace(url, model, trace, seed, token_ids, concurrency, label, request_timeout_s,
-                                     progress_every_s))
+                                     progress_every_s, temperature=temperature))
     ctx = mp.get_context("spawn")
     ready, start, done, out = ctx.Barrier(processes + 1), ctx.Value("d", 0.0), ctx.Value("i", 0), ctx.Queue()
     cap = -(-concurrency // processes) if concurrency else None
     procs = [ctx.Process(target=_worker, daemon=True, args=(
-        i, (url, model, list(trace[i::processes]), seed, token_ids, cap, label, request_timeout_s),
+        i, (url, model, list(trace[i::processes]), seed, token_ids, cap, label, request_timeout_s, temperature),
         ready, start, done, out)) for i in range(processes)]
     for p in procs:
         p.start()

@@ -1,4 +1,5 @@
-"""The server configurations `bench serve` compares, by name: each is a set of `graphpool serve` flags."""
+"""The server configurations `bench serve` compares, by name: each is a set of `graphpool serve` flags, or of
+`vllm serve` flags on top of graphpool's settings (serve/foreign.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,10 @@ CONFIG_LABELS = {
     "no-mixed-steps": "graphpool, no mixed steps",
     "async-scheduling": "graphpool + async scheduling",
     "microbatch-overlap": "graphpool + microbatch overlap",
+    "vllm": "vLLM defaults",
+    "vllm-eager": "vLLM, no graphs (--enforce-eager)",
 }
+VLLM_CONFIGS = ("vllm", "vllm-eager")
 CONFIG_NAMES = tuple(CONFIG_LABELS)
 DEFAULT_CONFIGS = ("no-graphs", "capture-all", "lru16-capture-on-miss", "default", "budget")
 CONFIG_HELP = (
@@ -25,7 +29,8 @@ CONFIG_HELP = (
     "on miss, shared mempool, no warm-up, eager prefill); default: graphpool's defaults; budget: with "
     "--graph-memory-budget; no-warmup: the defaults without the start-up warm-up (lazy capture); eager-prefill: eager "
     "prefill steps and no mixed steps; no-mixed-steps; async-scheduling: + --async-scheduling; microbatch-overlap: "
-    "+ --enable-microbatch-overlap (with --server-arg=--tensor-parallel-size=2)"
+    "+ --enable-microbatch-overlap (with --server-arg=--tensor-parallel-size=2); vllm: vLLM 0.26 at its defaults "
+    "with graphpool's model, max-model-len, max-num-seqs, seed and dtype; vllm-eager: the same, --enforce-eager"
 )
 # every prefill step eager, and decodes wait for it (LightLLM's prefill)
 _EAGER_PREFILL = ("--graph-prefill-max-tokens", "0", "--no-enable-mixed-steps")
@@ -36,6 +41,11 @@ class ServeConfig:
     key: str
     label: str
     flags: tuple[str, ...]  # server flags of this configuration
+    server: str = "graphpool"  # "graphpool", or "vllm": a foreign server (no graphpool_* series)
+
+    @property
+    def foreign(self) -> bool:
+        return self.server != "graphpool"
 
 
 def ladder_size(server_args: Sequence[str]) -> int:
@@ -63,10 +73,12 @@ def serve_configs(ladder_n: int, budget: str) -> dict[str, ServeConfig]:
         "async-scheduling": ("--async-scheduling",),
         # NOTE: for tensor parallel (--server-arg=--tensor-parallel-size=2)
         "microbatch-overlap": ("--enable-microbatch-overlap",),
+        "vllm": (),
+        "vllm-eager": ("--enforce-eager",),
     }
     labels = CONFIG_LABELS | {"capture-all": f"capture all {ladder_n} at start-up",
                               "budget": f"graphpool + budget {budget}"}
-    return {k: ServeConfig(k, labels[k], v) for k, v in flags.items()}
+    return {k: ServeConfig(k, labels[k], v, "vllm" if k in VLLM_CONFIGS else "graphpool") for k, v in flags.items()}
 
 
 def config_order(key: str) -> tuple[int, str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,6 +17,8 @@ from graphpool.bench.serve.configs import config_order
 
 # serving-time deltas of the pool's counters (after the run minus right after start-up)
 DELTA_KEYS = ("captures", "hits", "padded_hits", "misses", "evictions", "eager_steps", "fallbacks")
+# the engine's counters over the run (graphpool's and vLLM's alike: serve/server.VLLM_COUNTERS)
+ENGINE_KEYS = ("generation_tokens", "prompt_tokens", "preemptions", "requests_finished")
 
 
 @dataclass(frozen=True)
@@ -52,16 +54,37 @@ class RunSummary:
     client_loop_lag_ms: dict[str, float] = field(default_factory=dict)  # p50 / p99 / max lateness of a 10-ms timer
     client_cpu_share: float = math.nan  # client CPU time / wall time (1.0 = one core busy)
     client_processes: int = 1
+    temperature: float = 0.0  # the workload's sampling temperature (0: greedy)
+    server: str = "graphpool"  # or "vllm" (a foreign server)
+    graphs: float = math.nan  # graphpool: resident after the run; vLLM: captured at start-up (its log)
+    graph_mib: float = math.nan  # graphpool: resident bytes (arena included); vLLM: what its log says capture took
+    arena_mib: float = math.nan  # graphpool: the resident graphs' shared arena (part of graph_mib)
+    startup_phases: dict[str, float] = field(default_factory=dict)  # seconds by phase, where the server says
+    engine: dict[str, float] = field(default_factory=dict)  # ENGINE_KEYS over the run, where published
 
 
 def pcts(xs: Sequence[float]) -> dict[str, float]:
     return {"p50": percentile(xs, 50), "p99": percentile(xs, 99), "p99.9": percentile(xs, 99.9)}
 
 
+def group_key(run: RunSummary) -> str:
+    """A configuration under one workload: its name, with the temperature when it samples."""
+    return run.config if run.temperature == 0 else f"{run.config}@T{run.temperature:g}"
+
+
+def run_stem(config: str, seed: int, temperature: float) -> str:
+    """A run's file name under <out>/runs (greedy runs keep the name they had before temperatures)."""
+    return f"{config}-seed{seed}" if temperature == 0 else f"{config}-t{temperature:g}-seed{seed}"
+
+
 def summarize_run(config: str, label: str, seed: int, model: str, rate: float, trace_s: float, client: Any,
                   before: Mapping[str, float], after: Mapping[str, float], startup_s: float, stop: tuple[float, bool],
-                  gap_causes: Mapping[str, Any] | None = None) -> tuple[RunSummary, list[float]]:
-    """A run's summary and its ITLs in ms (``client``: serve_client.ClientRun)."""
+                  gap_causes: Mapping[str, Any] | None = None, *, boot: Mapping[str, float] | None = None,
+                  temperature: float = 0.0, server: str = "graphpool", log_info: Any = None
+                  ) -> tuple[RunSummary, list[float]]:
+    """A run's summary and its ITLs in ms (``client``: serve_client.ClientRun; ``boot``: /metrics right after
+    start-up, default ``before``; ``log_info``: a foreign server's foreign.VllmLogInfo)."""
+    boot = before if boot is None else boot
     ok = [r for r in client.results if r.error is None]
     itls = all_itls_ms([r.timeline for r in ok])
     ttfts = [t * 1e3 for r in ok if (t := r.timeline.ttft()) is not None]
@@ -72,7 +95,7 @@ def summarize_run(config: str, label: str, seed: int, model: str, rate: float, t
         output_tokens=tokens, output_tok_s=tokens / client.duration_s if client.duration_s > 0 else math.nan,
         ttft_ms=pcts(ttfts), itl_ms=pcts(itls), e2e_ms=pcts([r.e2e_s() * 1e3 for r in ok]),
         itl_max_ms=max(itls) if itls else math.nan, startup_s=startup_s,
-        startup_capture_s=before.get("capture_seconds", 0.0), startup_captures=before.get("captures", math.nan),
+        startup_capture_s=boot.get("capture_seconds", 0.0), startup_captures=boot.get("captures", math.nan),
         # NOTE: no pool series (graphs off): NaN, shown as "-", not a count of 0
         serving={k: after.get(k, math.nan) - before.get(k, 0.0) for k in DELTA_KEYS},
         resident_graphs=after.get("resident", math.nan), resident_mib=after.get("resident_bytes", math.nan) / MIB,
@@ -82,8 +105,22 @@ def summarize_run(config: str, label: str, seed: int, model: str, rate: float, t
         client_loop_lag_ms={"p50": percentile(client.loop_lag_ms, 50), "p99": percentile(client.loop_lag_ms, 99),
                             "max": max(client.loop_lag_ms, default=math.nan)},
         client_cpu_share=client.cpu_share, client_processes=getattr(client, "processes", 1),
+        temperature=temperature, server=server, **_graph_facts(after, boot, log_info),
+        engine={k: after[k] - before.get(k, 0.0) for k in ENGINE_KEYS if k in after},
     )
     return summary, itls
+
+
+def _graph_facts(after: Mapping[str, float], boot: Mapping[str, float], log_info: Any) -> dict[str, Any]:
+    """Graph count, graph memory and start-up phases: from the server's log (foreign) or its /metrics."""
+    from graphpool.bench.serve.server import PHASE_PREFIX
+
+    if log_info is not None:
+        return {"graphs": log_info.graphs, "graph_mib": log_info.graph_gib * 1024,
+                "startup_phases": dict(log_info.phases)}
+    return {"graphs": after.get("resident", math.nan), "graph_mib": after.get("resident_bytes", math.nan) / MIB,
+            "arena_mib": after.get("arena_bytes", math.nan) / MIB,
+            "startup_phases": {k.removeprefix(PHASE_PREFIX): v for k, v in boot.items() if k.startswith(PHASE_PREFIX)}}
 
 
 def _restore_nan(v: Any) -> Any:
@@ -107,7 +144,7 @@ def save_run(runs_dir: Path, run: RunSummary, itls_ms: Sequence[float]) -> Path:
     import numpy as np
 
     runs_dir.mkdir(parents=True, exist_ok=True)
-    stem = f"{run.config}-seed{run.seed}"
+    stem = run_stem(run.config, run.seed, run.temperature)
     np.save(runs_dir / f"{stem}.itl.npy", np.asarray(itls_ms, dtype=np.float32))
     path = runs_dir / f"{stem}.json"
     path.write_text(json.dumps(common._jsonable(asdict(run)), indent=1) + "\n")
@@ -203,7 +240,8 @@ def markdown(by_config: Mapping[str, Sequence[RunSummary]], targets: Sequence[Ta
     body = (f"Model `{first.model}`, Poisson {first.rate:g} req/s for {first.trace_s:g} s per run; each cell is the "
             "median over seeds [min-max]. Latencies are client-side (openai AsyncOpenAI, streamed completions); "
             "ITL = gaps between streamed chunks that carry tokens; captures and the other pool counters are "
-            "/metrics after the run minus /metrics right after start-up.\n\n")
+            "/metrics after the run minus /metrics right before it (after start-up and one warm-up completion); "
+            "`@T0.8`: the workload sampled at temperature 0.8.\n\n")
     body += md_table(["configuration", *(c for c, _ in COLUMNS)], rows)
     body += "\nTargets (medians over seeds):\n\n" + "\n".join(t.line() for t in targets) + "\n"
     samples = [f"({r.config}) seed {r.seed}: {e}" for rs in by_config.values() for r in rs for e in r.errors_sample]
@@ -231,31 +269,38 @@ def _attribution_section(by_config: Mapping[str, Sequence[RunSummary]]) -> str:
             "ms = its forward's GPU time):\n\n" + step_table(steps))
 
 
-def write_serve_report(out_dir: Path, env: common.EnvInfo, extra: Mapping[str, Any], plot: bool = True
-                       ) -> tuple[dict[str, Any], str, list[Target]]:
-    """Reads every run under <out>/runs, writes serve.json, serve.md and serve_itl_cdf.png."""
+Section = Callable[[Sequence[RunSummary], Path, bool], tuple[str, dict[str, Any]]]
+
+
+def write_serve_report(out_dir: Path, env: common.EnvInfo, extra: Mapping[str, Any], plot: bool = True,
+                       section: Section | None = None) -> tuple[dict[str, Any], str, list[Target]]:
+    """Reads every run under <out>/runs, writes serve.json, serve.md and serve_itl_cdf.png; ``section``: one
+    more part of the report (Markdown after the table, JSON keys) from the runs (serve/compare.section)."""
     import numpy as np
 
     runs = load_runs(out_dir / "runs")
     if not runs:
         raise ValueError(f"no runs under {out_dir / 'runs'}")
     by_config: dict[str, list[RunSummary]] = {}
-    for r in sorted(runs, key=lambda r: (config_order(r.config), r.seed)):
-        by_config.setdefault(r.config, []).append(r)
+    for r in sorted(runs, key=lambda r: (r.temperature, config_order(r.config), r.seed)):
+        by_config.setdefault(group_key(r), []).append(r)
     targets = evaluate_targets(by_config)
     png = None
     if plot:
         from graphpool.bench.plots import plot_itl_cdfs
 
         # NOTE: a run saved without its gaps (e.g. rebuilt from a report) is left out of the plot only
-        files = {k: [f for r in rs if (f := out_dir / "runs" / f"{k}-seed{r.seed}.itl.npy").exists()]
+        files = {k: [f for r in rs if (f := out_dir / "runs" / f"{run_stem(r.config, r.seed, r.temperature)}.itl.npy"
+                                          ).exists()]
                  for k, rs in by_config.items()}
         itls = {f"({k}) {rs[0].label}": [float(x) for f in files[k] for x in np.load(f)]
                 for k, rs in by_config.items() if files[k]}
         png = plot_itl_cdfs({f"{runs[0].model} @ {runs[0].rate:g} req/s": itls}, out_dir / "serve_itl_cdf.png").name
     body = markdown(by_config, targets, png)
+    more_md, more_json = section([r for rs in by_config.values() for r in rs], out_dir, plot) if section else ("", {})
+    body += more_md
     aggregate = {k: {key: spread(rs, key) for _, key in COLUMNS if key is not None} for k, rs in by_config.items()}
-    results = {**extra, "runs": runs, "aggregate_median_min_max": aggregate,
+    results = {**extra, **more_json, "runs": runs, "aggregate_median_min_max": aggregate,
                "targets": [asdict(t) for t in targets]}
     common.write_report(out_dir, "serve", env, results, body, "Serving benchmark: a live server, client-side latencies")
     return results, body, targets

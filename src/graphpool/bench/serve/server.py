@@ -1,14 +1,16 @@
-"""The server under test for `bench serve`: a `python -m graphpool.server` subprocess, its health and /metrics."""
+"""The server under test for `bench serve`: a `python -m graphpool.server` subprocess (or a foreign one, e.g.
+vLLM), its health and /metrics."""
 
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,42 +28,59 @@ POOL_COUNTERS = {
     "capture_failures": "graphpool_graph_capture_failures_total",
     "steps": "graphpool_graph_steps_total",
     "generation_tokens": "graphpool_generation_tokens_total",
+    "prompt_tokens": "graphpool_prompt_tokens_total",
     "preemptions": "graphpool_preemptions_total",
 }
-POOL_GAUGES = {"resident": "graphpool_graph_resident", "resident_bytes": "graphpool_graph_resident_bytes"}
+POOL_GAUGES = {"resident": "graphpool_graph_resident", "resident_bytes": "graphpool_graph_resident_bytes",
+               "arena_bytes": "graphpool_graph_arena_bytes"}
+# NOTE: vLLM's counters under the same keys, summed over their labels (model, engine, finish reason)
+VLLM_COUNTERS = {
+    "generation_tokens": "vllm:generation_tokens_total",
+    "prompt_tokens": "vllm:prompt_tokens_total",
+    "preemptions": "vllm:num_preemptions_total",
+    "requests_finished": "vllm:request_success_total",
+}
+STARTUP_GAUGE = "graphpool_startup_seconds"  # {phase}: the server's start-up breakdown, where it has one
+PHASE_PREFIX = "startup_phase:"  # parse_metrics's keys for that gauge's phases
 
 
 def parse_metrics(text: str) -> dict[str, float]:
     """The pool's and engine's counters and gauges from a /metrics body (names as in POOL_COUNTERS /
-    POOL_GAUGES; `fallbacks` sums graphpool_graph_fallbacks_total over its reasons). Absent ones are left out
-    (no pool when graphs are off)."""
+    POOL_GAUGES; `fallbacks` and `requests_finished` sum graphpool's over their reasons), vLLM's (VLLM_COUNTERS),
+    and the start-up phases as `startup_phase:<phase>`. Absent ones are left out (no pool when graphs are off)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     samples: dict[str, float] = {}
-    fallbacks: float | None = None
+    sums: dict[str, float] = {}
+    phases: dict[str, float] = {}
+    summed = {"graphpool_graph_fallbacks_total": "fallbacks", "graphpool_requests_finished_total": "requests_finished",
+              **{name: key for key, name in VLLM_COUNTERS.items()}}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
-            if s.name == "graphpool_graph_fallbacks_total":
-                fallbacks = (fallbacks or 0.0) + s.value
+            if s.name in summed:
+                sums[summed[s.name]] = sums.get(summed[s.name], 0.0) + s.value
+            elif s.name == STARTUP_GAUGE:
+                phases[f"{PHASE_PREFIX}{s.labels.get('phase', '')}"] = s.value
             else:
                 samples[s.name] = s.value
     out = {key: samples[name] for key, name in (POOL_COUNTERS | POOL_GAUGES).items() if name in samples}
-    if fallbacks is not None:
-        out["fallbacks"] = fallbacks
-    return out
+    return out | sums | phases
 
 
-def scrape(url: str, timeout_s: float = 30.0) -> dict[str, float]:
-    """The counters from /metrics, once the engine's series are there (a server may publish its first
-    snapshot only after its engine loop has started)."""
+def scrape(url: str, timeout_s: float = 30.0, engine_series: bool = True) -> dict[str, float]:
+    """The counters from /metrics; ``engine_series``: once graphpool's engine series are there (a graphpool
+    server may publish its first snapshot only after its engine loop has started). A foreign server is read
+    once, whatever it publishes ({} without a /metrics)."""
     import httpx
 
     deadline = time.perf_counter() + timeout_s
     while True:
         r = httpx.get(f"{url}/metrics", timeout=timeout_s)
+        if not engine_series and r.status_code == 404:
+            return {}
         r.raise_for_status()
         metrics = parse_metrics(r.text)
-        if "generation_tokens" in metrics:
+        if not engine_series or "generation_tokens" in metrics:
             return metrics
         if time.perf_counter() > deadline:
             raise ServerFailed(f"{url}/metrics has no graphpool engine series after {timeout_s:.0f} s")
@@ -119,22 +138,29 @@ def log_tail(path: Path, lines: int = 30) -> str:
         return "(no server log)"
 
 
-def start_server(server_args: Sequence[str], log_path: Path, timeout_s: float, host: str = "127.0.0.1") -> ServerProcess:
-    """Starts `python -m graphpool.server` on a free port and waits for GET /health to answer 200."""
-
+def start_server(server_args: Sequence[str], log_path: Path, timeout_s: float, env: Mapping[str, str],
+                 host: str = "127.0.0.1") -> ServerProcess:
+    """Starts `python -m graphpool.server` on a free port and waits for GET /health to answer 200; ``env``:
+    the child's whole environment (foreign.graphpool_env keeps vLLM's site dir out of it)."""
     port = free_port(host)
     cmd = [sys.executable, "-m", "graphpool.server", "--host", host, "--port", str(port), *server_args]
+    return launch(cmd, f"http://{host}:{port}", log_path, timeout_s, env, foreign=False)
+
+
+def launch(cmd: Sequence[str], url: str, log_path: Path, timeout_s: float, env: Mapping[str, str],
+           foreign: bool) -> ServerProcess:
+    """Starts ``cmd`` (a server that will listen at ``url``) with its output in ``log_path`` and waits until it
+    is ready (``foreign``: GET /health or GET /v1/models 200; graphpool: GET /health 200)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    url = f"http://{host}:{port}"
     with log_path.open("wb") as log:
-        log.write(f"$ {' '.join(cmd)}\n".encode())
+        log.write(f"$ PYTHONPATH={env.get('PYTHONPATH', '')} {shlex.join(cmd)}\n".encode())
         log.flush()
         t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=os.environ.copy(), preexec_fn=_die_with_parent)
+        proc = subprocess.Popen(list(cmd), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=dict(env), preexec_fn=_die_with_parent)
     server = ServerProcess(url=url, startup_s=float("nan"), log_path=log_path, proc=proc)
     try:
-        server.startup_s = _wait_healthy(proc, url, t0 + timeout_s) - t0
+        server.startup_s = _wait_healthy(proc, url, t0 + timeout_s, foreign) - t0
     except ServerFailed as exc:
         server.stop(10.0)
         raise ServerFailed(f"{exc} ({timeout_s:.0f} s allowed); last lines of {log_path}:\n{log_tail(log_path)}"
@@ -145,9 +171,10 @@ def start_server(server_args: Sequence[str], log_path: Path, timeout_s: float, h
     return server
 
 
-def _wait_healthy(proc: subprocess.Popen[bytes], url: str, deadline: float) -> float:
-    """The perf_counter time of the first GET /health 200; raises (with the log) if the server exits, answers
-    503 (its engine died) or is not healthy by ``deadline``."""
+def _wait_healthy(proc: subprocess.Popen[bytes], url: str, deadline: float, foreign: bool = False) -> float:
+    """The perf_counter time the server was first ready; raises (with the log) if the server exits, answers
+    503 (its engine died) or is not ready by ``deadline``. A foreign server without /health is ready when
+    GET /v1/models answers 200."""
     import httpx
 
     with httpx.Client(timeout=5.0) as client:
@@ -158,7 +185,10 @@ def _wait_healthy(proc: subprocess.Popen[bytes], url: str, deadline: float) -> f
                 r = client.get(f"{url}/health")
                 if r.status_code == 200:
                     return time.perf_counter()
-                raise ServerFailed(f"GET /health answered {r.status_code}: {r.text[:300]}")
+                if r.status_code == 503 or not foreign:
+                    raise ServerFailed(f"GET /health answered {r.status_code}: {r.text[:300]}")
+                if client.get(f"{url}/v1/models").status_code == 200:
+                    return time.perf_counter()
             except httpx.TransportError:
                 pass  # not listening yet
             if time.perf_counter() > deadline:
@@ -166,15 +196,30 @@ def _wait_healthy(proc: subprocess.Popen[bytes], url: str, deadline: float) -> f
             time.sleep(0.1)
 
 
-def connect(url: str, timeout_s: float = 10.0) -> ServerProcess:
+def connect(url: str, timeout_s: float = 10.0, foreign: bool = False) -> ServerProcess:
     """An existing server (start-up time unknown: NaN)."""
     import httpx
 
     url = url.rstrip("/").removesuffix("/v1")
     r = httpx.get(f"{url}/health", timeout=timeout_s)
+    if r.status_code != 200 and foreign and r.status_code != 503:
+        r = httpx.get(f"{url}/v1/models", timeout=timeout_s)
     if r.status_code != 200:
-        raise ValueError(f"{url}/health answered {r.status_code}: {r.text[:200]}")
+        raise ValueError(f"{url} is not ready: {r.request.url.path} answered {r.status_code}: {r.text[:200]}")
     return ServerProcess(url=url, startup_s=float("nan"), log_path=Path(os.devnull))
+
+
+def warm_up(url: str, model: str, prompt: str | list[int], temperature: float, timeout_s: float = 300.0) -> float:
+    """One untimed completion at ``temperature``; returns its seconds. A server's first sampled request may
+    compile its sampler (vLLM 0.26 without FlashInfer: a Triton JIT), which no timed request should pay."""
+    import httpx
+
+    t0 = time.perf_counter()
+    r = httpx.post(f"{url}/v1/completions", timeout=timeout_s, json={
+        "model": model, "prompt": prompt, "max_tokens": 8, "temperature": temperature, "ignore_eos": True})
+    if r.status_code != 200:
+        raise ServerFailed(f"the warm-up completion answered {r.status_code}: {r.text[:300]}")
+    return time.perf_counter() - t0
 
 
 def fetch_timeline(url: str) -> dict[str, object] | None:

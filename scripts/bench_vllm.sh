@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# graphpool's default configuration and vLLM 0.26 side by side on one GPU, greedy and sampled, in one call:
+#   bash scripts/bench_vllm.sh [MODEL]      # MODEL default random:llama3.2-1b (vLLM: /tmp/vllm-models/<preset>)
+# Needs, on the same warm machine: graphpool's staged site (shared/device/README.md: $HOME/gp-site, set up by
+# .carry/on-device.sh) and vLLM installed by shared/device/vllm/README.md (.carry/vllm/bin/install.sh).
+# Each server gets its own PYTHONPATH: graphpool's children this shell's (gp-site + src), the vLLM child only
+# $VK_SITE; bench serve keeps them apart (--vllm-pythonpath). The whole bench is cut at LIMIT_S (SIGINT, then
+# KILL 15 s later); every run is saved as it finishes and the report is rebuilt from what was saved.
+# Settings (environment): DURATION (s of arrivals per workload), RATE (req/s), VLLM_ARGS, LIMIT_S, OUT.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+MODEL=${1:-random:llama3.2-1b}
+DURATION=${DURATION:-20}
+RATE=${RATE:-16}
+LIMIT_S=${LIMIT_S:-500}
+OUT=${OUT:-$PWD/results/serve_vllm}
+VLLM_ARGS=${VLLM_ARGS:---gpu-memory-utilization=0.5}  # as in shared/device/vllm/README.md's serve command
+VK_SITE=${VK_SITE:-/tmp/vllm-site}
+
+if [ -f .carry/on-device.sh ]; then
+  source .carry/on-device.sh ""  # only PYTHONPATH=$HOME/gp-site:$PWD/src and PATH
+else
+  export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
+fi
+GP_PYTHONPATH=$PYTHONPATH
+if [ ! -f .carry/vllm/bin/install.sh ] || [ ! -d "$VK_SITE/vllm" ]; then
+  echo "bench_vllm.sh: vLLM is not installed here ($VK_SITE/vllm): run the install calls of shared/device/vllm/README.md first" >&2
+  exit 2
+fi
+# NOTE: install.sh env exports vLLM's variables (no FlashInfer sampler, offline, caches in /tmp, NVLS off) and
+# prepends its site to PYTHONPATH: the variables stay, PYTHONPATH goes back to graphpool's
+source .carry/vllm/bin/install.sh env
+export PYTHONPATH=$GP_PYTHONPATH PYTHONUNBUFFERED=1
+rm -rf "$OUT"
+mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv | tee "$OUT/gpu.txt"
+
+vllm_args=()
+for a in $VLLM_ARGS; do vllm_args+=("--vllm-arg=$a"); done
+# NOTE: graphpool first, vLLM last: a server's memory is all back before the next one sizes its KV cache
+args=(serve --model "$MODEL" --configs default vllm --temperatures 0 0.8 --seeds 1 --rate "$RATE"
+      --duration "$DURATION" --prompt-mean 300 --prompt-cap 1024 --max-tokens-mean 128 --max-tokens-cap 384
+      --no-step-timeline --startup-timeout 300 --vllm-python python3 --vllm-pythonpath "$VK_SITE"
+      "${vllm_args[@]}" --out "$OUT")
+START=$(date +%s)
+timeout -s INT -k 15 "$LIMIT_S" python3 -m graphpool.bench "${args[@]}" >"$OUT/log.txt" 2>&1
+echo "bench serve: exit $? after $(($(date +%s) - START)) s (log $OUT/log.txt)"
+grep -E "ready|warm-up|errors,|prime|Error|error" "$OUT/log.txt" | grep -v "^|" | tail -n 20
+if ls "$OUT"/runs/*.json >/dev/null 2>&1; then
+  python3 -m graphpool.bench "${args[@]}" --report-only >/dev/null 2>>"$OUT/log.txt"
+  sed -n '/^### Side by side/,$p' "$OUT/serve.md"
+  grep -h -E "Graph capturing finished|Capturing CUDA graphs.*100%" "$OUT"/logs/vllm-seed0.log 2>/dev/null \
+    | tr '\r' '\n' | grep -E "finished|100%" | tail -n 3
+fi
+tar -czf "$OUT.tar.gz" -C "$(dirname "$OUT")" "$(basename "$OUT")" && echo "results: $OUT.tar.gz"

@@ -1,0 +1,132 @@
+"""`bench serve` side by side: per workload (temperature) one row per configuration, graphpool's and vLLM's,
+with each number's ratio to vLLM's; the start-up phases each server reports; one bar chart."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from graphpool.bench.common import md_table, ratio
+from graphpool.bench.serve.report import RunSummary, spread
+
+REFERENCE = "vllm"  # the configuration the ratios are to
+COLUMNS = (
+    ("start-up s", "startup_s"), ("graphs", "graphs"), ("graph MiB", "graph_mib"),
+    ("TTFT p50 ms", "ttft_ms.p50"), ("TTFT p99", "ttft_ms.p99"), ("ITL p50 ms", "itl_ms.p50"),
+    ("ITL p99", "itl_ms.p99"), ("E2E p50 ms", "e2e_ms.p50"), ("E2E p99", "e2e_ms.p99"),
+    ("output tok/s", "output_tok_s"), ("errors", "errors"),
+)
+_NO_RATIO = {"graphs", "errors"}  # counts: the ratio says nothing a reader cannot see
+_PLOTTED = ("ttft_ms.p50", "ttft_ms.p99", "itl_ms.p50", "itl_ms.p99", "e2e_ms.p50")
+
+
+def workload_label(temperature: float) -> str:
+    return "greedy" if temperature == 0 else f"sampled, temperature {temperature:g}"
+
+
+def by_workload(runs: Sequence[RunSummary]) -> dict[str, dict[str, list[RunSummary]]]:
+    """{workload label: {config: its runs}}, in the order the runs come (the report's order)."""
+    out: dict[str, dict[str, list[RunSummary]]] = {}
+    for r in runs:
+        out.setdefault(workload_label(r.temperature), {}).setdefault(r.config, []).append(r)
+    return out
+
+
+def comparison(runs: Sequence[RunSummary]) -> dict[str, dict[str, dict[str, Any]]]:
+    """{workload: {config: {column key: median over seeds, "ratio." + key: median / vLLM's median}}}."""
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for load, configs in by_workload(runs).items():
+        ref = configs.get(REFERENCE)
+        rows: dict[str, dict[str, Any]] = {}
+        for key, rs in configs.items():
+            row: dict[str, Any] = {"label": rs[0].label, "server": rs[0].server, "seeds": len(rs)}
+            for _, col in COLUMNS:
+                row[col] = spread(rs, col)[0]
+                if ref is not None and col not in _NO_RATIO:
+                    row[f"ratio.{col}"] = ratio(row[col], spread(ref, col)[0])
+            rows[key] = row
+        out[load] = rows
+    return out
+
+
+def _fmt(v: float) -> str:
+    if math.isnan(v):
+        return "-"
+    return f"{v:.3g}" if abs(v) < 100 else f"{v:.0f}"
+
+
+def compare_markdown(runs: Sequence[RunSummary], png: str | None) -> str:
+    table = comparison(runs)
+    body = ("\n### Side by side\n\nMedians over seeds; in brackets the ratio to vLLM's (below 1: lower than "
+            "vLLM's). Start-up = process start to ready (GET /health, or /v1/models, 200). Graphs and graph MiB: "
+            "graphpool's resident graphs and their bytes (shared arena included) after the run, from /metrics; "
+            "vLLM's graphs captured at start-up and the memory its log says capture took.\n")
+    for load, rows in table.items():
+        cells = [[f"({k}) {row['label']}", *(_with_ratio(row, col, k == REFERENCE) for _, col in COLUMNS)]
+                 for k, row in rows.items()]
+        body += f"\n{load}:\n\n" + md_table(["configuration", *(c for c, _ in COLUMNS)], cells)
+    body += _phases_markdown(runs)
+    if png:
+        body += f"\n![side by side]({png})\n"
+    return body
+
+
+def _with_ratio(row: Mapping[str, Any], col: str, reference: bool) -> str:
+    text = _fmt(row[col])
+    r = row.get(f"ratio.{col}")
+    return text if reference or r is None or math.isnan(r) else f"{text} ({r:.2f}x)"
+
+
+def _phases_markdown(runs: Sequence[RunSummary]) -> str:
+    """Start-up by phase, where the server says (graphpool: graphpool_startup_seconds; vLLM: its log)."""
+    per: dict[str, dict[str, list[float]]] = {}
+    for r in runs:
+        for phase, s in r.startup_phases.items():
+            per.setdefault(f"({r.config}) {r.label}", {}).setdefault(phase, []).append(s)
+    if not per:
+        return ""
+    phases = list(dict.fromkeys(p for d in per.values() for p in d))
+    rows = [[k, *(_fmt(sorted(d[p])[len(d[p]) // 2]) if p in d else "-" for p in phases)] for k, d in per.items()]
+    return ("\nStart-up by phase, seconds (graphpool: its graphpool_startup_seconds gauge; vLLM: its log's "
+            "model loading, torch.compile, graph capturing and engine init lines):\n\n"
+            + md_table(["configuration", *phases], rows))
+
+
+def section(runs: Sequence[RunSummary], out_dir: Path, plot: bool) -> tuple[str, dict[str, Any]]:
+    """The report's side-by-side part (Markdown, JSON), with serve_compare.png when ``plot``: where a run is
+    vLLM's or sampled (a graphpool-only greedy report stays as it was)."""
+    if all(r.server == "graphpool" and r.temperature == 0 for r in runs):
+        return "", {}
+    png = plot_compare(runs, out_dir / "serve_compare.png").name if plot else None
+    return compare_markdown(runs, png), {"side_by_side": comparison(runs)}
+
+
+def plot_compare(runs: Sequence[RunSummary], path: Path) -> Path:
+    """One panel per workload: grouped bars (log y) of TTFT, ITL and E2E percentiles, one colour a config."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    table = comparison(runs)
+    fig, axes = plt.subplots(1, len(table), figsize=(7 * len(table), 4.5), squeeze=False)
+    for ax, (load, rows) in zip(axes[0], table.items(), strict=True):
+        width = 0.8 / max(len(rows), 1)
+        for i, (key, row) in enumerate(rows.items()):
+            xs = [j + i * width for j in range(len(_PLOTTED))]
+            ys = [row[c] if row[c] > 0 else math.nan for c in _PLOTTED]
+            ax.bar(xs, ys, width=width, label=f"({key}) {row['label']}")
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(_PLOTTED))],
+                      [c.replace("_ms.", " ").upper() for c in _PLOTTED])
+        ax.set_yscale("log")
+        ax.set_ylabel("ms (log)")
+        ax.set_title(load)
+        ax.grid(True, axis="y", which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
