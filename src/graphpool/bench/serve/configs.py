@@ -16,7 +16,7 @@ CONFIG_LABELS = {
     "no-warmup": "graphpool, no start-up warm-up",
     "eager-prefill": "graphpool, eager prefill steps, no mixed steps",
     "no-mixed-steps": "graphpool, no mixed steps",
-    "async-scheduling": "graphpool + async scheduling",
+    "sync-scheduling": "graphpool, synchronous scheduling",
     "microbatch-overlap": "graphpool + microbatch overlap",
     "vllm": "vLLM defaults",
     "vllm-eager": "vLLM, no graphs (--enforce-eager)",
@@ -28,7 +28,7 @@ CONFIG_HELP = (
     "no-graphs; capture-all: every ladder size at start-up; lru16-capture-on-miss: LightLLM's pool (LRU 16, capture "
     "on miss, shared mempool, no warm-up, eager prefill); default: graphpool's defaults; budget: with "
     "--graph-memory-budget; no-warmup: the defaults without the start-up warm-up (lazy capture); eager-prefill: eager "
-    "prefill steps and no mixed steps; no-mixed-steps; async-scheduling: + --async-scheduling; microbatch-overlap: "
+    "prefill steps and no mixed steps; no-mixed-steps; sync-scheduling: + --no-async-scheduling; microbatch-overlap: "
     "+ --enable-microbatch-overlap (with --server-arg=--tensor-parallel-size=2); vllm: vLLM 0.26 at its defaults "
     "with graphpool's model, max-model-len, max-num-seqs, seed and dtype; vllm-eager: the same, --enforce-eager"
 )
@@ -70,7 +70,7 @@ def serve_configs(ladder_n: int, budget: str) -> dict[str, ServeConfig]:
         "no-warmup": ("--graph-warmup", "none"),
         "eager-prefill": _EAGER_PREFILL,
         "no-mixed-steps": ("--no-enable-mixed-steps",),
-        "async-scheduling": ("--async-scheduling",),
+        "sync-scheduling": ("--no-async-scheduling",),
         # NOTE: for tensor parallel (--server-arg=--tensor-parallel-size=2)
         "microbatch-overlap": ("--enable-microbatch-overlap",),
         "vllm": (),
