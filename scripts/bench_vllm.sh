@@ -6,11 +6,14 @@
 # Each server gets its own PYTHONPATH: graphpool's children this shell's (gp-site + src), the vLLM child only
 # $VK_SITE; bench serve keeps them apart (--vllm-pythonpath). The whole bench is cut at LIMIT_S (SIGINT, then
 # KILL 15 s later); every run is saved as it finishes and the report is rebuilt from what was saved.
-# Settings (environment): DURATION (s of arrivals per workload), RATE (req/s), VLLM_ARGS, LIMIT_S, OUT.
+# Settings (environment): CONFIGS (default "default full-pool vllm"), DURATION (s of arrivals per workload), RATE
+# (req/s), TEMPERATURES (default "0 0.8"), VLLM_ARGS, LIMIT_S, OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 MODEL=${1:-random:llama3.2-1b}
 DURATION=${DURATION:-20}
+CONFIGS=${CONFIGS:-default full-pool vllm}
+TEMPERATURES=${TEMPERATURES:-0 0.8}
 RATE=${RATE:-16}
 LIMIT_S=${LIMIT_S:-500}
 OUT=${OUT:-$PWD/results/serve_vllm}
@@ -38,7 +41,7 @@ nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv | tee "$OUT/gp
 vllm_args=()
 for a in $VLLM_ARGS; do vllm_args+=("--vllm-arg=$a"); done
 # NOTE: graphpool first, vLLM last: a server's memory is all back before the next one sizes its KV cache
-args=(serve --model "$MODEL" --configs default vllm --temperatures 0 0.8 --seeds 1 --rate "$RATE"
+args=(serve --model "$MODEL" --configs $CONFIGS --temperatures $TEMPERATURES --seeds 1 --rate "$RATE"
       --duration "$DURATION" --prompt-mean 300 --prompt-cap 1024 --max-tokens-mean 128 --max-tokens-cap 384
       --no-step-timeline --startup-timeout 300 --vllm-python python3 --vllm-pythonpath "$VK_SITE"
       "${vllm_args[@]}" --out "$OUT")

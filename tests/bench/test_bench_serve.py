@@ -15,7 +15,7 @@ import pytest
 
 from graphpool.bench.latency import RequestTimeline
 from graphpool.bench.serve.client import ClientRun, RequestResult, text_prompt
-from graphpool.bench.serve.configs import CONFIG_NAMES, ladder_size, serve_configs
+from graphpool.bench.serve.configs import CONFIG_NAMES, full_pool_sizes, ladder_size, serve_configs
 from graphpool.bench.serve.report import RunSummary, evaluate_targets, spread, summarize_run
 from graphpool.bench.serve.run import ServeBenchConfig, config_from_args
 from graphpool.bench.serve.server import parse_metrics
@@ -57,6 +57,11 @@ def test_configs_and_ladder() -> None:
     assert cfgs["no-warmup"].flags == ("--graph-warmup", "none")
     assert cfgs["microbatch-overlap"].flags == ("--enable-microbatch-overlap",)
     assert ladder_size(["--enable-microbatch-overlap"]) == 30  # per microbatch: 1..16, then 24..128 by 8
+    full = full_pool_sizes([])
+    assert len(full) == len(set(full)) == 16 and full[0] == 256  # the whole default pool, the largest first
+    assert full_pool_sizes(["--max-graph-pool-size=4"]) == full[:4]
+    flags = serve_configs(46, "128MiB", full)["full-pool"].flags
+    assert flags == ("--graph-warmup", ",".join(map(str, full)))
     with pytest.raises(ValueError, match="exactly one --configs"):
         _bench_config(url="http://127.0.0.1:1", configs=("no-graphs", "default"))
     with pytest.raises(ValueError, match="names of no-graphs, capture-all, "):

@@ -6,6 +6,10 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from graphpool.engine.config import EngineConfig
 
 CONFIG_LABELS = {
     "no-graphs": "no graphs",
@@ -18,6 +22,7 @@ CONFIG_LABELS = {
     "no-mixed-steps": "graphpool, no mixed steps",
     "sync-scheduling": "graphpool, synchronous scheduling",
     "microbatch-overlap": "graphpool + microbatch overlap",
+    "full-pool": "graphpool, pool filled at start-up",
     "vllm": "vLLM defaults",
     "vllm-eager": "vLLM, no graphs (--enforce-eager)",
 }
@@ -30,7 +35,8 @@ CONFIG_HELP = (
     "--graph-memory-budget; no-warmup: the defaults without the start-up warm-up (lazy capture); eager-prefill: eager "
     "prefill steps and no mixed steps; no-mixed-steps; sync-scheduling: + --no-async-scheduling; microbatch-overlap: "
     "+ --enable-microbatch-overlap (with --server-arg=--tensor-parallel-size=2); vllm: vLLM 0.26 at its defaults "
-    "with graphpool's model, max-model-len, max-num-seqs, seed and dtype; vllm-eager: the same, --enforce-eager"
+    "with graphpool's model, max-model-len, max-num-seqs, seed and dtype; vllm-eager: the same, --enforce-eager; "
+    "full-pool: the defaults with the whole pool (16 graphs) captured at start-up, its graph memory beside vLLM's"
 )
 # every prefill step eager, and decodes wait for it (LightLLM's prefill)
 _EAGER_PREFILL = ("--graph-prefill-max-tokens", "0", "--no-enable-mixed-steps")
@@ -48,18 +54,31 @@ class ServeConfig:
         return self.server != "graphpool"
 
 
-def ladder_size(server_args: Sequence[str]) -> int:
-    """Sizes in the pool's ladder under the server's graph flags (the pass-through ones included)."""
+def _engine_config(server_args: Sequence[str]) -> EngineConfig:
     from graphpool.engine.args import add_engine_args, engine_config_from_args
 
     parser = argparse.ArgumentParser(add_help=False)
     add_engine_args(parser)
     known, _ = parser.parse_known_args(list(server_args))
-    cfg = engine_config_from_args(known, device="cpu")
-    return len(cfg.pool_config.ladder().sizes)
+    return engine_config_from_args(known, device="cpu")
 
 
-def serve_configs(ladder_n: int, budget: str) -> dict[str, ServeConfig]:
+def ladder_size(server_args: Sequence[str]) -> int:
+    """Sizes in the pool's ladder under the server's graph flags (the pass-through ones included)."""
+    return len(_engine_config(server_args).pool_config.ladder().sizes)
+
+
+def full_pool_sizes(server_args: Sequence[str]) -> tuple[int, ...]:
+    """The sizes that fill the pool (max_graph_pool_size of them) in the order `bench memory` fills it: the
+    start-up cover, then a tighter cover, then the largest remaining sizes."""
+    from graphpool.bench.memory import capture_order
+
+    cfg = _engine_config(server_args)
+    pool = cfg.pool_config
+    return tuple(s for group in capture_order(pool, pool.max_graph_pool_size) for s in group)[: pool.max_graph_pool_size]
+
+
+def serve_configs(ladder_n: int, budget: str, full_pool: Sequence[int] = ()) -> dict[str, ServeConfig]:
     flags = {
         "no-graphs": ("--disable-cudagraph",),
         "capture-all": ("--graph-warmup", "all", "--max-graph-pool-size", str(ladder_n)),
@@ -73,6 +92,7 @@ def serve_configs(ladder_n: int, budget: str) -> dict[str, ServeConfig]:
         "sync-scheduling": ("--no-async-scheduling",),
         # NOTE: for tensor parallel (--server-arg=--tensor-parallel-size=2)
         "microbatch-overlap": ("--enable-microbatch-overlap",),
+        "full-pool": ("--graph-warmup", ",".join(map(str, full_pool))) if full_pool else ("--graph-warmup", "cover"),
         "vllm": (),
         "vllm-eager": ("--enforce-eager",),
     }

@@ -24,7 +24,7 @@ from graphpool.bench.serve import compare
 from graphpool.bench.serve.attribution import attribute
 from graphpool.bench.serve.client import ClientRun, run_trace
 from graphpool.bench.serve.clients import run_trace_processes
-from graphpool.bench.serve.configs import ServeConfig, ladder_size, serve_configs
+from graphpool.bench.serve.configs import ServeConfig, full_pool_sizes, ladder_size, serve_configs
 from graphpool.bench.serve.foreign import VllmLogInfo, parse_vllm_log, vllm_command
 from graphpool.bench.serve.options import ServeBenchConfig, add_args, config_from_args
 from graphpool.bench.serve.report import run_stem, save_run, summarize_run, write_serve_report
@@ -175,7 +175,7 @@ def run_serve_bench(cfg: ServeBenchConfig, out_dir: Path, argv: Sequence[str] | 
         print(body, flush=True)
         return targets
     print(env.header_markdown(), flush=True)
-    configs = serve_configs(ladder_size(cfg.server_args), cfg.budget)
+    configs = serve_configs(ladder_size(cfg.server_args), cfg.budget, full_pool_sizes(cfg.server_args))
     n = len(cfg.configs)
     todo = [(configs[k], s) for s in cfg.seeds
             # NOTE: the order rotates by one config per seed (its value: the same when seeds are split over
