@@ -7,7 +7,9 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from graphpool.bench.cli import add_bench_parser
 from graphpool.engine.args import add_engine_args, engine_config_from_args
+from graphpool.server.main import add_serve_parser
 
 if TYPE_CHECKING:
     from graphpool.engine.engine import LLMEngine
@@ -85,9 +87,6 @@ def run_generate(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="graphpool", description="LLM inference with a bounded CUDA graph pool")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    from graphpool.bench.cli import add_bench_parser
-    from graphpool.server.main import add_serve_parser
-
     for register in (add_generate_parser, add_serve_parser, add_bench_parser):
         register(sub)
     return parser
