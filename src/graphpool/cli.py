@@ -67,6 +67,7 @@ def run_generate(args: argparse.Namespace) -> int:
           f"CUDA graphs {graphs}{kernels}", file=sys.stderr)
     try:
         llm = LLM.from_config(config)
+        print(f"loaded: {llm.engine.startup.describe()}", file=sys.stderr)
         if args.chat:
             outputs = llm.chat([[{"role": "user", "content": p}] for p in args.prompt], params,
                                use_tqdm=not args.no_progress)

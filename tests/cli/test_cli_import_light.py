@@ -31,8 +31,8 @@ def _help(*argv: str) -> tuple[str, list[str]]:
 
 @pytest.mark.parametrize(("argv", "listed"), [
     (["--help"], ["generate", "serve", "bench"]),
-    (["generate", "--help"], ["--prompt", "--model", "--max-graph-pool-size"]),
-    (["serve", "--help"], ["--port", "--model", "--max-request-bytes"]),
+    (["generate", "--help"], ["--prompt", "--model", "--cpu-threads", "--max-graph-pool-size"]),
+    (["serve", "--help"], ["--port", "--model", "--cpu-threads", "--max-request-bytes"]),
     (["bench", "--help"], ["step", "memory", "trace", "serve", "profile", "tp-step", "kernels"]),
 ])
 def test_help_lists_the_commands_without_importing_torch(argv: list[str], listed: list[str]) -> None:
