@@ -67,7 +67,8 @@ def run_generate(args: argparse.Namespace) -> int:
           f"CUDA graphs {graphs}{kernels}", file=sys.stderr)
     try:
         llm = LLM.from_config(config)
-        print(f"loaded: {llm.engine.startup.describe()}", file=sys.stderr)
+        threads = f"; torch threads {llm.engine.cpu_threads}" if llm.engine.cpu_threads is not None else ""
+        print(f"loaded: {llm.engine.startup.describe()}{threads}", file=sys.stderr)
         if args.chat:
             outputs = llm.chat([[{"role": "user", "content": p}] for p in args.prompt], params,
                                use_tqdm=not args.no_progress)
