@@ -1,4 +1,4 @@
-"""`python -m graphpool`: the `graphpool` command."""
+"""`python -m graphpool ...`: the same as the `graphpool` command."""
 
 from graphpool.cli import main
 

@@ -7,7 +7,9 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from graphpool.bench.cli import add_bench_parser
 from graphpool.engine.args import add_engine_args, engine_config_from_args
+from graphpool.server.main import add_serve_parser
 
 if TYPE_CHECKING:
     from graphpool.engine.engine import LLMEngine
@@ -65,6 +67,8 @@ def run_generate(args: argparse.Namespace) -> int:
           f"CUDA graphs {graphs}{kernels}", file=sys.stderr)
     try:
         llm = LLM.from_config(config)
+        threads = f"; torch threads {llm.engine.cpu_threads}" if llm.engine.cpu_threads is not None else ""
+        print(f"loaded: {llm.engine.startup.describe()}{threads}", file=sys.stderr)
         if args.chat:
             outputs = llm.chat([[{"role": "user", "content": p}] for p in args.prompt], params,
                                use_tqdm=not args.no_progress)
@@ -85,9 +89,6 @@ def run_generate(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="graphpool", description="LLM inference with a bounded CUDA graph pool")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    from graphpool.bench.cli import add_bench_parser
-    from graphpool.server.main import add_serve_parser
-
     for register in (add_generate_parser, add_serve_parser, add_bench_parser):
         register(sub)
     return parser

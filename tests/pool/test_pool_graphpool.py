@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import random
 
@@ -300,6 +301,31 @@ def test_warmup_respects_count_and_budget_without_evicting() -> None:
     pool, cap = make(EagerCapturer(footprint=lambda s: 100 * s), graph_memory_budget=1000)
     assert pool.warmup([16, 8, 2, 1]) == [8, 2]  # 16 alone too big; 1 would exceed 1000
     assert pool.stats().resident_bytes <= 1000
+
+
+def test_warmup_freezes_the_collector_while_it_captures_and_restores_it() -> None:
+    seen: list[tuple[bool, bool]] = []  # (collector on, objects frozen) during each capture's step
+
+    def watched(s: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        seen.append((gc.isenabled(), gc.get_freeze_count() > 0))
+        return step(s)
+
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    pool = GraphPool(watched, SPECS, PoolConfig(), device="cpu", capturer=EagerCapturer())
+    assert pool.warmup([4, 2]) == [4, 2]
+    assert seen and all(state == (False, True) for state in seen)
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    seen.clear()
+    failing = GraphPool(watched, SPECS, PoolConfig(), device="cpu",
+                           capturer=EagerCapturer(fail_sizes=[4], error=RuntimeError))
+    gc.disable()
+    try:
+        assert failing.warmup([4, 2]) == [2]  # a failed capture inside the warm-up restores the same way
+        assert not gc.isenabled() and gc.get_freeze_count() == 0  # off before, off after
+    finally:
+        gc.enable()
+    pool.run(batch(3))
+    assert seen[-1] == (True, False)  # a step after the warm-up sees the collector as the caller has it
 
 
 def test_evict_all_then_reuse_and_close() -> None:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 
 _HELP = ("Benchmarks; each prints its tables and writes JSON, Markdown and PNG under results/<bench>/ "
          "(--out to change).")
@@ -17,25 +19,54 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
                                 description=_HELP))
 
 
-def _add_benches(p: argparse.ArgumentParser) -> None:
-    from graphpool.bench import kernels_ab, memory, step, tp_step
-    from graphpool.bench.profile import run as profile
-    from graphpool.bench.serve import run as serve
-    from graphpool.bench.trace import run as trace
+# name, module (its add_args and main), help; a module is imported only when its bench is parsed or described
+_BENCHES = (
+    ("step", "graphpool.bench.step", "decode step per batch size: eager, graph, torch.compile, HBM floor"),
+    ("memory", "graphpool.bench.memory",
+     "graph memory: where a graph's bytes go, arena vs per_graph mempool, eviction, byte budget"),
+    ("trace", "graphpool.bench.trace.run", "a serving trace through the engine under seven graph policies"),
+    ("serve", "graphpool.bench.serve.run", "a live server per graph configuration, driven by a streaming openai client"),
+    ("profile", "graphpool.bench.profile.run",
+     "torch.profiler: the kernels of a decode step per layer; a prefill step's time"),
+    ("tp-step", "graphpool.bench.tp_step",
+     "the engine's decode step by tensor-parallel size and batch size, graph and eager"),
+    ("kernels", "graphpool.bench.kernels_ab",
+     "the decode step with kernel switches A (default kernels off) vs B, interleaved"),
+)
 
-    bench_sub = p.add_subparsers(dest="bench", required=True, metavar="BENCH")
-    for name, module, text in (
-        ("step", step, "decode step per batch size: eager, graph, torch.compile, HBM floor"),
-        ("memory", memory, "graph memory: where a graph's bytes go, arena vs per_graph mempool, eviction, byte budget"),
-        ("trace", trace, "a serving trace through the engine under seven graph policies"),
-        ("serve", serve, "a live server per graph configuration, driven by a streaming openai client"),
-        ("profile", profile, "torch.profiler: the kernels of a decode step per layer; a prefill step's time"),
-        ("tp-step", tp_step, "the engine's decode step by tensor-parallel size and batch size, graph and eager"),
-        ("kernels", kernels_ab, "the decode step with kernel switches A (default kernels off) vs B, interleaved"),
-    ):
-        q = bench_sub.add_parser(name, help=text, description=text)
-        module.add_args(q)
-        q.set_defaults(func=_runner(module.main))
+
+class _BenchParser(argparse.ArgumentParser):
+    """A bench's parser that imports its module (torch and all) for the flags only when that bench is chosen,
+    so `graphpool --help` and `graphpool bench --help` stay import-light."""
+
+    def __init__(self, *args: Any, module: str = "", **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._module = module
+
+    def _load(self) -> None:
+        if self._module:
+            module = importlib.import_module(self._module)
+            self._module = ""
+            module.add_args(self)
+            self.set_defaults(func=_runner(module.main))
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> tuple[argparse.Namespace, list[str]]:
+        self._load()
+        return super().parse_known_args(args, namespace)
+
+    def format_help(self) -> str:
+        self._load()
+        return super().format_help()
+
+    def format_usage(self) -> str:
+        self._load()
+        return super().format_usage()
+
+
+def _add_benches(p: argparse.ArgumentParser) -> None:
+    bench_sub = p.add_subparsers(dest="bench", required=True, metavar="BENCH", parser_class=_BenchParser)
+    for name, module, text in _BENCHES:
+        bench_sub.add_parser(name, help=text, description=text, module=module)
 
 
 def _runner(fn: Callable[[argparse.Namespace, Sequence[str]], object]) -> Callable[[argparse.Namespace], int]:

@@ -56,6 +56,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                             "at GET /debug/steps (what `bench serve` attributes latency gaps with)")
     add("--tensor-parallel-size", "tensor_parallel_size", type=int,
         help="ranks to shard the model over: one process per GPU (NCCL), or CPU processes (gloo) (default 1)")
+    add("--cpu-threads", "cpu_threads", type=int, metavar="N",
+        help="torch threads per rank on the CPU device (default: the usable cores less one, over the ranks; "
+             "torch's own when OMP_NUM_THREADS is set)")
     group = parser.add_argument_group("CUDA graph pool")
     add("--max-graph-pool-size", "max_graph_pool_size", type=int, help=f"most graphs resident at once (default "
         f"{DEFAULT_MAX_GRAPH_POOL_SIZE}; the whole ladder with --graph-warmup all)")

@@ -87,6 +87,8 @@ class EngineConfig:
     record_step_timeline: bool = False  # keep a timeline of steps (engine.timeline; the server's /debug/steps)
     # ranks (processes, one GPU each: cuda:i .. cuda:i+N-1 from the device's index i; gloo on the CPU)
     tensor_parallel_size: int = 1
+    # torch threads per rank on the CPU device (set once at engine start); None -> engine/cpu_threads.py's default
+    cpu_threads: int | None = None
     # graph pool settings (LightLLM's names)
     # NOTE: None -> the pool's default (PoolConfig), or more when graph_warmup asks for more sizes.
     max_graph_pool_size: int | None = None
@@ -132,7 +134,7 @@ class EngineConfig:
         for name in ("max_num_seqs", "max_model_len", "block_size",
                      "graph_max_batch_size", "graph_split_batch_size", "graph_grow_step_size"):
             _check_positive_int(name, getattr(self, name))
-        for name in ("num_kv_blocks", "max_num_batched_tokens", "graph_max_len_in_batch"):
+        for name in ("num_kv_blocks", "max_num_batched_tokens", "graph_max_len_in_batch", "cpu_threads"):
             if getattr(self, name) is not None:
                 _check_positive_int(name, getattr(self, name))
         if self.num_kv_blocks is not None and self.num_kv_blocks < 2:

@@ -10,6 +10,7 @@ import torch
 
 from graphpool.engine.async_scheduling import AsyncDecode
 from graphpool.engine.config import EngineConfig
+from graphpool.engine.cpu_threads import apply_cpu_threads
 from graphpool.engine.kv_cache import BlockManager
 from graphpool.engine.outputs import (
     EngineStats,
@@ -25,6 +26,7 @@ from graphpool.engine.sampler import Sampler
 from graphpool.engine.sampling_params import InvalidParam, SamplingParams, check_text
 from graphpool.engine.scheduler import ScheduledBatch, Scheduler
 from graphpool.engine.sequence import Sequence
+from graphpool.engine.startup import StartupClock, StartupTimes
 from graphpool.engine.timeline import StepClock, StepTimeline
 from graphpool.engine.tp_rank import capture_sync, load_shard, num_kv_blocks
 from graphpool.model.config import ModelConfig
@@ -36,7 +38,7 @@ if TYPE_CHECKING:
     from graphpool.engine.tp_leader import TPLeader
 
 LoadedModel = tuple[Any, ModelConfig, Any]  # (model, config, tokenizer or None), as load_model returns
-__all__ = ["EngineStats", "LLMEngine", "RequestOutput", "StepInfo"]
+__all__ = ["EngineStats", "LLMEngine", "RequestOutput", "StartupTimes", "StepInfo"]
 log = logging.getLogger(__name__)
 
 
@@ -58,8 +60,10 @@ class LLMEngine:
 
         With `tensor_parallel_size` N > 1 this process is rank 0 (scheduler, sampler and the first shard) and
         N - 1 more processes hold the other shards (engine/tp_leader.py); `close()` stops them."""
+        clock = StartupClock()
         self.config = config
         self.device = config.torch_device
+        self.cpu_threads = apply_cpu_threads(config) if self.device.type == "cpu" else None
         self.dtype = config.torch_dtype
         backend = config.resolved_attn_backend
         self._tp: TPLeader | None = None
@@ -85,6 +89,7 @@ class LLMEngine:
         if getattr(self.model, "max_positions", config.max_model_len) < config.max_model_len:
             raise ValueError(f"the loaded model's rotary cache covers {self.model.max_positions} positions, "
                              f"fewer than max_model_len={config.max_model_len}")
+        clock.mark("load")
         self.model_name = config.model
         self.max_model_len = config.max_model_len
         bs = config.block_size
@@ -92,6 +97,7 @@ class LLMEngine:
         # NOTE: from here to the warm-up, the other ranks run the same collectives (engine/tp_worker.py)
         num_blocks = num_kv_blocks(config, self.model_config, tp, self.device)
         self.kv_caches = self.model.allocate_kv_caches(num_blocks, bs)
+        clock.mark("kv_cache")
         max_blocks = max(-(-config.max_model_len // bs), -(-config.len_bound // bs))
         self.block_manager = BlockManager(num_blocks, bs, max_blocks, config.enable_prefix_caching)
         self.scheduler = Scheduler(
@@ -114,12 +120,17 @@ class LLMEngine:
         if config.async_scheduling:
             self._async = AsyncDecode(self.scheduler, self.block_manager, self.runner, self.sampler, self.timeline,
                                       self.device)
-        self.runner.warmup(config.graph_warmup)
+        clock.skip()
+        self.runner.warm_prefill()
+        clock.mark("prefill_warmup")
+        self.runner.capture_graphs(config.graph_warmup)
         if self._tp is not None:
             self._tp.wait_for("ready")
         elif config.enable_microbatch_overlap:
             log.warning("microbatch overlap with one rank: no all-reduce to overlap, each decode step only runs as "
                         "two microbatches (for tests and comparisons; it pays, if at all, with --tensor-parallel-size > 1)")
+        clock.mark("graph_capture")
+        self.startup = clock.times()
         log.info("engine ready: %s on %s (%s), %d KV blocks of %d tokens, graphs %s", self.model_name,
                  self.device, self.dtype, num_blocks - 1, bs, "on" if self.graphs_off is None else "off")
 

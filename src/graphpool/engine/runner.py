@@ -308,8 +308,16 @@ class ModelRunner:
                               eager_bound=eager_bound, max_len=max_len, decision=decision)
 
     def warmup(self, sizes: str | tuple[int, ...]) -> None:
-        """The eager prefill path (CUDA; engine/warmup.py), then the graphs `sizes` asks for."""
+        """The eager prefill path, then the graphs `sizes` asks for."""
+        self.warm_prefill()
+        self.capture_graphs(sizes)
+
+    def warm_prefill(self) -> None:
+        """The eager prefill path's first-call costs, paid now (engine/warmup.py)."""
         warm_eager_prefill(self.model, self.kv_caches, self.prefill_warmup)
+
+    def capture_graphs(self, sizes: str | tuple[int, ...]) -> None:
+        """The pool's warm-up captures: its padding cover ("cover"), every ladder size ("all"), or `sizes`."""
         if self.pool.graphs_off is not None or sizes == "none":
             return
         with torch.inference_mode():

@@ -18,6 +18,7 @@ from typing import cast
 import torch
 
 from graphpool.engine.config import EngineConfig
+from graphpool.engine.cpu_threads import apply_cpu_threads
 from graphpool.engine.kv_cache import BlockManager
 from graphpool.engine.runner import ModelRunner
 from graphpool.engine.tp_messages import BlockTableView
@@ -50,6 +51,8 @@ def _serve(rank: int, config: EngineConfig, init_method: str, conn: Connection,
     device = local.torch_device
     if device.type == "cuda":
         torch.cuda.set_device(device)
+    else:
+        apply_cpu_threads(config)
     conn.send(("hello", None))
     tp = join_group(config, rank, init_method)
     try:

@@ -6,11 +6,9 @@ The ``Capturer`` protocol is the seam between the pool and CUDA: ``CudaGraphCapt
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -21,25 +19,13 @@ from graphpool.pool.arena import Arena, Retired, alias_outputs, output_bytes
 from graphpool.pool.config import LAYOUTS, MempoolLayout
 from graphpool.pool.cuda_state import CAPTURE_LOCK
 from graphpool.pool.failures import CaptureError, CaptureFailureKind, classify, is_oom
+from graphpool.pool.gc_control import gc_paused
 
 # NOTE: only these mean a failed capture; any other error (the warm-up's) is the step's own and propagates.
 CAPTURE_ERRORS: tuple[type[BaseException], ...] = (CaptureError,)
 
 # Released MemPools kept while tensors live in them; past this many the oldest goes (empty_cache frees it).
 _MAX_DRAINING = 16
-
-
-@contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
-    """No cyclic GC while allocations are routed to a graph's pool: a MemPool it frees then (a failed
-    capture's traceback cycle) runs emptyCache mid-capture, and torch aborts the process."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 @dataclass(frozen=True)
@@ -132,7 +118,7 @@ class CudaGraphCapturer:
         return sum(a.nbytes for a in live)
 
     def capture(self, size: int, fn: Callable[[], Any]) -> CapturedGraph:
-        with CAPTURE_LOCK, torch.cuda.device(self.device), _gc_paused():
+        with CAPTURE_LOCK, torch.cuda.device(self.device), gc_paused():
             self._drain()
             stream = cuda_state.side_stream(self.device)
             t0 = time.perf_counter()

@@ -13,6 +13,7 @@ import torch
 from graphpool.pool.capture import CapturedGraph, Capturer, CudaGraphCapturer
 from graphpool.pool.config import PoolConfig
 from graphpool.pool.failures import CaptureError, CaptureFailureLog
+from graphpool.pool.gc_control import gc_frozen
 from graphpool.pool.inputs import Batch, InputSpec, StaticInputs
 from graphpool.pool.lockstep import CaptureSync, Decision, agree_on_capture
 from graphpool.pool.policy import CAPTURE, CaptureOnMiss, ResidencyBook, make_policy
@@ -304,13 +305,14 @@ class GraphPool:
         with self.lock:
             if self._closed or self._off is not None:
                 return captured
-            for i, s in enumerate(order):
-                if s not in self._graphs and s not in self._blocked:
-                    self._inputs.pad(s)
-                    if isinstance(self._capture(s, may_evict=False), CapturedGraph):
-                        captured.append(s)
-                if progress is not None:
-                    progress(i + 1, len(order), s)
+            with gc_frozen():
+                for i, s in enumerate(order):
+                    if s not in self._graphs and s not in self._blocked:
+                        self._inputs.pad(s)
+                        if isinstance(self._capture(s, may_evict=False), CapturedGraph):
+                            captured.append(s)
+                    if progress is not None:
+                        progress(i + 1, len(order), s)
         return captured
 
     def evict(self, size: int) -> bool:

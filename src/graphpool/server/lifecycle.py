@@ -21,12 +21,15 @@ from typing import Any
 
 import uvicorn
 
+from graphpool.engine.startup import seconds_since_process_start
+
+__all__ = ["GracefulServer", "PortInUseError", "bind_socket", "seconds_since_process_start"]
+
 logger = logging.getLogger("graphpool.server")
 
 # NOTE: what may still run after the drain: uvicorn writing the last chunks, and the step in flight.
 FINISH_WRITES_S = 2.0
 STEP_GRACE_S = 5.0
-_IMPORTED_AT = time.monotonic()
 
 
 class PortInUseError(OSError):
@@ -52,18 +55,6 @@ def bind_socket(host: str, port: int) -> socket.socket:
             "Pick another port with --port"
         ) from None
     return sock
-
-
-def seconds_since_process_start() -> float:
-    """Wall time since the process started (Linux: from /proc; elsewhere since this module was imported)."""
-    try:
-        with open("/proc/self/stat") as f:
-            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime
-        with open("/proc/uptime") as f:
-            uptime = float(f.read().split()[0])
-        return uptime - start_ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return time.monotonic() - _IMPORTED_AT
 
 
 class GracefulServer(uvicorn.Server):

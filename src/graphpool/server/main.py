@@ -150,7 +150,8 @@ def make_server(
     from graphpool.server.lifecycle import GracefulServer
     from graphpool.server.metrics import ServerMetrics
 
-    metrics = ServerMetrics(disabled_kernels=disabled_kernels)
+    # NOTE: a test's stand-in engine may have no start-up times
+    metrics = ServerMetrics(disabled_kernels=disabled_kernels, startup=getattr(engine, "startup", None))
     async_engine = AsyncEngine(engine, observer=metrics)
     app = build_app(async_engine, metrics, served_model_name, max_request_bytes)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False)
@@ -217,6 +218,7 @@ def serve(args: argparse.Namespace, config: Any = None) -> int:
         return 2
     for line in describe_startup(engine, config, time.perf_counter() - start):
         logger.info(line)
+    logger.info(engine.startup.describe())
     name = args.served_model_name or engine.model_name
 
     def ready() -> None:

@@ -13,13 +13,16 @@ import logging
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from graphpool.kernels.switches import KERNEL_SWITCHES
+
+if TYPE_CHECKING:
+    from graphpool.engine.startup import StartupTimes
 
 logger = logging.getLogger("graphpool.server")
 
@@ -123,8 +126,10 @@ class EngineCollector(Collector):
 class ServerMetrics:
     """All metrics of one server; also the engine loop's step observer."""
 
-    def __init__(self, log_interval_s: float = 10.0, disabled_kernels: Sequence[str] = ()) -> None:
-        """`disabled_kernels`: the engine config's kernel switches turned off (a gauge per switch)."""
+    def __init__(self, log_interval_s: float = 10.0, disabled_kernels: Sequence[str] = (),
+                 startup: StartupTimes | None = None) -> None:
+        """`disabled_kernels`: the engine config's kernel switches turned off (a gauge per switch); `startup`: the
+        engine's start-up phases (a gauge per phase, and phase="total")."""
         self.log_interval_s = log_interval_s
         self._last_log = (time.monotonic(), 0)  # (when, generation tokens then)
         self.registry = CollectorRegistry(auto_describe=True)
@@ -169,6 +174,13 @@ class ServerMetrics:
         )  # fmt: skip
         for name in KERNEL_SWITCHES:
             self.kernel_enabled.labels(name).set(name not in disabled_kernels)
+        if startup is not None:
+            self.startup_seconds = Gauge(
+                f"{PREFIX}_startup_seconds", "Seconds of the engine's start-up by phase; phase=\"total\" is process "
+                "start to ready and holds what no phase names", ["phase"], registry=r,
+            )  # fmt: skip
+            for phase, seconds in {**startup.phases(), "total": startup.total}.items():
+                self.startup_seconds.labels(phase).set(seconds)
         self._last_step: object | None = None
 
     # ---- StepObserver (engine thread) ----
