@@ -153,6 +153,10 @@ class PromptBuilder:
                 presence_penalty=req.presence_penalty or 0.0,
                 frequency_penalty=req.frequency_penalty or 0.0,
                 repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+                min_tokens=req.min_tokens or 0,
+                min_p=req.min_p or 0.0,
+                include_stop_str_in_output=req.include_stop_str_in_output,
+                skip_special_tokens=req.skip_special_tokens,
             )
         except InvalidParam as e:
             raise APIError(str(e), param=e.param) from None
