@@ -267,7 +267,7 @@ def serve(args: argparse.Namespace, config: Any = None) -> int:
     server = make_server(
         engine, args.host, args.port, args.served_model_name, args.log_level, args.shutdown_timeout, ready,
         config.disabled_kernels, args.max_request_bytes, getattr(args, "chat_template_source", None),
-        args.api_keys or (),
+        getattr(args, "api_keys", None) or (),
     )
     try:
         server.run(sockets=[sock])
