@@ -22,13 +22,13 @@ from graphpool.server.metrics import ServerMetrics
 
 
 class CharTokenizer:
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return [ord(c) for c in text]
 
     def decode(self, ids: list[int]) -> str:
         return "".join(chr(i) for i in ids)
 
-    def apply_chat_template(self, messages: list[dict[str, str]]) -> list[int]:
+    def apply_chat_template(self, messages: list[dict[str, str]], **_: object) -> list[int]:
         return self.encode("".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>")
 
 

@@ -277,7 +277,9 @@ class LLMEngine:
         self.generation_tokens_total += 1
         params = seq.params
         reason: str | None = None
-        if token in seq.stop_ids:
+        # NOTE: before min_tokens nothing stops it but the length (the sampler kept stop ids from being drawn)
+        stoppable = seq.num_output_tokens >= params.min_tokens
+        if stoppable and token in seq.stop_ids:
             reason = "stop"
         elif seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len:
             reason = "length"
@@ -285,7 +287,7 @@ class LLMEngine:
             seq.finish_reason = reason
         previous_len = len(seq.text)
         detokenize(seq, self.tokenizer, final=reason is not None)
-        cut = find_stop_string(seq, previous_len)
+        cut = find_stop_string(seq, previous_len) if stoppable else -1
         if cut >= 0:
             seq.text = seq.text[:cut]
             reason = "stop"

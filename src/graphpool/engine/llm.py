@@ -4,24 +4,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from graphpool.engine.config import DEFAULT_MODEL, EngineConfig
 from graphpool.engine.engine import LLMEngine
+from graphpool.engine.llm_outputs import CompletionOutput, RequestOutput, SequenceOutput
 from graphpool.engine.sampling_params import SamplingParams, check_text
 from graphpool.pool import PoolStats
 
 Messages = Sequence[Mapping[str, str]]
+Params = SamplingParams | Sequence[SamplingParams] | None
+Prompt = str | list[int] | Mapping[str, Any]  # a Mapping: vLLM's {"prompt": text} or {"prompt_token_ids": ids}
 
-
-@dataclass
-class CompletionOutput:
-    prompt: str | list[int]
-    prompt_token_ids: list[int]
-    text: str
-    token_ids: list[int]
-    finish_reason: str | None
+__all__ = ["LLM", "CompletionOutput", "RequestOutput", "SequenceOutput"]
 
 
 class LLM:
@@ -58,24 +53,35 @@ class LLM:
     def tokenizer(self) -> Any:
         return self.engine.tokenizer
 
+    def get_tokenizer(self) -> Any:
+        """The model's tokenizer (vLLM's spelling of `llm.tokenizer`)."""
+        return self.engine.tokenizer
+
     def generate(
         self,
-        prompts: str | list[str] | list[int] | list[list[int]],
-        params: SamplingParams | None = None,
+        prompts: Prompt | Sequence[Prompt],
+        sampling_params: Params = None,
         use_tqdm: bool = True,
+        *,
+        params: Params = None,
     ) -> list[CompletionOutput]:
         """One result per prompt, in input order. Text prompts are tokenized as the model's tokenizer does
-        by default (no chat template); a list of ints is one token-id prompt."""
-        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+        by default (no chat template); a list of ints is one token-id prompt; vLLM's {"prompt": text} and
+        {"prompt_token_ids": ids} dicts are taken too. `sampling_params` (or `params`, graphpool's older
+        name): one SamplingParams for all prompts, or a list of one per prompt; None: the defaults."""
+        if isinstance(prompts, (str, Mapping)) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
-        items: list[Any] = list(prompts)
-        return self._run(items, [self.engine.encode(p) for p in items], params, use_tqdm)
+        items: list[Any] = [_prompt_input(p) for p in prompts]  # type: ignore[union-attr]
+        chosen = _one_of(sampling_params, params)
+        return self._run(items, [self.engine.encode(p) for p in items], chosen, use_tqdm)
 
     def chat(
         self,
         messages: Messages | Sequence[Messages],
-        params: SamplingParams | None = None,
+        sampling_params: Params = None,
         use_tqdm: bool = True,
+        *,
+        params: Params = None,
     ) -> list[CompletionOutput]:
         """One conversation (a list of {"role", "content"} dicts) or a list of them, with the chat template."""
         if self.engine.tokenizer is None:
@@ -90,7 +96,7 @@ class LLM:
                         check_text(value, f"messages[{i}].{key}")
         token_ids = [self.engine.tokenizer.apply_chat_template(list(c)) for c in conversations]  # type: ignore[arg-type]
         texts = [self.engine.tokenizer.decode(ids, skip_special_tokens=False) for ids in token_ids]
-        return self._run(texts, token_ids, params, use_tqdm)
+        return self._run(texts, token_ids, _one_of(sampling_params, params), use_tqdm)
 
     def graph_stats(self) -> PoolStats | None:
         return self.engine.graph_stats()
@@ -105,15 +111,15 @@ class LLM:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _run(self, prompts: list[Any], token_ids: list[list[int]], params: SamplingParams | None,
+    def _run(self, prompts: list[Any], token_ids: list[list[int]], params: Params,
              use_tqdm: bool) -> list[CompletionOutput]:
-        params = params or SamplingParams()
+        per_prompt = _per_prompt(params, len(token_ids))
         ids: list[str] = []
         try:
-            for tokens in token_ids:
+            for tokens, sp in zip(token_ids, per_prompt, strict=True):
                 self._counter += 1
                 ids.append(f"llm-{self._counter}")
-                self.engine.add_request(ids[-1], tokens, params)
+                self.engine.add_request(ids[-1], tokens, sp)
         except ValueError:
             for rid in ids:
                 self.engine.abort_request(rid)
@@ -139,7 +145,7 @@ class LLM:
                     if out.finished and out.request_id in index:
                         i = index[out.request_id]
                         results[i] = CompletionOutput(prompts[i], out.prompt_token_ids, out.text, out.token_ids,
-                                                      out.finish_reason)
+                                                      out.finish_reason, out.request_id)
                         remaining -= 1
                         if bar is not None:
                             bar.update(1)
@@ -158,3 +164,37 @@ def _progress(total: int, enabled: bool) -> Any:
     from tqdm.auto import tqdm
 
     return tqdm(total=total, desc="generating", unit="req", dynamic_ncols=True)
+
+
+def _one_of(sampling_params: Params, params: Params) -> Params:
+    if sampling_params is not None and params is not None:
+        raise ValueError("give the sampling parameters once, as sampling_params or as params")
+    return sampling_params if sampling_params is not None else params
+
+
+def _per_prompt(params: Params, n: int) -> list[SamplingParams]:
+    """One SamplingParams per prompt: the defaults, one for all, or a list of exactly one each."""
+    if params is None:
+        return [SamplingParams()] * n
+    if isinstance(params, SamplingParams):
+        return [params] * n
+    listed = list(params)
+    if len(listed) != n:
+        raise ValueError(f"sampling_params holds {len(listed)} SamplingParams for {n} prompts: give one, or one "
+                         "per prompt")
+    bad = [type(p).__name__ for p in listed if not isinstance(p, SamplingParams)]
+    if bad:
+        raise ValueError(f"sampling_params must hold SamplingParams, got {bad[0]}")
+    return listed
+
+
+def _prompt_input(prompt: Any) -> str | list[int]:
+    """vLLM's prompt dicts to what the engine takes (a text or token ids); other prompts as they are."""
+    if not isinstance(prompt, Mapping):
+        return prompt  # type: ignore[no-any-return]
+    keys = set(prompt)
+    if keys == {"prompt"}:
+        return prompt["prompt"]  # type: ignore[no-any-return]
+    if keys == {"prompt_token_ids"}:
+        return list(prompt["prompt_token_ids"])
+    raise ValueError(f"a prompt dict takes 'prompt' or 'prompt_token_ids' (one of them), got keys {sorted(keys)}")

@@ -16,7 +16,7 @@ class RequestOutput:
     prompt_token_ids: list[int]
     token_ids: list[int]  # all generated so far (a stop token id is kept)
     new_token_ids: list[int]  # generated in this step
-    text: str  # all so far ("" without a tokenizer); never contains a stop string or the stop token
+    text: str  # all so far ("" without a tokenizer); no stop string or stop token unless include_stop_str_in_output
     delta_text: str
     finished: bool
     finish_reason: FinishReason | None
@@ -58,10 +58,12 @@ def detokenize(seq: Sequence, tokenizer: Any, final: bool) -> None:
     if tokenizer is None:
         return
     out = seq.output_token_ids
-    if seq.finish_reason == "stop" and out and out[-1] in seq.stop_ids:
+    params = seq.params
+    if seq.finish_reason == "stop" and out and out[-1] in seq.stop_ids and not params.include_stop_str_in_output:
         out = out[:-1]
-    prefix = tokenizer.decode(out[seq.prefix_offset : seq.read_offset], skip_special_tokens=True)
-    full = tokenizer.decode(out[seq.prefix_offset :], skip_special_tokens=True)
+    skip = params.skip_special_tokens
+    prefix = tokenizer.decode(out[seq.prefix_offset : seq.read_offset], skip_special_tokens=skip)
+    full = tokenizer.decode(out[seq.prefix_offset :], skip_special_tokens=skip)
     if len(full) > len(prefix) and (final or not full.endswith("\ufffd")):
         seq.text += full[len(prefix) :]
         seq.prefix_offset = seq.read_offset
@@ -69,13 +71,17 @@ def detokenize(seq: Sequence, tokenizer: Any, final: bool) -> None:
 
 
 def find_stop_string(seq: Sequence, previous_len: int) -> int:
-    """Index in `seq.text` of the first stop string that ends in the newly added text, or -1."""
+    """Where `seq.text` is cut for the first stop string that ends in the newly added text (before it, or
+    after it with `include_stop_str_in_output`), or -1."""
     stops = seq.params.stop
     if not stops:
         return -1
     start = max(0, previous_len - seq.params.max_stop_len + 1)
-    hits = [i for i in (seq.text.find(s, start) for s in stops) if i >= 0]
-    return min(hits) if hits else -1
+    hits = [(i, len(s)) for s, i in ((s, seq.text.find(s, start)) for s in stops) if i >= 0]
+    if not hits:
+        return -1
+    index, length = min(hits)
+    return index + length if seq.params.include_stop_str_in_output else index
 
 
 def make_output(seq: Sequence, new_token_ids: list[int]) -> RequestOutput:

@@ -23,7 +23,8 @@ class Sampler:
 
     Rows with penalties get them applied (float32, on a copy: the logits may be a graph's output buffer)
     before the greedy argmax or the draw; `release(seq)` frees a finished request's token counts. A batch
-    without penalties does no penalty work at all.
+    without penalties does no penalty work at all. Rows short of their `min_tokens` get -inf at their stop
+    ids on the same copy; `min_p` drops low-probability tokens before the draw (one vectorised mask).
     """
 
     def __init__(self, device: torch.device, seed: int) -> None:
@@ -42,9 +43,24 @@ class Sampler:
 
     def sample(self, logits: torch.Tensor, seqs: list[Sequence], greedy: torch.Tensor | None = None) -> torch.Tensor:
         penalised = [i for i, s in enumerate(seqs) if s.params.has_penalties]
-        if not penalised:
+        # NOTE: num_output_tokens counts async scheduling's placeholder, so it is the count before this token.
+        held = [i for i, s in enumerate(seqs) if s.num_output_tokens < s.params.min_tokens and s.stop_ids]
+        if not penalised and not held:
             return self._choose(logits, seqs, greedy)
-        pen_seqs = [seqs[i] for i in penalised]
+        # NOTE: a float32 copy: the logits may be a graph's output buffer, and the graph's argmax is now stale.
+        full = logits.to(torch.float32, copy=True)
+        if penalised:
+            index, rows = self._penalise(full, logits, [seqs[i] for i in penalised], penalised)
+        if held:
+            _suppress_stops(full, [seqs[i] for i in held], held)
+        tokens = self._choose(full, seqs, None)
+        if penalised:
+            self.token_counts.add(rows, tokens.index_select(0, index))
+        return tokens
+
+    def _penalise(self, full: torch.Tensor, logits: torch.Tensor, pen_seqs: list[Sequence],
+                  penalised: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Applies the penalties to `full`'s `penalised` rows; returns those rows' index and count rows."""
         rows = self.token_counts.rows(pen_seqs, logits.shape[1])
         index = torch.tensor(penalised, dtype=torch.int64).to(logits.device, non_blocking=True)
         penalties = [s.params for s in pen_seqs]
@@ -63,10 +79,8 @@ class Sampler:
             frequency=column("frequency_penalty", 0.0),
             repetition=column("repetition_penalty", 1.0),
         )
-        full = logits.to(torch.float32, copy=True).index_copy_(0, index, rows_logits)
-        tokens = self._choose(full, seqs, None)
-        self.token_counts.add(rows, tokens.index_select(0, index))
-        return tokens
+        full.index_copy_(0, index, rows_logits)
+        return index, rows
 
     def _choose(self, logits: torch.Tensor, seqs: list[Sequence], greedy: torch.Tensor | None) -> torch.Tensor:
         greedy_tokens = logits.argmax(dim=-1) if greedy is None else greedy
@@ -78,6 +92,11 @@ class Sampler:
         temps = to_device([p.temperature or 1.0 for p in params], torch.float32, logits.device)
         scaled = logits / temps.unsqueeze(1)
         probs = self._filtered_probs(scaled, [p.top_k for p in params], [p.top_p for p in params])
+        if any(p.min_p > 0 for p in params):
+            # NOTE: the race below takes argmax(p / E), so the kept probabilities need no renormalising.
+            min_p = to_device([p.min_p for p in params], torch.float32, probs.device)
+            floor = probs.amax(dim=-1, keepdim=True) * min_p.unsqueeze(1)
+            probs = probs.masked_fill(probs < floor, 0.0)
         noise = torch.empty_like(probs)
         unseeded = [i for i, s in enumerate(seqs) if s.generator is None]
         if unseeded:
@@ -112,3 +131,12 @@ class Sampler:
         probs_sorted = torch.softmax(sorted_logits, dim=-1)
         return torch.empty_like(probs_sorted).scatter_(1, order, probs_sorted)
 
+
+
+def _suppress_stops(logits: torch.Tensor, seqs: list[Sequence], rows: list[int]) -> None:
+    """-inf at each row's stop ids (EOS and stop_token_ids): those rows are still short of min_tokens."""
+    vocab = logits.shape[1]
+    pairs = [(row, t) for row, s in zip(rows, seqs, strict=True) for t in s.stop_ids if t < vocab]
+    if pairs:
+        index = to_device([p for pair in pairs for p in pair], torch.int64, logits.device).view(-1, 2)
+        logits[index[:, 0], index[:, 1]] = float("-inf")

@@ -32,6 +32,12 @@ class SamplingParams:
     penalty if positive, multiplied if negative), then `frequency_penalty` and `presence_penalty` (OpenAI
     semantics, in [-2, 2], 0 = off: `logit - count * frequency - (count > 0) * presence`, where count is how
     often the token occurs in the output so far, prompt excluded).
+
+    vLLM's extensions: `min_tokens` (<= max_tokens) keeps EOS and `stop_token_ids` from being sampled, and stop
+    strings from matching, before that many output tokens; `min_p` in [0, 1] drops, before sampling, tokens
+    whose probability is below min_p times the top token's (0 = off; greedy rows are unaffected);
+    `include_stop_str_in_output` keeps the stop string (or the stop token's text) at the end of the text;
+    `skip_special_tokens` False keeps special tokens' text in the output.
     """
 
     temperature: float = 1.0
@@ -45,6 +51,10 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
+    min_tokens: int = 0
+    min_p: float = 0.0
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
     has_penalties: bool = field(init=False, repr=False, compare=False, default=False)
 
     def __post_init__(self) -> None:
@@ -80,8 +90,15 @@ class SamplingParams:
                     "stop_token_ids", f"stop_token_ids must be non-negative ints, got {self.stop_token_ids!r}"
                 )
             object.__setattr__(self, "stop_token_ids", ids)
-        if not isinstance(self.ignore_eos, bool):
-            raise InvalidParam("ignore_eos", f"ignore_eos must be a bool, got {self.ignore_eos!r}")
+        for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
+            if not isinstance(getattr(self, name), bool):
+                raise InvalidParam(name, f"{name} must be a bool, got {getattr(self, name)!r}")
+        if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
+            raise InvalidParam("min_tokens", f"min_tokens must be an int in [0, max_tokens={self.max_tokens}], "
+                               f"got {self.min_tokens!r}")
+        _number(self.min_p, "min_p")
+        if not 0 <= self.min_p <= 1:
+            raise InvalidParam("min_p", f"min_p must be in [0, 1] (0 is off), got {self.min_p}")
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
             _number(value, name)

@@ -36,18 +36,27 @@ class Tokenizer:
     def bos_token_id(self) -> int | None:
         return self.hf.bos_token_id
 
-    def encode(self, text: str) -> list[int]:
-        return list(self.hf(text)["input_ids"])
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return list(self.hf(text, add_special_tokens=add_special_tokens)["input_ids"])
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return str(self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens))
 
-    def apply_chat_template(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
-        if not self.hf.chat_template:
+    def token_strs(self, ids: Sequence[int]) -> list[str]:
+        """Each id's vocabulary entry (byte-level spelling, as vLLM's /tokenize returns them)."""
+        return [str(t) for t in self.hf.convert_ids_to_tokens(list(ids))]
+
+    def apply_chat_template(
+        self, messages: Sequence[Mapping[str, str]], chat_template: str | None = None,
+        add_generation_prompt: bool = True, add_special_tokens: bool = False,
+    ) -> list[int]:
+        """The conversation as token ids; `chat_template` (a Jinja source) replaces the model's own."""
+        if not (chat_template or self.hf.chat_template):
             raise ValueError("this model's tokenizer has no chat template; use raw text prompts")
-        text = self.hf.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
-        # NOTE: the rendered template already holds its special tokens; add none of our own.
-        return list(self.hf(text, add_special_tokens=False)["input_ids"])
+        text = self.hf.apply_chat_template(list(messages), chat_template=chat_template, tokenize=False,
+                                           add_generation_prompt=add_generation_prompt)
+        # NOTE: the rendered template already holds its special tokens; by default add none of our own.
+        return self.encode(text, add_special_tokens=add_special_tokens)
 
 
 def tokenizer_from_gguf(path: Path, chat_template: str | None, eos_token_ids: Sequence[int]) -> Tokenizer:

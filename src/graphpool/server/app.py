@@ -3,22 +3,23 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, TypeVar
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from prometheus_client import CONTENT_TYPE_LATEST
-from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response
 
+from graphpool import __version__
 from graphpool.server.async_engine import AsyncEngine, EngineDeadError
+from graphpool.server.auth import APIKeyMiddleware
 from graphpool.server.metrics import ServerMetrics
+from graphpool.server.parsing import body_schema, describe_validation, parse_body
 from graphpool.server.prompts import PromptBuilder
 from graphpool.server.protocol import (
     DEFAULT_MAX_REQUEST_BYTES,
@@ -28,28 +29,30 @@ from graphpool.server.protocol import (
     error_body,
 )
 from graphpool.server.serving import OpenAIServing
+from graphpool.server.tokenization import add_utility_routes
 
 logger = logging.getLogger(__name__)
 
 ENGINE_STOP_TIMEOUT_S = 5.0
-M = TypeVar("M", bound=BaseModel)
 
 
 def build_app(
     engine: AsyncEngine, metrics: ServerMetrics, served_model_name: str | None = None,
-    max_request_bytes: int | None = None,
+    max_request_bytes: int | None = None, chat_template: str | None = None, api_keys: Sequence[str] = (),
 ) -> FastAPI:
     """An app serving ``engine`` (an AsyncEngine around an LLMEngine); the lifespan starts and stops its loop.
 
     ``metrics`` must be the AsyncEngine's observer, so that step histograms and finish reasons are recorded.
     A request body past ``max_request_bytes`` (None: the default) is refused with a 413 before it is parsed.
+    ``chat_template``: a Jinja source that replaces the model's own (chat completions and /tokenize).
+    ``api_keys``: when any, every /v1/* route needs one of them as a Bearer token (else a 401).
     """
     if max_request_bytes is None:
         max_request_bytes = DEFAULT_MAX_REQUEST_BYTES
     if max_request_bytes < 1:
         raise ValueError(f"max_request_bytes must be >= 1, got {max_request_bytes}")
     model_name = served_model_name or engine.engine.model_name
-    builder = PromptBuilder(engine.engine.tokenizer, engine.engine.max_model_len, [model_name])
+    builder = PromptBuilder(engine.engine.tokenizer, engine.engine.max_model_len, [model_name], chat_template)
     serving = OpenAIServing(engine, builder, metrics, model_name)
     created = int(time.time())
 
@@ -65,6 +68,9 @@ def build_app(
     app = FastAPI(title="graphpool", lifespan=lifespan)
     app.state.engine = engine
     app.state.metrics = metrics
+    if api_keys:
+        app.add_middleware(APIKeyMiddleware, keys=list(api_keys),
+                           on_refused=lambda: metrics.requests_refused.labels("401").inc())
 
     def refuse(status: int, body: dict[str, Any]) -> JSONResponse:
         metrics.requests_refused.labels(str(status)).inc()
@@ -76,7 +82,7 @@ def build_app(
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, e: RequestValidationError) -> JSONResponse:
-        message, param = _describe_validation(e.errors())
+        message, param = describe_validation(e.errors())
         return refuse(400, error_body(message, param=param))
 
     @app.exception_handler(StarletteHTTPException)
@@ -134,90 +140,13 @@ def build_app(
         return await engine.call(lambda e: e.timeline.export())
 
     # NOTE: not parsed by FastAPI: JSON whatever the Content-Type (curl -d), the same 400 body for any error.
-    @app.post("/v1/completions", openapi_extra=_body_schema(CompletionRequest))
+    @app.post("/v1/completions", openapi_extra=body_schema(CompletionRequest))
     async def completions(raw: Request) -> Response:
-        return await serving.completions(await _parse(raw, CompletionRequest, max_request_bytes), raw)
+        return await serving.completions(await parse_body(raw, CompletionRequest, max_request_bytes), raw)
 
-    @app.post("/v1/chat/completions", openapi_extra=_body_schema(ChatCompletionRequest))
+    @app.post("/v1/chat/completions", openapi_extra=body_schema(ChatCompletionRequest))
     async def chat_completions(raw: Request) -> Response:
-        return await serving.chat(await _parse(raw, ChatCompletionRequest, max_request_bytes), raw)
+        return await serving.chat(await parse_body(raw, ChatCompletionRequest, max_request_bytes), raw)
 
+    add_utility_routes(app, builder, __version__, max_request_bytes)
     return app
-
-
-def _body_schema(model: type[BaseModel]) -> dict[str, Any]:
-    schema = {"application/json": {"schema": model.model_json_schema()}}
-    return {"requestBody": {"content": schema, "required": True}}
-
-
-async def _read_body(raw: Request, limit: int) -> bytes:
-    """The body, or a 413 as soon as it is known to pass `limit` bytes (from Content-Length, or while it
-    streams in): a huge body is never held whole."""
-    def too_large(size: str) -> APIError:
-        return APIError(f"the request body is {size} bytes; this server accepts at most {limit} "
-                        "(--max-request-bytes)", code="request_too_large", status_code=413)
-
-    declared = raw.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise too_large(declared)
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in raw.stream():
-        size += len(chunk)
-        if size > limit:
-            raise too_large(f"more than {limit}")
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-async def _parse(raw: Request, model: type[M], max_request_bytes: int) -> M:
-    body = await _read_body(raw, max_request_bytes)
-    try:
-        data = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise APIError(f"Invalid JSON body: {e}") from None
-    except RecursionError:
-        raise APIError("Invalid JSON body: nested too deeply") from None
-    if not isinstance(data, dict):
-        raise APIError(f"the request body must be a JSON object, got {type(data).__name__}")
-    try:
-        return model.model_validate(data)
-    except ValidationError as e:
-        message, param = _describe_validation(e.errors())
-        raise APIError(message, param=param) from None
-    except RecursionError:
-        raise APIError("the request body is nested too deeply") from None
-
-
-def _describe_validation(errors: Any) -> tuple[str, str | None]:
-    """FastAPI's 422 details -> one readable message and the offending parameter."""
-    if not errors:
-        return "invalid request", None
-    first = errors[0]
-    if first.get("type") == "json_invalid":
-        ctx = first.get("ctx", {}).get("error", "")
-        return f"Invalid JSON body: {ctx}".rstrip(": "), None
-    params = [_join_loc([str(p) for p in err.get("loc", ()) if p != "body"]) for err in errors]
-    param = params[0] or None
-    message = first.get("msg", "invalid value")
-    if param:
-        message = f"{param}: {message}"
-    if len(errors) > 1 and len(set(params)) == 1:  # every branch of a union failed
-        message = f"{param}: {str(first.get('input'))[:60]!r} is none of the accepted types"
-    elif len(set(params)) > 1:
-        message += f" (and {len(set(params)) - 1} more invalid fields)"
-    return message, param
-
-
-def _join_loc(loc: list[str]) -> str:
-    out = ""
-    for part in loc:
-        if part.isdigit():
-            out += f"[{part}]"
-        elif not out:
-            out = part
-        elif part in ("str", "int", "list[str]", "list[int]", "list[list[int]]") or "[" in part:
-            continue  # union-branch names pydantic adds to the location
-        else:
-            out += f".{part}"
-    return out

@@ -43,6 +43,35 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_api_args(parser: argparse.ArgumentParser) -> None:
+    """`serve MODEL` (as `vllm serve MODEL`; --model still works), API keys and the chat template."""
+    parser.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
+                        help="the model to serve, as --model takes it (give one of the two)")
+    group = parser.add_argument_group("API")
+    group.add_argument("--api-key", dest="api_keys", action="append", default=None, metavar="KEY",
+                       help="require 'Authorization: Bearer KEY' on every /v1/* route (401 otherwise); repeat "
+                       "for several keys; /health, /ping, /metrics, /version and /tokenize stay open")
+    group.add_argument("--chat-template", default=None, metavar="PATH_OR_STRING",
+                       help="a Jinja chat template (a file, or the template itself) that replaces the model's "
+                       "own, for /v1/chat/completions and /tokenize with messages")
+
+
+def resolve_api_args(args: argparse.Namespace) -> str | None:
+    """Puts the positional MODEL into args.model (ValueError when --model names another) and returns the
+    chat template's source (None: the model's own)."""
+    tag = getattr(args, "model_tag", None)
+    if tag is not None:
+        if args.model is not None and args.model != tag:
+            raise ValueError(f"the model is given twice, as MODEL {tag!r} and as --model {args.model!r}: "
+                             "give one")
+        args.model = tag
+    if getattr(args, "chat_template", None) is None:
+        return None
+    from graphpool.server.chat_template import load_chat_template
+
+    return load_chat_template(args.chat_template)
+
+
 def _byte_size(value: str) -> int:
     from graphpool.engine.config import parse_bytes
 
@@ -66,6 +95,7 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("serve", help="run the OpenAI-compatible server", description=DESCRIPTION)
     add_server_args(p)
+    add_api_args(p)
     add_engine_args(p)
     p.set_defaults(func=run_serve)
 
@@ -75,6 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(prog="python -m graphpool.server", description=DESCRIPTION)
     add_server_args(parser)
+    add_api_args(parser)
     add_engine_args(parser)
     return parser
 
@@ -83,6 +114,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from graphpool.engine.args import engine_config_from_args
 
     try:
+        args.chat_template_source = resolve_api_args(args)
         config = engine_config_from_args(args)
         if args.shutdown_timeout < 0:
             raise ValueError(f"--shutdown-timeout must be >= 0 seconds, got {args.shutdown_timeout}")
@@ -139,6 +171,8 @@ def make_server(
     on_ready: Callable[[], None] | None = None,
     disabled_kernels: Sequence[str] = (),
     max_request_bytes: int | None = None,
+    chat_template: str | None = None,
+    api_keys: Sequence[str] = (),
 ):
     """A GracefulServer (uvicorn.Server) for ``engine`` (an LLMEngine); ``server.run()`` blocks;
     ``begin_shutdown()`` (or SIGTERM) drains and stops it, ``should_exit`` stops it without draining.
@@ -153,7 +187,7 @@ def make_server(
     # NOTE: a test's stand-in engine may have no start-up times
     metrics = ServerMetrics(disabled_kernels=disabled_kernels, startup=getattr(engine, "startup", None))
     async_engine = AsyncEngine(engine, observer=metrics)
-    app = build_app(async_engine, metrics, served_model_name, max_request_bytes)
+    app = build_app(async_engine, metrics, served_model_name, max_request_bytes, chat_template, api_keys)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False)
     return GracefulServer(config, async_engine, shutdown_timeout, on_ready)
 
@@ -166,6 +200,8 @@ def serve_in_thread(
     log_level: str = "warning",
     shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT_S,
     max_request_bytes: int | None = None,
+    chat_template: str | None = None,
+    api_keys: Sequence[str] = (),
 ) -> Iterator[tuple[str, Any]]:
     """Serves ``engine`` from a background thread on a free port; yields (base URL, GracefulServer).
 
@@ -175,7 +211,7 @@ def serve_in_thread(
     sock.bind((host, 0))
     port = sock.getsockname()[1]
     server = make_server(engine, host, port, served_model_name, log_level, shutdown_timeout,
-                         max_request_bytes=max_request_bytes)
+                         max_request_bytes=max_request_bytes, chat_template=chat_template, api_keys=api_keys)
     thread = threading.Thread(
         target=server.run, kwargs={"sockets": [sock]}, name="graphpool-http", daemon=True
     )
@@ -232,7 +268,8 @@ def serve(args: argparse.Namespace, config: Any = None) -> int:
 
     server = make_server(
         engine, args.host, args.port, args.served_model_name, args.log_level, args.shutdown_timeout, ready,
-        config.disabled_kernels, args.max_request_bytes,
+        config.disabled_kernels, args.max_request_bytes, getattr(args, "chat_template_source", None),
+        getattr(args, "api_keys", None) or (),
     )
     try:
         server.run(sockets=[sock])

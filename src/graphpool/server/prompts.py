@@ -29,10 +29,12 @@ class EngineInput:
 class PromptBuilder:
     """Checks a request against the model (name, context length) and builds the engine's input."""
 
-    def __init__(self, tokenizer: Any, max_model_len: int, served_model_names: list[str]) -> None:
+    def __init__(self, tokenizer: Any, max_model_len: int, served_model_names: list[str],
+                 chat_template: str | None = None) -> None:
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.served_model_names = served_model_names
+        self.chat_template = chat_template  # --chat-template's source; None: the model's own
 
     # ---- per endpoint ----
     def completion(self, req: CompletionRequest) -> list[EngineInput]:
@@ -50,8 +52,7 @@ class PromptBuilder:
         for i, prompt in enumerate(prompts):
             param = "prompt" if len(prompts) == 1 else f"prompt[{i}]"
             if isinstance(prompt, str):
-                _check_text(prompt, param)
-                ids = self._encode(prompt, param)
+                ids = self.encode(prompt, param=param)
                 text = prompt
             else:
                 ids = prompt
@@ -71,11 +72,7 @@ class PromptBuilder:
             raise APIError("tools are not supported by this server", param="tools")
         if req.response_format is not None and req.response_format.get("type", "text") != "text":
             raise APIError("only response_format type 'text' is supported", param="response_format")
-        messages = [_message_dict(m, i) for i, m in enumerate(req.messages)]
-        for i, m in enumerate(messages):
-            _check_text(m["content"], f"messages[{i}].content")
-        self.check_text_length(sum(len(m["content"]) for m in messages), "messages")
-        ids = self.render_chat(messages)
+        ids = self.render_chat(self.chat_messages(req.messages))
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         if max_tokens is None:  # NOTE: OpenAI's chat default: as many tokens as the context leaves
             max_tokens = max(self.max_model_len - len(ids), 1)
@@ -83,6 +80,14 @@ class PromptBuilder:
         return EngineInput(prompt=ids, prompt_text="", num_prompt_tokens=len(ids), params=params)
 
     # ---- pieces ----
+    def chat_messages(self, messages: list[ChatMessage]) -> list[dict[str, str]]:
+        """The messages as the chat template takes them (text only, valid Unicode, not too long)."""
+        out = [message_dict(m, i) for i, m in enumerate(messages)]
+        for i, m in enumerate(out):
+            _check_text(m["content"], f"messages[{i}].content")
+        self.check_text_length(sum(len(m["content"]) for m in out), "messages")
+        return out
+
     def check_model(self, model: str | None) -> None:
         if model is not None and model not in self.served_model_names:
             raise APIError(
@@ -148,22 +153,28 @@ class PromptBuilder:
                 presence_penalty=req.presence_penalty or 0.0,
                 frequency_penalty=req.frequency_penalty or 0.0,
                 repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+                min_tokens=req.min_tokens or 0,
+                min_p=req.min_p or 0.0,
+                include_stop_str_in_output=req.include_stop_str_in_output,
+                skip_special_tokens=req.skip_special_tokens,
             )
         except InvalidParam as e:
             raise APIError(str(e), param=e.param) from None
 
     # ---- tokenizer ----
-    def _need_tokenizer(self) -> Any:
+    def need_tokenizer(self, param: str = "prompt") -> Any:
         if self.tokenizer is None:
             raise APIError(
-                "this model has no tokenizer: send the prompt as a list of token ids", param="prompt"
+                "this model has no tokenizer: send the prompt as a list of token ids", param=param
             )
         return self.tokenizer
 
-    def _encode(self, text: str, param: str = "prompt") -> list[int]:
-        tok = self._need_tokenizer()
+    def encode(self, text: str, add_special_tokens: bool = True, param: str = "prompt") -> list[int]:
+        """`text` as token ids (checked: valid Unicode, not too long for any tokenization)."""
+        _check_text(text, param)
+        tok = self.need_tokenizer()
         self.check_text_length(len(text), param)
-        return list(tok.encode(text))
+        return list(tok.encode(text, add_special_tokens=add_special_tokens))
 
     def check_text_length(self, num_chars: int, param: str) -> None:
         """Refuses, without tokenizing, a text too long to fit max_model_len tokens whatever it says: a huge
@@ -176,13 +187,16 @@ class PromptBuilder:
             )
 
     def _decode(self, ids: list[int]) -> str:
-        return self._need_tokenizer().decode(ids) if self.tokenizer is not None else ""
+        return self.need_tokenizer().decode(ids) if self.tokenizer is not None else ""
 
-    def render_chat(self, messages: list[dict[str, str]]) -> list[int]:
-        """The conversation through the model's chat template (with the generation prompt), as LLM.chat does."""
-        tok = self._need_tokenizer()
+    def render_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True,
+                    add_special_tokens: bool = False) -> list[int]:
+        """The conversation through the chat template (--chat-template's, else the model's), as LLM.chat does."""
+        tok = self.need_tokenizer()
         try:
-            return list(tok.apply_chat_template(messages))
+            return list(tok.apply_chat_template(messages, chat_template=self.chat_template,
+                                                add_generation_prompt=add_generation_prompt,
+                                                add_special_tokens=add_special_tokens))
         except (ValueError, jinja2.TemplateError) as e:
             raise APIError(f"cannot apply the chat template: {e}", param="messages") from None
 
@@ -211,7 +225,7 @@ def _check_text(text: str, param: str) -> None:
         raise APIError(str(e), param=e.param) from None
 
 
-def _message_dict(m: ChatMessage, index: int) -> dict[str, str]:
+def message_dict(m: ChatMessage, index: int) -> dict[str, str]:
     if m.role == "tool" or m.tool_calls:
         what = "tool messages" if m.role == "tool" else "tool_calls"
         raise APIError(f"messages[{index}]: {what} are not supported by this server (it has no tool calling)",

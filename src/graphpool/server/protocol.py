@@ -50,7 +50,6 @@ class StreamOptions(BaseModel):
 # Fields of OpenAI's API or vLLM's extensions that change the output and that this server does not honour,
 # each with the value that changes nothing (sent with that value, the field is accepted).
 UNHONOURED_FIELDS: dict[str, Any] = {
-    "min_p": 0.0, "min_tokens": 0, "include_stop_str_in_output": False, "skip_special_tokens": True,
     "spaces_between_special_tokens": True, "prompt_logprobs": None, "guided_json": None, "guided_regex": None,
     "guided_choice": None, "guided_grammar": None, "structured_outputs": None, "use_beam_search": False,
     "length_penalty": 1.0, "truncate_prompt_tokens": None, "bad_words": None, "allowed_token_ids": None,
@@ -86,6 +85,10 @@ class _SamplingFields(BaseModel):
     top_k: int | None = Field(default=None, ge=-1)
     ignore_eos: StrictBool = False
     stop_token_ids: list[int] | None = None
+    min_tokens: int | None = Field(default=None, ge=0)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    include_stop_str_in_output: StrictBool = False
+    skip_special_tokens: StrictBool = True
 
 
 class CompletionRequest(_SamplingFields):

@@ -1,0 +1,89 @@
+"""vLLM's sampling extensions over HTTP (`min_tokens`, `min_p`, `include_stop_str_in_output`,
+`skip_special_tokens`, sent with the openai client's `extra_body`): the server gives `LLM.generate` /
+`LLM.chat`'s output for the same SamplingParams. The real default model on CPU, on 127.0.0.1."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from graphpool import LLM, SamplingParams
+from graphpool.engine.config import EngineConfig
+from graphpool.engine.engine import LLMEngine
+from graphpool.server.main import serve_in_thread
+
+PROMPT = "The capital of France is"
+CHAT = [{"role": "user", "content": "What is 2 + 2?"}]
+N = 12
+
+
+@dataclass
+class Served:
+    base_url: str
+    model: str
+    greedy_text: str
+    stop_word: str
+    expected: dict[str, Any]  # case -> LLM's output
+
+    def client(self) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.base_url}/v1", api_key="none", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def served(default_model) -> Iterator[Served]:
+    config = EngineConfig(device="cpu", max_model_len=256, max_num_seqs=8, num_kv_blocks=64)
+    llm = LLM.from_engine(LLMEngine(config, loaded=default_model))
+    greedy_text = llm.generate(PROMPT, SamplingParams(temperature=0, max_tokens=N), use_tqdm=False)[0].text
+    word = greedy_text.split()[1]
+    short = llm.chat(CHAT, SamplingParams(temperature=0, max_tokens=64), use_tqdm=False)[0]
+    k = len(short.token_ids)
+    expected = {
+        "short": short,
+        "min_tokens": llm.chat(CHAT, SamplingParams(temperature=0, max_tokens=k + 6, min_tokens=k + 3),
+                               use_tqdm=False)[0],
+        "eos_kept": llm.chat(CHAT, SamplingParams(temperature=0, max_tokens=64, include_stop_str_in_output=True,
+                                                  skip_special_tokens=False), use_tqdm=False)[0],
+    }
+    with serve_in_thread(llm.engine) as (url, _):
+        yield Served(url, llm.engine.model_name, greedy_text, word, expected)
+
+
+def test_min_tokens_on_chat(served: Served) -> None:
+    short, longer = served.expected["short"], served.expected["min_tokens"]
+    k = len(short.token_ids)
+    out = served.client().chat.completions.create(
+        model=served.model, messages=CHAT, temperature=0, max_tokens=k + 6, extra_body={"min_tokens": k + 3})
+    assert out.choices[0].message.content == longer.text != short.text
+    assert out.usage.completion_tokens == len(longer.token_ids) >= k + 3
+
+
+def test_include_stop_str_in_output_and_skip_special_tokens(served: Served) -> None:
+    client = served.client()
+    word, text = served.stop_word, served.greedy_text
+    for stream in (False, True):
+        r = client.completions.create(model=served.model, prompt=PROMPT, temperature=0, max_tokens=N, stop=[word],
+                                      stream=stream, extra_body={"include_stop_str_in_output": True})
+        got = "".join(c.choices[0].text for c in r) if stream else r.choices[0].text
+        assert got == text[:text.index(word) + len(word)]
+    kept = served.expected["eos_kept"]
+    out = client.chat.completions.create(
+        model=served.model, messages=CHAT, temperature=0, max_tokens=64,
+        extra_body={"include_stop_str_in_output": True, "skip_special_tokens": False})
+    assert out.choices[0].message.content == kept.text != served.expected["short"].text
+
+
+def test_min_p_one_is_greedy_and_ranges_are_checked(served: Served) -> None:
+    client = served.client()
+    out = client.completions.create(model=served.model, prompt=PROMPT, temperature=1.0, seed=3, max_tokens=N,
+                                    extra_body={"min_p": 1.0})
+    assert out.choices[0].text == served.greedy_text
+    for body, param in (({"min_p": 1.5}, "min_p"), ({"min_tokens": -1}, "min_tokens"),
+                        ({"min_tokens": N + 1}, "min_tokens"), ({"skip_special_tokens": "no"}, "skip_special_tokens")):
+        r = httpx.post(f"{served.base_url}/v1/completions", timeout=60,
+                       json={"prompt": PROMPT, "max_tokens": N, **body})
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, (body, r.text)

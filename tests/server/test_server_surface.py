@@ -1,0 +1,158 @@
+"""What vLLM clients expect beyond the two generation routes: /ping, /version, /tokenize, /detokenize,
+`--api-key` on /v1/*, `--chat-template`, and `serve MODEL`. The real default model on CPU, served over HTTP
+on 127.0.0.1 with an API key and a chat template of its own."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+import graphpool
+from graphpool import LLM, SamplingParams
+from graphpool.engine.config import EngineConfig
+from graphpool.engine.engine import LLMEngine
+from graphpool.server.chat_template import load_chat_template
+from graphpool.server.main import serve_in_thread
+
+KEY = "sk-graphpool-test"
+MAX_MODEL_LEN = 256
+N = 8
+TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\nThe answer is{% endif %}"
+)
+CHAT = [{"role": "user", "content": "What is 2 + 2?"}]
+PROMPT = "The capital of France is"
+
+
+@dataclass
+class Served:
+    base_url: str
+    model: str
+    vocab: int
+    prompt_ids: list[int]
+    chat_ids: list[int]  # CHAT through TEMPLATE, with the generation prompt
+    default_chat_ids: list[int]  # CHAT through the model's own template
+    chat_greedy: str  # greedy reply to chat_ids
+
+    def client(self, key: str = KEY) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.base_url}/v1", api_key=key, max_retries=0)
+
+    def post(self, path: str, body: dict, **kw) -> httpx.Response:
+        return httpx.post(f"{self.base_url}{path}", json=body, timeout=120, **kw)
+
+
+@pytest.fixture(scope="module")
+def served(default_model) -> Iterator[Served]:
+    config = EngineConfig(device="cpu", max_model_len=MAX_MODEL_LEN, max_num_seqs=8, num_kv_blocks=64)
+    llm = LLM.from_engine(LLMEngine(config, loaded=default_model))
+    tok = llm.tokenizer
+    chat_ids = tok.apply_chat_template(CHAT, chat_template=TEMPLATE)
+    greedy = llm.generate(chat_ids, SamplingParams(temperature=0, max_tokens=N), use_tqdm=False)[0].text
+    with serve_in_thread(llm.engine, chat_template=TEMPLATE, api_keys=[KEY, "second-key"]) as (url, _):
+        yield Served(url, llm.engine.model_name, tok.vocab_size, tok.encode(PROMPT), chat_ids,
+                     tok.apply_chat_template(CHAT), greedy)
+
+
+def error(r: httpx.Response, status: int) -> dict:
+    assert r.status_code == status, r.text
+    return r.json()["error"]
+
+
+# ---- /ping, /version, /tokenize, /detokenize ----
+def test_ping_and_version(served: Served) -> None:
+    assert httpx.get(f"{served.base_url}/ping").status_code == 200
+    assert httpx.post(f"{served.base_url}/ping").status_code == 200
+    assert httpx.get(f"{served.base_url}/version").json() == {"version": graphpool.__version__}
+
+
+def test_tokenize_a_prompt_as_the_engine_does(served: Served) -> None:
+    body = served.post("/tokenize", {"prompt": PROMPT}).json()
+    assert body == {"count": len(served.prompt_ids), "max_model_len": MAX_MODEL_LEN,
+                    "tokens": served.prompt_ids, "token_strs": None}
+    strs = served.post("/tokenize", {"prompt": PROMPT, "return_token_strs": True}).json()["token_strs"]
+    assert len(strs) == len(served.prompt_ids) and "".join(strs).replace("Ġ", " ") == PROMPT
+
+
+def test_tokenize_messages_uses_the_servers_chat_template(served: Served) -> None:
+    body = served.post("/tokenize", {"messages": CHAT, "model": served.model}).json()
+    assert body["tokens"] == served.chat_ids and body["count"] == len(served.chat_ids)
+    assert served.chat_ids != served.default_chat_ids  # the override is what was used
+    bare = served.post("/tokenize", {"messages": CHAT, "add_generation_prompt": False}).json()["tokens"]
+    assert served.chat_ids[:len(bare)] == bare and len(bare) < len(served.chat_ids)
+    e = error(served.post("/tokenize", {"messages": CHAT, "chat_template": "{{ 1 }}"}), 400)
+    assert e["param"] == "chat_template"
+
+
+def test_detokenize_round_trips_and_refuses_ids_outside_the_vocabulary(served: Served) -> None:
+    assert served.post("/detokenize", {"tokens": served.prompt_ids}).json() == {"prompt": PROMPT}
+    for bad in ([served.vocab], [-1], [1, 2, served.vocab + 7]):
+        e = error(served.post("/detokenize", {"tokens": bad}), 400)
+        assert e["param"] == "tokens" and "vocabulary" in e["message"]
+    assert error(served.post("/detokenize", {"tokens": ["a"]}), 400)["param"] == "tokens[0]"
+    assert error(served.post("/tokenize", {"prompt": "x", "model": "other"}), 400)["code"] == "model_not_found"
+    surrogate = httpx.post(f"{served.base_url}/tokenize", content=b'{"prompt": "a\\ud800b"}', timeout=60)
+    assert error(surrogate, 400)["param"] == "prompt"
+
+
+# ---- --api-key ----
+def test_v1_routes_need_one_of_the_keys(served: Served) -> None:
+    assert [m.id for m in served.client().models.list().data] == [served.model]
+    out = served.client("second-key").completions.create(model=served.model, prompt=PROMPT, max_tokens=2)
+    assert out.usage.completion_tokens == 2
+    with pytest.raises(openai.AuthenticationError) as info:
+        served.client("wrong").completions.create(model=served.model, prompt=PROMPT, max_tokens=2)
+    assert info.value.status_code == 401 and info.value.code == "invalid_api_key"
+    for headers in ({}, {"Authorization": KEY}, {"Authorization": f"Basic {KEY}"}):
+        r = httpx.get(f"{served.base_url}/v1/models", headers=headers)
+        assert error(r, 401)["code"] == "invalid_api_key"
+    r = httpx.get(f"{served.base_url}/v1/models", headers={"Authorization": f"bearer {KEY}"})
+    assert r.status_code == 200
+
+
+def test_health_ping_metrics_and_tokenize_stay_open(served: Served) -> None:
+    for path in ("/health", "/ping", "/metrics", "/version"):
+        assert httpx.get(f"{served.base_url}{path}").status_code == 200, path
+    assert served.post("/tokenize", {"prompt": PROMPT}).status_code == 200
+    metrics = httpx.get(f"{served.base_url}/metrics").text
+    assert 'status="401"' in metrics  # refusals are counted like the other refusals
+
+
+def test_streamed_chat_with_the_key_and_the_template(served: Served) -> None:
+    client = served.client()
+    out = client.chat.completions.create(model=served.model, messages=CHAT, max_tokens=N, temperature=0)
+    assert out.choices[0].message.content == served.chat_greedy
+    assert out.usage.prompt_tokens == len(served.chat_ids)
+    stream = client.chat.completions.create(model=served.model, messages=CHAT, max_tokens=N, temperature=0,
+                                            stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == served.chat_greedy
+
+
+# ---- command line ----
+def test_serve_takes_the_model_as_a_positional_or_as_model() -> None:
+    from graphpool.cli import build_parser, main
+    from graphpool.server.main import resolve_api_args
+
+    for argv in (["serve", "random:tiny"], ["serve", "--model", "random:tiny"],
+                 ["serve", "random:tiny", "--model", "random:tiny"]):
+        args = build_parser().parse_args(argv)
+        resolve_api_args(args)
+        assert args.model == "random:tiny", argv
+    assert main(["serve", "random:a", "--model", "random:b", "--port", "1"]) == 2
+
+
+def test_serve_refuses_a_chat_template_that_is_neither_a_file_nor_jinja(capsys, tmp_path: Path) -> None:
+    from graphpool.cli import main
+
+    assert main(["serve", "--chat-template", str(tmp_path / "missing.jinja"), "--port", "1"]) == 2
+    assert "is no file" in capsys.readouterr().err
+    assert main(["serve", "--chat-template", "{% if %}", "--port", "1"]) == 2
+    assert "does not parse" in capsys.readouterr().err
+    path = tmp_path / "t.jinja"
+    path.write_text(TEMPLATE, encoding="utf-8")
+    assert load_chat_template(str(path)) == TEMPLATE == load_chat_template(TEMPLATE)
