@@ -10,45 +10,19 @@ import numpy as np
 import pytest
 import torch
 
+from gguf_blocks import assert_bits_equal, block_shape, random_blocks
 from graphpool.model.gguf_dequant import TORCH_TYPES, dequantize
 from graphpool.model.gguf_loader import dequantize_tensor, open_gguf
 
 # NOTE: random scales include NaN and infinity; the library's numpy multiply warns about them.
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
 Q = gguf.GGMLQuantizationType
-ROWS = 6
-BLOCKS_PER_ROW = 3
-
-
-def random_blocks(qtype: Q, seed: int) -> np.ndarray:
-    """(ROWS, bytes per row) random bytes: every bit pattern, NaN and infinite scales included."""
-    type_size = gguf.GGML_QUANT_SIZES[qtype][1]
-    rng = np.random.default_rng(seed)
-    raw = rng.integers(0, 256, size=(ROWS, BLOCKS_PER_ROW * type_size), dtype=np.uint8)
-    if qtype == Q.F32:
-        return raw.view(np.float32)
-    if qtype == Q.F16:
-        return raw.view(np.float16)
-    return raw
-
-
-def assert_bits_equal(ours: torch.Tensor, ref: np.ndarray) -> None:
-    """Same NaN positions, the same 32 bits everywhere else (signed zeros and infinities included)."""
-    theirs = torch.from_numpy(np.ascontiguousarray(ref, dtype=np.float32))
-    assert ours.dtype == torch.float32 and ours.shape == theirs.shape
-    nan = torch.isnan(theirs)
-    assert torch.equal(torch.isnan(ours), nan)
-    assert torch.equal(ours[~nan].view(torch.int32), theirs[~nan].view(torch.int32))
-
-
 @pytest.mark.parametrize("qtype", sorted(TORCH_TYPES, key=lambda q: q.name), ids=lambda q: q.name)
 def test_torch_dequantize_is_bit_identical_to_gguf(qtype: Q) -> None:
-    block_size, _ = gguf.GGML_QUANT_SIZES[qtype]
     for seed in range(3):
         blocks = random_blocks(qtype, seed)
         ref = gguf.quants.dequantize(blocks, qtype)
-        raw = torch.from_numpy(blocks.view(np.uint8).copy())
-        ours = dequantize(raw, qtype, (ROWS, BLOCKS_PER_ROW * block_size))
+        ours = dequantize(torch.from_numpy(blocks.view(np.uint8).copy()), qtype, block_shape(qtype))
         assert_bits_equal(ours, ref)
 
 
