@@ -132,6 +132,13 @@ class SamplingParams:
         return max((len(s) for s in self.stop), default=0) if self.stop else 0
 
 
+def child_seed(seed: int, index: int) -> int:
+    """The seed of a request's `index`-th sequence when it asks for several (vLLM's `seed + index`), wrapped into
+    the accepted range (a generator reads a seed modulo 2**64, so the wrap draws the same stream)."""
+    child = seed + index
+    return child - 2**64 if child > SEED_MAX else child
+
+
 def check_text(text: str, param: str) -> None:
     """Refuse text that is not valid Unicode for UTF-8 (a lone surrogate such as JSON's "\\ud800"): the
     tokenizer would raise a TypeError on it."""
