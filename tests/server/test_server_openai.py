@@ -192,8 +192,9 @@ BAD_REQUESTS: list[tuple[str, str, Any, str | None]] = [
      {"messages": [{"role": "user", "content": "hi"}], "temperature": -1}, "temperature"),
     ("top_p zero", "/v1/completions", {"prompt": "hi", "top_p": 0}, "top_p"),
     ("top_p above one", "/v1/completions", {"prompt": "hi", "top_p": 1.5}, "top_p"),
-    ("n > 1", "/v1/completions", {"prompt": "hi", "n": 2}, "n"),
-    ("logprobs", "/v1/completions", {"prompt": "hi", "logprobs": 2}, "logprobs"),
+    ("n above OpenAI's limit", "/v1/completions", {"prompt": "hi", "n": 129}, "n"),
+    ("best_of other than n", "/v1/completions", {"prompt": "hi", "n": 2, "best_of": 4}, "best_of"),
+    ("logprobs above 20", "/v1/completions", {"prompt": "hi", "logprobs": 21}, "logprobs"),
     ("token id out of vocab", "/v1/completions", {"prompt": [1, 10**9]}, "prompt"),
     ("empty prompt in a list", "/v1/completions", {"prompt": ["a", ""]}, "prompt[1]"),
     ("bad role", "/v1/chat/completions", {"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role"),
@@ -225,8 +226,8 @@ def test_bad_inputs_are_400_and_the_server_keeps_serving(served: Served) -> None
     # curl -d sends a JSON body as form data; it is read as JSON all the same.
     r = httpx.post(f"{served.base_url}/v1/completions", content=b'{"prompt": "hi", "max_tokens": -1}')
     assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
-    with pytest.raises(openai.BadRequestError, match="n > 1"):
-        served.client().completions.create(model=served.model, prompt="hi", n=3)
+    with pytest.raises(openai.BadRequestError, match="best_of must equal n"):
+        served.client().completions.create(model=served.model, prompt="hi", n=3, best_of=5)
 
 
 def test_metrics_move_as_requests_are_served(served: Served) -> None:

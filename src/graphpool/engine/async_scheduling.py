@@ -24,6 +24,7 @@ import torch
 
 from graphpool.engine.host_copy import to_device
 from graphpool.engine.kv_cache import BlockManager
+from graphpool.engine.logprobs import StepLogprobs, TokenLogprob
 from graphpool.engine.runner import ModelRunner
 from graphpool.engine.sampler import Sampler
 from graphpool.engine.scheduler import ScheduledBatch, Scheduler
@@ -45,6 +46,7 @@ class InFlight:
     graph: bool
     clock: StepClock
     chained: bool = False  # the next step was launched on these tokens: placeholders stand for them
+    logprobs: StepLogprobs | None = None  # the rows' that asked, copied to the host with the tokens
 
 
 class AsyncDecode:
@@ -76,14 +78,17 @@ class AsyncDecode:
         clock.forward_begins()
         logits, greedy, graph = self.runner.decode(batch.seqs, batch.slots, input_ids=input_ids)
         clock.forward_ends()
-        tokens = self.sampler.sample(logits, batch.seqs, greedy)
+        tokens, logprobs = self.sampler.sample_step(logits, batch.seqs, greedy)
         host = self._host_buffer(tokens.shape[0], tokens.dtype)
         host.copy_(tokens, non_blocking=self._pin)
+        if logprobs is not None:
+            logprobs = logprobs.start_copy(self._pin)
         ready = None
         if self._pin:
             ready = torch.cuda.Event()
             ready.record()
-        return InFlight(list(batch.seqs), tokens, host, ready, [s.num_tokens for s in batch.seqs], graph, clock)
+        return InFlight(list(batch.seqs), tokens, host, ready, [s.num_tokens for s in batch.seqs], graph, clock,
+                        logprobs=logprobs)
 
     def chain(self, cur: InFlight) -> InFlight | None:
         """Launch the decode step after `cur` on its device tokens, if the scheduler would run exactly that
@@ -112,13 +117,16 @@ class AsyncDecode:
         self.chained_steps += 1
         return self.launch(batch, ids)
 
-    def collect(self, cur: InFlight) -> list[tuple[Sequence, int, int]]:
-        """Wait for `cur`'s tokens -> (sequence, token, KV positions written) of each row whose request still
-        runs (a row is dropped when its request was aborted or finished by the step before)."""
+    def collect(self, cur: InFlight) -> list[tuple[Sequence, int, int, TokenLogprob | None]]:
+        """Wait for `cur`'s tokens -> (sequence, token, KV positions written, its logprob if asked) of each row
+        whose request still runs (a row is dropped when its request was aborted or finished by the step before)."""
         if cur.ready is not None:
             cur.ready.synchronize()
-        rows = zip(cur.seqs, cur.host.tolist(), cur.written, strict=True)
-        return [(seq, token, written) for seq, token, written in rows if not seq.finished]
+        tokens = cur.host.tolist()
+        logprobs = cur.logprobs.by_row(tokens) if cur.logprobs is not None else {}
+        rows = zip(cur.seqs, tokens, cur.written, strict=True)
+        return [(seq, token, written, logprobs.get(i)) for i, (seq, token, written) in enumerate(rows)
+                if not seq.finished]
 
     def settle(self) -> None:
         """Forget the step in flight when every row of it is dropped: nothing to wait for."""

@@ -16,8 +16,10 @@ from graphpool.engine.outputs import (
     EngineStats,
     RequestOutput,
     StepInfo,
+    TokenLogprob,
     detokenize,
     find_stop_string,
+    length_or_stop,
     make_output,
 )
 from graphpool.engine.prefix_cache import PrefixCacheStats
@@ -214,9 +216,9 @@ class LLMEngine:
             cur = ahead.launch(batch)
         ahead.inflight = ahead.chain(cur)
         outputs = []
-        for seq, token, written in ahead.collect(cur):
+        for seq, token, written, logprob in ahead.collect(cur):
             self.block_manager.commit(seq, written)
-            outputs.append(self._append(seq, token, placeholder=cur.chained))
+            outputs.append(self._append(seq, token, logprob, placeholder=cur.chained))
         self.last_step = cur.clock.close("decode", len(cur.seqs), len(cur.seqs), cur.graph)
         ahead.settle()
         return outputs
@@ -248,7 +250,7 @@ class LLMEngine:
             events[1].record()
         clock.forward_ends()
         # NOTE: the one host sync of a step (none for a step of prompt chunks that are not their last)
-        next_tokens = self.sampler.sample(logits, seqs, greedy).tolist() if seqs else []
+        next_tokens, token_logprobs = self.sampler.sample_to_host(logits, seqs, greedy) if seqs else ([], {})
         # the KV of every scheduled token is written now: its full blocks become prefix-cache entries
         for chunk in batch.chunks:
             self.block_manager.commit(chunk.seq, chunk.end)
@@ -260,12 +262,14 @@ class LLMEngine:
             forward_seconds = events[0].elapsed_time(events[1]) / 1000
         elif self.config.profile_steps:
             forward_seconds = time.perf_counter() - forward_start
-        outputs = [self._append(seq, token) for seq, token in zip(seqs, next_tokens, strict=True)]
+        outputs = [self._append(seq, token, token_logprobs.get(i))
+                   for i, (seq, token) in enumerate(zip(seqs, next_tokens, strict=True))]
         self.last_step = clock.close(batch.kind, len(batch.slots) + len(batch.chunks), batch.num_tokens, graph,
                                      forward_seconds)
         return outputs
 
-    def _append(self, seq: Sequence, token: int, placeholder: bool = False) -> RequestOutput:
+    def _append(self, seq: Sequence, token: int, logprob: TokenLogprob | None,
+                placeholder: bool = False) -> RequestOutput:
         """Add a sampled token (in place of the placeholder that async scheduling put for it) and end the
         request if it stops there."""
         if seq.num_output_tokens == int(placeholder):  # its prompt is computed (once: a preempted one has output)
@@ -274,20 +278,13 @@ class LLMEngine:
             seq.token_ids[-1] = token
         else:
             seq.token_ids.append(token)
+        if logprob is not None:
+            seq.logprobs.append(logprob)
         self.generation_tokens_total += 1
-        params = seq.params
-        reason: str | None = None
-        # NOTE: before min_tokens nothing stops it but the length (the sampler kept stop ids from being drawn)
-        stoppable = seq.num_output_tokens >= params.min_tokens
-        if stoppable and token in seq.stop_ids:
-            reason = "stop"
-        elif seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len:
-            reason = "length"
-        if reason is not None:
-            seq.finish_reason = reason
+        reason = seq.finish_reason = length_or_stop(seq, token, self.max_model_len)
         previous_len = len(seq.text)
         detokenize(seq, self.tokenizer, final=reason is not None)
-        cut = find_stop_string(seq, previous_len) if stoppable else -1
+        cut = find_stop_string(seq, previous_len) if seq.num_output_tokens >= seq.params.min_tokens else -1
         if cut >= 0:
             seq.text = seq.text[:cut]
             reason = "stop"

@@ -145,7 +145,7 @@ class LLM:
                     if out.finished and out.request_id in index:
                         i = index[out.request_id]
                         results[i] = CompletionOutput(prompts[i], out.prompt_token_ids, out.text, out.token_ids,
-                                                      out.finish_reason, out.request_id)
+                                                      out.finish_reason, out.request_id, out.logprobs)
                         remaining -= 1
                         if bar is not None:
                             bar.update(1)

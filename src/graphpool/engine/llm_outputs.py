@@ -5,11 +5,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from graphpool.engine.logprobs import TokenLogprob
+
 
 @dataclass(frozen=True)
 class SequenceOutput:
-    """One generated sequence, shaped as vLLM's `CompletionOutput` (this engine makes one per prompt; it keeps
-    no logprobs, so those fields are None)."""
+    """One generated sequence, shaped as vLLM's `CompletionOutput` (this engine makes one per prompt). With
+    `SamplingParams.logprobs`, `logprobs` holds graphpool's `TokenLogprob` per token (not vLLM's dicts) and
+    `cumulative_logprob` their sum; else both are None."""
 
     index: int
     text: str
@@ -17,7 +20,7 @@ class SequenceOutput:
     finish_reason: str | None
     stop_reason: int | str | None = None
     cumulative_logprob: float | None = None
-    logprobs: None = None
+    logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass
@@ -30,10 +33,12 @@ class CompletionOutput:
     token_ids: list[int]
     finish_reason: str | None
     request_id: str = ""
+    logprobs: list[TokenLogprob] | None = None  # per token, with SamplingParams.logprobs
 
     @property
     def outputs(self) -> list[SequenceOutput]:
-        return [SequenceOutput(0, self.text, self.token_ids, self.finish_reason)]
+        total = sum(lp.logprob for lp in self.logprobs) if self.logprobs is not None else None
+        return [SequenceOutput(0, self.text, self.token_ids, self.finish_reason, None, total, self.logprobs)]
 
     @property
     def finished(self) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from graphpool.engine.logprobs import TokenLogprob
 from graphpool.engine.sequence import Sequence
 
 FinishReason = Literal["stop", "length", "abort"]
@@ -20,6 +21,8 @@ class RequestOutput:
     delta_text: str
     finished: bool
     finish_reason: FinishReason | None
+    logprobs: list[TokenLogprob] | None = None  # one per token of token_ids, when params.logprobs is set
+    new_logprobs: list[TokenLogprob] | None = None  # ... of new_token_ids
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,16 @@ def find_stop_string(seq: Sequence, previous_len: int) -> int:
     return index + length if seq.params.include_stop_str_in_output else index
 
 
+def length_or_stop(seq: Sequence, token: int, max_model_len: int) -> str | None:
+    """The finish reason that the newly appended `token` gives, before stop strings: "stop", "length" or None."""
+    # NOTE: before min_tokens nothing stops it but the length (the sampler kept stop ids from being drawn)
+    if seq.num_output_tokens >= seq.params.min_tokens and token in seq.stop_ids:
+        return "stop"
+    if seq.num_output_tokens >= seq.params.max_tokens or seq.num_tokens >= max_model_len:
+        return "length"
+    return None
+
+
 def make_output(seq: Sequence, new_token_ids: list[int]) -> RequestOutput:
     """The request's output now; delta_text holds back what could still become part of a stop string."""
     visible = len(seq.text)
@@ -100,4 +113,6 @@ def make_output(seq: Sequence, new_token_ids: list[int]) -> RequestOutput:
         delta_text=delta,
         finished=seq.finished,
         finish_reason=seq.finish_reason,  # type: ignore[arg-type]
+        logprobs=list(seq.logprobs) if seq.params.logprobs is not None else None,
+        new_logprobs=seq.logprobs[-len(new_token_ids):] if seq.params.logprobs is not None else None,
     )

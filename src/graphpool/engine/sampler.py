@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from graphpool.engine.host_copy import to_device
+from graphpool.engine.logprobs import StepLogprobs, TokenLogprob, gather_logprobs
 from graphpool.engine.penalties import TokenCounts, apply_penalties
 from graphpool.engine.sequence import Sequence
 
@@ -25,6 +26,7 @@ class Sampler:
     before the greedy argmax or the draw; `release(seq)` frees a finished request's token counts. A batch
     without penalties does no penalty work at all. Rows short of their `min_tokens` get -inf at their stop
     ids on the same copy; `min_p` drops low-probability tokens before the draw (one vectorised mask).
+    `sample_step` also gathers the logprobs of the rows that ask for them, from the unchanged logits.
     """
 
     def __init__(self, device: torch.device, seed: int) -> None:
@@ -40,6 +42,21 @@ class Sampler:
 
     def release(self, seq: Sequence) -> None:
         self.token_counts.release(seq)
+
+    def sample_step(self, logits: torch.Tensor, seqs: list[Sequence],
+                    greedy: torch.Tensor | None = None) -> tuple[torch.Tensor, StepLogprobs | None]:
+        """`sample`, and the logprobs (on the device) of the rows whose params ask for them, else None."""
+        tokens = self.sample(logits, seqs, greedy)
+        return tokens, gather_logprobs(logits, [s.params.logprobs for s in seqs], tokens)
+
+    def sample_to_host(self, logits: torch.Tensor, seqs: list[Sequence],
+                       greedy: torch.Tensor | None = None) -> tuple[list[int], dict[int, TokenLogprob]]:
+        """`sample_step` with its results on the host (one sync): the tokens, and row -> logprob where asked."""
+        tokens, logprobs = self.sample_step(logits, seqs, greedy)
+        if logprobs is not None:
+            logprobs = logprobs.start_copy(pin=self.device.type == "cuda")
+        host = tokens.tolist()
+        return host, logprobs.by_row(host) if logprobs is not None else {}
 
     def sample(self, logits: torch.Tensor, seqs: list[Sequence], greedy: torch.Tensor | None = None) -> torch.Tensor:
         penalised = [i for i, s in enumerate(seqs) if s.params.has_penalties]

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 # NOTE: what torch.Generator.manual_seed accepts; a negative seed s draws the stream of 2**64 + s.
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
 PENALTY_MIN, PENALTY_MAX = -2.0, 2.0  # OpenAI's documented range for presence/frequency penalties
+MAX_LOGPROBS = 20  # OpenAI's limit on top_logprobs (and on the completions API's logprobs)
 
 
 class InvalidParam(ValueError):
@@ -38,6 +39,10 @@ class SamplingParams:
     whose probability is below min_p times the top token's (0 = off; greedy rows are unaffected);
     `include_stop_str_in_output` keeps the stop string (or the stop token's text) at the end of the text;
     `skip_special_tokens` False keeps special tokens' text in the output.
+
+    `logprobs` (None = off, else 0..20): each output carries the sampled token's logprob and that many of the
+    most likely tokens with theirs, from the model's raw logits (before penalties and temperature; see
+    engine/logprobs.py).
     """
 
     temperature: float = 1.0
@@ -55,6 +60,7 @@ class SamplingParams:
     min_p: float = 0.0
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    logprobs: int | None = None
     has_penalties: bool = field(init=False, repr=False, compare=False, default=False)
 
     def __post_init__(self) -> None:
@@ -96,6 +102,9 @@ class SamplingParams:
         if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
             raise InvalidParam("min_tokens", f"min_tokens must be an int in [0, max_tokens={self.max_tokens}], "
                                f"got {self.min_tokens!r}")
+        if self.logprobs is not None and not (_is_int(self.logprobs) and 0 <= self.logprobs <= MAX_LOGPROBS):
+            raise InvalidParam("logprobs", f"logprobs must be None or an int in [0, {MAX_LOGPROBS}], "
+                               f"got {self.logprobs!r}")
         _number(self.min_p, "min_p")
         if not 0 <= self.min_p <= 1:
             raise InvalidParam("min_p", f"min_p must be in [0, 1] (0 is off), got {self.min_p}")
@@ -121,6 +130,13 @@ class SamplingParams:
     @property
     def max_stop_len(self) -> int:
         return max((len(s) for s in self.stop), default=0) if self.stop else 0
+
+
+def child_seed(seed: int, index: int) -> int:
+    """The seed of a request's `index`-th sequence when it asks for several (vLLM's `seed + index`), wrapped into
+    the accepted range (a generator reads a seed modulo 2**64, so the wrap draws the same stream)."""
+    child = seed + index
+    return child - 2**64 if child > SEED_MAX else child
 
 
 def check_text(text: str, param: str) -> None:

@@ -6,6 +6,7 @@ import enum
 
 import torch
 
+from graphpool.engine.logprobs import TokenLogprob
 from graphpool.engine.sampling_params import SamplingParams
 
 
@@ -38,6 +39,7 @@ class Sequence:
         self.num_computed_tokens = 0
         self.block_keys: list[bytes] = []  # prefix-cache keys of its full blocks (see engine.prefix_cache)
         self.penalty_row: int | None = None  # the sampler's token-count row, for requests with penalties
+        self.logprobs: list[TokenLogprob] = []  # one per output token when params.logprobs is set
         # detokenizer state (see engine.detokenize)
         self.text = ""
         self.emitted_len = 0  # chars of `text` already handed out as delta_text

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import jinja2
 
-from graphpool.engine.sampling_params import InvalidParam, SamplingParams, check_text
+from graphpool.engine.sampling_params import (
+    MAX_LOGPROBS,
+    InvalidParam,
+    SamplingParams,
+    check_text,
+    child_seed,
+)
 from graphpool.server.protocol import (
     MAX_STOP_SEQUENCES,
     UNHONOURED_FIELDS,
@@ -38,12 +44,15 @@ class PromptBuilder:
 
     # ---- per endpoint ----
     def completion(self, req: CompletionRequest) -> list[EngineInput]:
-        """One input per prompt (`prompt` may be a list of strings or of token-id lists), in order."""
+        """`n` inputs per prompt (`prompt` may be a list of strings or of token-id lists), in choice order."""
         self._common_checks(req)
-        if req.logprobs is not None:
-            raise APIError("logprobs are not supported by this server", param="logprobs")
-        if req.best_of is not None and req.best_of != 1:
-            raise APIError("best_of > 1 is not supported by this server", param="best_of")
+        _check_logprobs(req.logprobs, "logprobs")
+        if req.logprobs is not None and req.echo:
+            raise APIError("echo with logprobs (the prompt's logprobs) is not supported by this server",
+                           param="echo")
+        if req.best_of is not None and req.best_of != (req.n or 1):
+            raise APIError(f"best_of must equal n (got best_of={req.best_of}, n={req.n or 1}): this server returns "
+                           "every sequence it generates and does not rank them", param="best_of")
         if req.suffix:
             raise APIError("suffix is not supported by this server", param="suffix")
         prompts = _prompts(req.prompt)
@@ -59,15 +68,16 @@ class PromptBuilder:
                 text = self._decode(prompt) if req.echo else ""
             params = self._params(req, len(ids), max_tokens, prompt_param=param)
             # NOTE: token ids, tokenized exactly as engine.encode does (the tokenizer's default special tokens).
-            inputs.append(
-                EngineInput(prompt=ids, prompt_text=text, num_prompt_tokens=len(ids), params=params)
-            )
+            inputs += fan_out(EngineInput(prompt=ids, prompt_text=text, num_prompt_tokens=len(ids), params=params),
+                              req.n or 1)
         return inputs
 
-    def chat(self, req: ChatCompletionRequest) -> EngineInput:
+    def chat(self, req: ChatCompletionRequest) -> list[EngineInput]:
+        """`n` inputs of the conversation, one per choice."""
         self._common_checks(req)
-        if req.logprobs or req.top_logprobs:
-            raise APIError("logprobs are not supported by this server", param="logprobs")
+        _check_logprobs(req.top_logprobs, "top_logprobs")
+        if req.top_logprobs and not req.logprobs:
+            raise APIError("top_logprobs needs logprobs: true", param="top_logprobs")
         if req.tools:
             raise APIError("tools are not supported by this server", param="tools")
         if req.response_format is not None and req.response_format.get("type", "text") != "text":
@@ -77,7 +87,7 @@ class PromptBuilder:
         if max_tokens is None:  # NOTE: OpenAI's chat default: as many tokens as the context leaves
             max_tokens = max(self.max_model_len - len(ids), 1)
         params = self._params(req, len(ids), max_tokens)
-        return EngineInput(prompt=ids, prompt_text="", num_prompt_tokens=len(ids), params=params)
+        return fan_out(EngineInput(prompt=ids, prompt_text="", num_prompt_tokens=len(ids), params=params), req.n or 1)
 
     # ---- pieces ----
     def chat_messages(self, messages: list[ChatMessage]) -> list[dict[str, str]]:
@@ -98,8 +108,6 @@ class PromptBuilder:
 
     def _common_checks(self, req: CompletionRequest | ChatCompletionRequest) -> None:
         self.check_model(req.model)
-        if req.n is not None and req.n != 1:
-            raise APIError(f"n > 1 is not supported by this server (got n={req.n})", param="n")
         if req.logit_bias:
             raise APIError("logit_bias is not supported by this server", param="logit_bias")
         for name, value in (req.model_extra or {}).items():
@@ -157,6 +165,7 @@ class PromptBuilder:
                 min_p=req.min_p or 0.0,
                 include_stop_str_in_output=req.include_stop_str_in_output,
                 skip_special_tokens=req.skip_special_tokens,
+                logprobs=_engine_logprobs(req),
             )
         except InvalidParam as e:
             raise APIError(str(e), param=e.param) from None
@@ -216,6 +225,27 @@ def _prompts(prompt: str | list[str] | list[int] | list[list[int]]) -> list[str 
         if len(p) == 0:
             raise APIError(f"prompt[{i}] must not be empty", param=f"prompt[{i}]")
     return items
+
+
+def fan_out(inp: EngineInput, n: int) -> list[EngineInput]:
+    """`n` copies of a prompt's input, one per choice; with a seed, choice i draws from `child_seed(seed, i)`."""
+    if n == 1:
+        return [inp]
+    seed = inp.params.seed
+    return [inp if seed is None else replace(inp, params=replace(inp.params, seed=child_seed(seed, i)))
+            for i in range(n)]
+
+
+def _check_logprobs(value: int | None, param: str) -> None:
+    if value is not None and not 0 <= value <= MAX_LOGPROBS:
+        raise APIError(f"{param} must be in [0, {MAX_LOGPROBS}], got {value}", param=param)
+
+
+def _engine_logprobs(req: CompletionRequest | ChatCompletionRequest) -> int | None:
+    """SamplingParams.logprobs: how many top logprobs per token, None for none at all."""
+    if isinstance(req, CompletionRequest):
+        return req.logprobs
+    return (req.top_logprobs or 0) if req.logprobs else None
 
 
 def _check_text(text: str, param: str) -> None:

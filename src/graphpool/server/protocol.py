@@ -58,6 +58,7 @@ UNHONOURED_FIELDS: dict[str, Any] = {
     "continue_final_message": False, "chat_template": None, "chat_template_kwargs": None,
 }
 MAX_STOP_SEQUENCES = 4  # OpenAI's limit
+MAX_N = 128  # OpenAI's limit on choices per request
 # NOTE: a 128k-token context as text or as token ids fits well inside the default body limit.
 DEFAULT_MAX_REQUEST_BYTES = 4 * 2**20
 
@@ -71,7 +72,7 @@ class _SamplingFields(BaseModel):
     model: str | None = None
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    n: int | None = Field(default=None, ge=1)
+    n: int | None = Field(default=None, ge=1, le=MAX_N)
     seed: int | None = None
     stop: str | list[str] | None = None
     stream: StrictBool = False

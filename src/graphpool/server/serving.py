@@ -1,10 +1,9 @@
-"""The two generation endpoints: one engine request per prompt (a completion may carry several prompts, one
-choice each), streamed (SSE) or collected."""
+"""The two generation endpoints: one engine request per choice (a completion may carry several prompts, and
+each prompt gets `n` choices), streamed (SSE) or collected."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -15,16 +14,13 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from graphpool.server.async_engine import AsyncEngine, EngineDeadError, RequestStream
+from graphpool.server.choices import Choices, sse
+from graphpool.server.logprobs import LogprobFormatter
 from graphpool.server.metrics import ServerMetrics
 from graphpool.server.prompts import EngineInput, PromptBuilder
 from graphpool.server.protocol import APIError, ChatCompletionRequest, CompletionRequest, error_body
 
 DISCONNECT_POLL_S = 0.1
-
-
-def sse(data: dict[str, Any] | str) -> str:
-    payload = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False, separators=(",", ":"))
-    return f"data: {payload}\n\n"
 
 
 class AbortingStreamingResponse(StreamingResponse):
@@ -110,6 +106,7 @@ class OpenAIServing:
         self.builder = builder
         self.metrics = metrics
         self.model_name = model_name
+        self.logprobs = LogprobFormatter(builder.tokenizer)
 
     async def completions(self, req: CompletionRequest, raw: Request) -> Response:
         timer = _Timer(self.metrics)
@@ -119,10 +116,10 @@ class OpenAIServing:
 
     async def chat(self, req: ChatCompletionRequest, raw: Request) -> Response:
         timer = _Timer(self.metrics)
-        inp = await asyncio.to_thread(self.builder.chat, req)
-        return await self._serve(req, [inp], raw, timer, chat=True)
+        inputs = await asyncio.to_thread(self.builder.chat, req)
+        return await self._serve(req, inputs, raw, timer, chat=True)
 
-    async def _add(self, request_id: str, inputs: list[EngineInput], chat: bool) -> list[RequestStream]:
+    async def _add(self, request_id: str, inputs: list[EngineInput], chat: bool, n: int) -> list[RequestStream]:
         streams: list[RequestStream] = []
         try:
             for i, inp in enumerate(inputs):
@@ -132,7 +129,8 @@ class OpenAIServing:
             _abort_unfinished(self.engine, streams)
             param = getattr(e, "param", None)
             if param == "prompt":
-                param = "messages" if chat else ("prompt" if len(inputs) == 1 else f"prompt[{len(streams)}]")
+                many = len(inputs) > n
+                param = "messages" if chat else (f"prompt[{len(streams) // n}]" if many else "prompt")
             raise APIError(str(e), param=param) from None
         except BaseException:
             _abort_unfinished(self.engine, streams)
@@ -148,38 +146,21 @@ class OpenAIServing:
         chat: bool,
     ) -> Response:
         request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
-        streams = await self._add(request_id, inputs, chat)
+        n = req.n or 1
+        streams = await self._add(request_id, inputs, chat, n)
         timer.unfinished = len(streams)
         header = {"id": request_id, "created": int(time.time()), "model": req.model or self.model_name}
         echo = isinstance(req, CompletionRequest) and req.echo
+        echoes = [inp.prompt_text if echo else None for inp in inputs]
+        logprobs = self.logprobs if inputs[0].params.logprobs is not None else None
         if req.stream:
             include_usage = req.stream_options is not None and req.stream_options.include_usage
-            echoes = [inp.prompt_text if echo else None for inp in inputs]
-            body = self._stream_body(streams, header, timer, chat, echoes, include_usage)
-            return AbortingStreamingResponse(body, self.engine, streams)
+            choices = Choices(chat, header, n, logprobs, include_usage)
+            return AbortingStreamingResponse(self._stream_body(streams, choices, timer, echoes), self.engine, streams)
         lasts = await self._collect(streams, raw, timer)
         if lasts is None:  # client disconnected; nobody reads this
             return Response(status_code=499)
-        usage = _usage(lasts)
-        if chat:
-            last = lasts[0]
-            choice = {
-                "index": 0,
-                "message": {"role": "assistant", "content": last.text},
-                "logprobs": None,
-                "finish_reason": last.finish_reason,
-            }
-            return JSONResponse({**header, "object": "chat.completion", "choices": [choice], "usage": usage})
-        choices = [
-            {
-                "index": i,
-                "text": inp.prompt_text + last.text if echo else last.text,
-                "logprobs": None,
-                "finish_reason": last.finish_reason,
-            }
-            for i, (inp, last) in enumerate(zip(inputs, lasts, strict=True))
-        ]
-        return JSONResponse({**header, "object": "text_completion", "choices": choices, "usage": usage})
+        return JSONResponse(Choices(chat, header, n, logprobs).response(lasts, echoes))
 
     async def _collect(self, streams: list[RequestStream], raw: Request, timer: _Timer) -> list[Any] | None:
         async def collect() -> list[Any]:
@@ -206,58 +187,29 @@ class OpenAIServing:
             _abort_unfinished(self.engine, streams)
 
     async def _stream_body(
-        self,
-        streams: list[RequestStream],
-        header: dict[str, Any],
-        timer: _Timer,
-        chat: bool,
-        echoes: list[str | None],
-        include_usage: bool,
+        self, streams: list[RequestStream], choices: Choices, timer: _Timer, echoes: list[str | None]
     ) -> AsyncIterator[str]:
-        obj = "chat.completion.chunk" if chat else "text_completion"
-        extra = {"usage": None} if include_usage else {}
-
-        def chunk(index: int, text: str | None, finish_reason: str | None = None, role: bool = False) -> str:
-            if chat:
-                delta: dict[str, str] = {"role": "assistant", "content": ""} if role else {}
-                if text is not None:
-                    delta["content"] = text
-                choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-            else:
-                choice = {
-                    "index": index,
-                    "text": text or "",
-                    "logprobs": None,
-                    "finish_reason": finish_reason,
-                }
-            return sse({**header, "object": obj, "choices": [choice], **extra})
-
-        if chat:
-            yield chunk(0, None, role=True)
+        if choices.chat:
+            for index in range(len(streams)):
+                yield choices.chunk(index, None, role=True)
         for index, echo in enumerate(echoes):
             if echo:
-                yield chunk(index, echo)
+                yield choices.chunk(index, echo)
         lasts: list[Any] = [None] * len(streams)
         try:
             async for index, out in merged(streams):
                 timer.on_output(len(out.token_ids), out.finished)
                 # NOTE: a chunk per step that made tokens, text or not (a tokenizer-less model makes no text).
                 if out.delta_text or out.new_token_ids:
-                    yield chunk(index, out.delta_text)
+                    yield choices.chunk(index, out.delta_text, out=out)
                 if out.finished:
-                    yield chunk(index, None, out.finish_reason)
+                    yield choices.chunk(index, None, out.finish_reason)
                 lasts[index] = out
         except EngineDeadError as e:
             yield sse(error_body(str(e), type="server_error"))
             yield sse("[DONE]")
             return
         assert all(last is not None and last.finished for last in lasts)
-        if include_usage:
-            yield sse({**header, "object": obj, "choices": [], "usage": _usage(lasts)})
+        if choices.extra:
+            yield choices.usage_chunk(lasts)
         yield sse("[DONE]")
-
-
-def _usage(outs: list[Any]) -> dict[str, int]:
-    prompt = sum(len(out.prompt_token_ids) for out in outs)
-    completion = sum(len(out.token_ids) for out in outs)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}

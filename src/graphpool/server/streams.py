@@ -55,7 +55,8 @@ class RequestStream:
         """
         if self._last is not None:
             return dataclasses.replace(
-                self._last, new_token_ids=[], delta_text="", finished=True, finish_reason="abort"
+                self._last, new_token_ids=[], delta_text="", finished=True, finish_reason="abort",
+                new_logprobs=[] if self._last.new_logprobs is not None else None,
             )
         from graphpool.engine.outputs import RequestOutput
 
