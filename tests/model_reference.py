@@ -81,9 +81,10 @@ TINY_HF_ROPE_SCALING = {
 
 
 def tiny_hf_model(kind: str, tied: bool) -> torch.nn.Module:
-    """A tiny random transformers model in eval mode: "llama" (Llama-3 rope scaling) or "qwen2" (q/k/v bias),
-    2 layers, hidden 64, 4 query / 2 KV heads, vocab 300; weights seeded (torch.manual_seed(0))."""
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    """A tiny random transformers model in eval mode: "llama" (Llama-3 rope scaling), "qwen2" (q/k/v bias)
+    or "qwen3" (q/k norms, head_dim 32 != hidden / heads); 2 layers, hidden 64, 4 query / 2 KV heads, vocab 300;
+    weights seeded (torch.manual_seed(0))."""
+    import transformers
 
     common = {
         "vocab_size": 300,
@@ -102,9 +103,14 @@ def tiny_hf_model(kind: str, tied: bool) -> torch.nn.Module:
     model: torch.nn.Module
     if kind == "llama":
         scaling = {"rope_type": "llama3", **TINY_HF_ROPE_SCALING}
-        model = LlamaForCausalLM(LlamaConfig(**common, rope_theta=10000.0, rope_scaling=scaling))
+        config = transformers.LlamaConfig(**common, rope_theta=10000.0, rope_scaling=scaling)
+        model = transformers.LlamaForCausalLM(config)
+    elif kind == "qwen2":
+        model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**common, rope_theta=1e6))
+    elif kind == "qwen3":
+        model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**common, head_dim=32, rope_theta=1e6))
     else:
-        model = Qwen2ForCausalLM(Qwen2Config(**common, rope_theta=1e6))
+        raise ValueError(f"no tiny model of kind {kind!r}")
     # bigger-than-default weights (and nonzero biases) so that a wrong layout cannot hide behind tiny values
     with torch.no_grad():
         for name, p in model.named_parameters():

@@ -1,4 +1,5 @@
-"""Model configuration: one frozen dataclass for the Llama family (Llama 3.x, SmolLM2, Qwen2.x)."""
+"""Model configuration: one frozen dataclass for the Llama-shaped families (Llama 3.x, SmolLM2, Qwen2.x, Qwen3,
+Mistral)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,26 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-# NOTE: Qwen2 differs from Llama only by its q/k/v bias; Mistral is Llama-shaped up to its sliding window.
-_HF_MODEL_TYPES = {"llama": False, "qwen2": True, "mistral": False}
+# NOTE: model_type -> (q/k/v bias, decoder family). Qwen2 differs from Llama only by its q/k/v bias; Mistral
+# is Llama-shaped up to its sliding window.
+_HF_MODEL_TYPES = {
+    "llama": (False, "llama"),
+    "qwen2": (True, "llama"),
+    "mistral": (False, "llama"),
+    "qwen3": (False, "qwen3"),
+}
+# decoder families (model/families.py: their module classes); "qwen3": per-head q/k RMSNorm before rotary
+FAMILIES = ("llama", "qwen3")
+# NOTE: types users ask for that graphpool refuses, with why (the generic "unsupported" would hide it)
+_REFUSED_MODEL_TYPES = {
+    "gemma": "Gemma's (1+w) norms and GeLU MLP are not implemented",
+    "gemma2": "Gemma 2's attention logit soft-capping is not implemented by graphpool's attention kernels",
+    "gemma3": "Gemma 3's interleaved sliding-window layers and their own rotary base are not implemented",
+    "gemma3_text": "Gemma 3's interleaved sliding-window layers and their own rotary base are not implemented",
+    "qwen2_moe": "mixture-of-experts layers are not implemented",
+    "qwen3_moe": "mixture-of-experts layers are not implemented",
+    "mixtral": "mixture-of-experts layers are not implemented",
+}
 _GGUF_ARCHS = {"llama": False, "qwen2": True}
 
 
@@ -56,8 +75,12 @@ class ModelConfig:
     # attention over the last N tokens only (Mistral; Qwen2 with use_sliding_window): graphpool attends over
     # the whole context, so it equals such a model only up to N tokens and refuses a longer max_model_len
     sliding_window: int | None = None
+    # the decoder's module classes (one of FAMILIES): the same weights mean a different network per family
+    family: str = "llama"
 
     def __post_init__(self) -> None:
+        if self.family not in FAMILIES:
+            raise ValueError(f"ModelConfig.family must be one of {FAMILIES}, got {self.family!r}")
         for name in (
             "vocab_size",
             "hidden_size",
@@ -106,7 +129,7 @@ class ModelConfig:
         if self.attention_bias:
             attn += self.q_size + 2 * self.kv_size
         mlp = 3 * self.hidden_size * self.intermediate_size
-        layer = attn + mlp + 2 * self.hidden_size
+        layer = attn + mlp + 2 * self.hidden_size + (2 * self.head_dim if self.family == "qwen3" else 0)
         embed = self.vocab_size * self.hidden_size * (1 if self.tie_word_embeddings else 2)
         return self.num_layers * layer + embed + self.hidden_size
 
@@ -114,6 +137,9 @@ class ModelConfig:
     def from_hf_config(cls, cfg: Mapping[str, Any]) -> ModelConfig:
         """From a Hugging Face `config.json` dict (transformers 4.x `rope_scaling` or 5.x `rope_parameters`)."""
         model_type = cfg.get("model_type")
+        if model_type in _REFUSED_MODEL_TYPES:
+            raise ValueError(f"unsupported model_type {model_type!r}: {_REFUSED_MODEL_TYPES[model_type]}; graphpool "
+                             f"runs {sorted(_HF_MODEL_TYPES)} models")
         if model_type not in _HF_MODEL_TYPES:
             raise ValueError(
                 f"unsupported model_type {model_type!r}: graphpool runs {sorted(_HF_MODEL_TYPES)} models"
@@ -144,11 +170,18 @@ class ModelConfig:
             () if eos is None else (tuple(int(e) for e in eos) if isinstance(eos, list) else (int(eos),))
         )
         bos = cfg.get("bos_token_id")
-        attention_bias = _HF_MODEL_TYPES[model_type] or bool(cfg.get("attention_bias", False))
+        bias, family = _HF_MODEL_TYPES[model_type]
+        attention_bias = bias or bool(cfg.get("attention_bias", False))
         if cfg.get("mlp_bias"):
             raise ValueError("mlp_bias=True is not supported")
+        act = cfg.get("hidden_act", "silu")
+        if act != "silu":
+            raise ValueError(f"hidden_act {act!r} is not supported (graphpool's MLP is SwiGLU: silu)")
+        rotary_fraction = float(rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0)))
+        if rotary_fraction != 1.0:
+            raise ValueError(f"partial_rotary_factor {rotary_fraction} is not supported (rotary over whole heads only)")
         window = cfg.get("sliding_window")
-        if model_type == "qwen2" and not cfg.get("use_sliding_window", False):
+        if model_type in ("qwen2", "qwen3") and not cfg.get("use_sliding_window", False):
             window = None
         return cls(
             vocab_size=int(cfg["vocab_size"]),
@@ -167,6 +200,7 @@ class ModelConfig:
             eos_token_ids=eos_ids,
             attention_bias=attention_bias,
             sliding_window=None if window is None else int(window),
+            family=family,
         )
 
     @classmethod

@@ -90,6 +90,9 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
+    # NOTE: a family with its own attention (model/qwen3.py) subclasses the layer and names it here
+    attention_cls: type[LlamaAttention] = LlamaAttention
+
     def __init__(
         self,
         config: ModelConfig,
@@ -100,7 +103,7 @@ class LlamaDecoderLayer(nn.Module):
     ) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, device, dtype)
-        self.self_attn = LlamaAttention(config, rotary, ops, device, dtype)
+        self.self_attn = self.attention_cls(config, rotary, ops, device, dtype)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, device, dtype)
         self.mlp = SwiGLU(config, device, dtype, ops)
         self.ops = ops
@@ -144,8 +147,11 @@ class LlamaModel(nn.Module):
     Parameters are allocated uninitialised on `device` in `dtype`; a loader fills them. `attn_backend`
     picks the operations (`ModelOps`): "torch" (reference) or "triton" (graphpool.kernels on CUDA; falls back
     to torch with a warning where unavailable), with the kernel switches named in `disabled_kernels` off
-    (`kernels/switches.py`). `ops` overrides the choice (tests).
+    (`kernels/switches.py`). `ops` overrides the choice (tests). A family's subclass names its layer in
+    `layer_cls` (model/families.py picks the class of a config).
     """
+
+    layer_cls: type[LlamaDecoderLayer] = LlamaDecoderLayer
 
     def __init__(
         self,
@@ -190,7 +196,7 @@ class LlamaModel(nn.Module):
         # NOTE: one rotary cache shared by all layers (a buffer, never reallocated per step).
         self.rotary = RotaryEmbedding(config, self.max_positions, device)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, self.rotary, self.ops, device, dtype) for _ in range(config.num_layers)
+            self.layer_cls(config, self.rotary, self.ops, device, dtype) for _ in range(config.num_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, device, dtype)
         # NOTE: a tensor-parallel shard (model.parallel.shard_model) holds its rank's KV heads and vocab rows

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from graphpool.model.config import ModelConfig
+from graphpool.model.families import build_model
 from graphpool.model.gguf_loader import (
     default_gguf_path,
     gguf_config,
@@ -107,7 +108,7 @@ def load_model(
               "max_positions": max_positions, "disabled_kernels": disabled_kernels}
     source = model_source(name_or_path, revision=revision, download_dir=download_dir)
     if isinstance(source, ModelConfig):
-        model = LlamaModel(source, **kwargs)
+        model = build_model(source, **kwargs)
         init_random_weights(model, seed=seed)
         return model.eval(), source, None
     kind, path = source
@@ -117,7 +118,7 @@ def load_model(
 def _load_gguf(path: Path, **kwargs: object) -> tuple[LlamaModel, ModelConfig, Tokenizer | None]:
     reader = open_gguf(path)
     config = gguf_config(reader)
-    model = LlamaModel(config, **kwargs)  # type: ignore[arg-type]
+    model = build_model(config, **kwargs)
     loader = WeightLoader(model)
     for name, tensor in iter_gguf_weights(reader, config):
         loader.load(name, tensor)
@@ -137,7 +138,7 @@ def _load_hf_folder(folder: Path, **kwargs: object) -> tuple[LlamaModel, ModelCo
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise ValueError(f"{folder} has a config.json but no *.safetensors weights")
-    model = LlamaModel(config, **kwargs)  # type: ignore[arg-type]
+    model = build_model(config, **kwargs)
     loader = WeightLoader(model)
     for file in files:
         with safe_open(str(file), framework="pt", device="cpu") as f:

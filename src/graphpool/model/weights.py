@@ -24,6 +24,8 @@ _PLAIN = {
     "mlp.down_proj",
     "input_layernorm",
     "post_attention_layernorm",
+    "self_attn.q_norm",  # Qwen3's per-head norms
+    "self_attn.k_norm",
 }
 # buffers some checkpoints carry that the model recomputes
 _IGNORED = re.compile(r"(rotary_emb\.inv_freq|\.masked_bias|\.attn\.bias)$")
