@@ -81,9 +81,9 @@ TINY_HF_ROPE_SCALING = {
 
 
 def tiny_hf_model(kind: str, tied: bool) -> torch.nn.Module:
-    """A tiny random transformers model in eval mode: "llama" (Llama-3 rope scaling), "qwen2" (q/k/v bias)
-    or "qwen3" (q/k norms, head_dim 32 != hidden / heads); 2 layers, hidden 64, 4 query / 2 KV heads, vocab 300;
-    weights seeded (torch.manual_seed(0))."""
+    """A tiny random transformers model in eval mode: "llama" (Llama-3 rope scaling), "qwen2" (q/k/v bias),
+    "qwen3" (q/k norms, head_dim 32 != hidden / heads) or "phi3" (fused q/k/v and gate/up weights, a sliding
+    window of 200); 2 layers, hidden 64, 4 query / 2 KV heads, vocab 300; weights seeded (torch.manual_seed(0))."""
     import transformers
 
     common = {
@@ -109,6 +109,9 @@ def tiny_hf_model(kind: str, tied: bool) -> torch.nn.Module:
         model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**common, rope_theta=1e6))
     elif kind == "qwen3":
         model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**common, head_dim=32, rope_theta=1e6))
+    elif kind == "phi3":
+        config = transformers.Phi3Config(**common, pad_token_id=0, sliding_window=200, rope_theta=10000.0)
+        model = transformers.Phi3ForCausalLM(config)
     else:
         raise ValueError(f"no tiny model of kind {kind!r}")
     # bigger-than-default weights (and nonzero biases) so that a wrong layout cannot hide behind tiny values

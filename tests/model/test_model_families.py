@@ -1,4 +1,4 @@
-"""Model families beyond Llama/Qwen2 (Qwen3): tiny random transformers models saved as safetensors
+"""Model families beyond Llama/Qwen2 (Qwen3, Phi-3): tiny random transformers models saved as safetensors
 folders, loaded by graphpool; logits, paged decode and the engine's greedy tokens equal transformers'."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from graphpool.model.weights import init_random_weights
 from graphpool.pool.testing import EagerCapturer
 from model_reference import hf_greedy, paged_greedy, run_waves, tiny_hf_model
 
-FAMILIES = ["qwen3"]
+FAMILIES = ["qwen3", "phi3"]
 NEW_TOKENS = 10
 
 
@@ -112,7 +112,7 @@ def test_refused_families_say_why() -> None:
     with pytest.raises(ValueError, match="mixture-of-experts"):
         ModelConfig.from_hf_config({**base, "model_type": "qwen3_moe"})
     with pytest.raises(ValueError, match="partial_rotary_factor"):
-        ModelConfig.from_hf_config({**base, "model_type": "llama", "partial_rotary_factor": 0.75})
+        ModelConfig.from_hf_config({**base, "model_type": "phi3", "partial_rotary_factor": 0.75})
     with pytest.raises(ValueError, match="hidden_act"):
         ModelConfig.from_hf_config({**base, "model_type": "qwen3", "hidden_act": "gelu"})
     with pytest.raises(ValueError, match="family"):

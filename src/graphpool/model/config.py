@@ -1,5 +1,5 @@
 """Model configuration: one frozen dataclass for the Llama-shaped families (Llama 3.x, SmolLM2, Qwen2.x, Qwen3,
-Mistral)."""
+Mistral, Phi-3)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,12 @@ from dataclasses import dataclass
 from typing import Any
 
 # NOTE: model_type -> (q/k/v bias, decoder family). Qwen2 differs from Llama only by its q/k/v bias; Mistral
-# is Llama-shaped up to its sliding window.
+# is Llama-shaped up to its sliding window; Phi-3 only fuses q/k/v and gate/up in its checkpoint (our layout).
 _HF_MODEL_TYPES = {
     "llama": (False, "llama"),
     "qwen2": (True, "llama"),
     "mistral": (False, "llama"),
+    "phi3": (False, "llama"),
     "qwen3": (False, "qwen3"),
 }
 # decoder families (model/families.py: their module classes); "qwen3": per-head q/k RMSNorm before rotary

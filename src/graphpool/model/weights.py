@@ -24,6 +24,9 @@ _PLAIN = {
     "mlp.down_proj",
     "input_layernorm",
     "post_attention_layernorm",
+    # NOTE: Phi-3 checkpoints hold q/k/v and gate/up fused, in our fused layers' row order
+    "self_attn.qkv_proj",
+    "mlp.gate_up_proj",
     "self_attn.q_norm",  # Qwen3's per-head norms
     "self_attn.k_norm",
 }
