@@ -80,10 +80,11 @@ TINY_HF_ROPE_SCALING = {
 }
 
 
-def tiny_hf_model(kind: str, tied: bool) -> torch.nn.Module:
+def tiny_hf_model(kind: str, tied: bool, **overrides: Any) -> torch.nn.Module:
     """A tiny random transformers model in eval mode: "llama" (Llama-3 rope scaling), "qwen2" (q/k/v bias),
     "qwen3" (q/k norms, head_dim 32 != hidden / heads) or "phi3" (fused q/k/v and gate/up weights, a sliding
-    window of 200); 2 layers, hidden 64, 4 query / 2 KV heads, vocab 300; weights seeded (torch.manual_seed(0))."""
+    window of 200); 2 layers, hidden 64, 4 query / 2 KV heads, vocab 300, or the config fields in `overrides`;
+    weights seeded (torch.manual_seed(0))."""
     import transformers
 
     common = {
@@ -98,6 +99,7 @@ def tiny_hf_model(kind: str, tied: bool) -> torch.nn.Module:
         "tie_word_embeddings": tied,
         "bos_token_id": 1,
         "eos_token_id": 2,
+        **overrides,
     }
     torch.manual_seed(0)
     model: torch.nn.Module
@@ -108,9 +110,9 @@ def tiny_hf_model(kind: str, tied: bool) -> torch.nn.Module:
     elif kind == "qwen2":
         model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**common, rope_theta=1e6))
     elif kind == "qwen3":
-        model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**common, head_dim=32, rope_theta=1e6))
+        model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**{"head_dim": 32, **common}, rope_theta=1e6))
     elif kind == "phi3":
-        config = transformers.Phi3Config(**common, pad_token_id=0, sliding_window=200, rope_theta=10000.0)
+        config = transformers.Phi3Config(**{"sliding_window": 200, **common}, pad_token_id=0, rope_theta=10000.0)
         model = transformers.Phi3ForCausalLM(config)
     else:
         raise ValueError(f"no tiny model of kind {kind!r}")
