@@ -1,4 +1,4 @@
-"""Model families beyond Llama/Qwen2 (Qwen3, Phi-3): tiny random transformers models saved as safetensors
+"""Model families beyond Llama/Qwen2 (Qwen3, Phi-3, Gemma 3): tiny random transformers models saved as safetensors
 folders, loaded by graphpool; logits, paged decode and the engine's greedy tokens equal transformers'."""
 
 from __future__ import annotations
@@ -14,22 +14,24 @@ from graphpool.engine.config import EngineConfig
 from graphpool.engine.engine import LLMEngine
 from graphpool.model import AttentionMetadata, ModelConfig, load_model
 from graphpool.model.families import build_model, model_class
-from graphpool.model.parallel import shard_model
+from graphpool.model.gemma3 import Gemma3Model
+from graphpool.model.parallel import check_shardable, shard_model
 from graphpool.model.qwen3 import Qwen3Model
 from graphpool.model.tp_group import TPGroup
 from graphpool.model.weights import init_random_weights
 from graphpool.pool.testing import EagerCapturer
 from model_reference import hf_greedy, paged_greedy, run_waves, tiny_hf_model
 
-FAMILIES = ["qwen3", "phi3"]
+FAMILIES = ["qwen3", "phi3", "gemma3"]
 NEW_TOKENS = 10
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
 def saved(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path, torch.nn.Module]:
-    """(kind, folder, transformers model) of one family, saved once per module (untied lm head)."""
+    """(kind, folder, transformers model) of one family, saved once per module (lm head tied for Gemma,
+    as its checkpoints are, untied otherwise)."""
     folder = tmp_path_factory.mktemp(request.param)
-    hf = tiny_hf_model(request.param, tied=False)
+    hf = tiny_hf_model(request.param, tied=request.param == "gemma3")
     hf.save_pretrained(folder, safe_serialization=True)
     return request.param, folder, hf
 
@@ -42,6 +44,14 @@ def test_config_reads_the_family(saved: tuple[str, Path, torch.nn.Module]) -> No
         assert cfg.family == "qwen3" and cfg.head_dim == 32 and cfg.q_size == 128 != cfg.hidden_size
         assert cfg.sliding_window is None  # use_sliding_window is off
         assert model_class(cfg) is Qwen3Model
+    elif kind == "gemma3":
+        assert cfg.family == "gemma3" and model_class(cfg) is Gemma3Model and cfg.tie_word_embeddings
+        assert cfg.local_layers == (0, 1) and cfg.local_rope_theta == 1e4 and cfg.rope_theta == 1e6
+        assert cfg.rope_freq_factors == (8.0,) * 16 and cfg.query_pre_attn_scalar == 24 and cfg.sliding_window == 128
+        with pytest.raises(ValueError, match="sliding window of 128"):
+            load_model(folder, max_positions=129)
+        with pytest.raises(ValueError, match="tensor parallel does not support Gemma 3"):
+            check_shardable(cfg, 2)
     else:
         assert cfg.family == "llama" and cfg.head_dim == 16 and cfg.sliding_window == 200
 
@@ -50,6 +60,7 @@ def test_logits_and_paged_decode_equal_transformers(saved: tuple[str, Path, torc
     kind, folder, hf = saved
     model, cfg, _ = load_model(folder, dtype=torch.float32)
     assert isinstance(model, Qwen3Model) == (kind == "qwen3")
+    assert isinstance(model, Gemma3Model) == (kind == "gemma3")
     # every parameter counted (and loaded: load_model checks that every one was written)
     assert cfg.num_params == sum(p.numel() for p in model.parameters())
     ids = torch.randint(0, cfg.vocab_size, (100,), generator=torch.Generator().manual_seed(1))
@@ -113,8 +124,28 @@ def test_refused_families_say_why() -> None:
         ModelConfig.from_hf_config({**base, "model_type": "qwen3_moe"})
     with pytest.raises(ValueError, match="partial_rotary_factor"):
         ModelConfig.from_hf_config({**base, "model_type": "phi3", "partial_rotary_factor": 0.75})
+    with pytest.raises(ValueError, match="multimodal Gemma 3"):
+        ModelConfig.from_hf_config({**base, "model_type": "gemma3"})
+    with pytest.raises(ValueError, match="final_logit_softcapping"):
+        ModelConfig.from_hf_config({**base, "model_type": "gemma3_text", "final_logit_softcapping": 30.0})
     with pytest.raises(ValueError, match="hidden_act"):
         ModelConfig.from_hf_config({**base, "model_type": "qwen3", "hidden_act": "gelu"})
     with pytest.raises(ValueError, match="family"):
         ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=1, num_heads=4,
                     num_kv_heads=2, head_dim=8, family="gemma")
+
+
+def test_gemma3_1b_config_as_published() -> None:
+    """google/gemma-3-1b-it's config.json (transformers 4.x layout): every 6th layer global, the rest local."""
+    cfg = ModelConfig.from_hf_config({
+        "model_type": "gemma3_text", "attn_logit_softcapping": None, "final_logit_softcapping": None,
+        "bos_token_id": 2, "eos_token_id": [1, 106], "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh",
+        "hidden_size": 1152, "intermediate_size": 6912, "max_position_embeddings": 32768, "num_attention_heads": 4,
+        "num_hidden_layers": 26, "num_key_value_heads": 1, "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-6,
+        "rope_local_base_freq": 10000, "rope_scaling": None, "rope_theta": 1000000, "sliding_window": 512,
+        "sliding_window_pattern": 6, "vocab_size": 262144,
+    })
+    assert set(range(26)) - set(cfg.local_layers) == {5, 11, 17, 23}
+    assert (cfg.rope_theta, cfg.local_rope_theta, cfg.rope_freq_factors) == (1e6, 1e4, None)
+    assert cfg.sliding_window == 512 and cfg.tie_word_embeddings and cfg.eos_token_ids == (1, 106)
+    assert 0.99e9 < cfg.num_params < 1.01e9, cfg.num_params

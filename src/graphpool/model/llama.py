@@ -90,8 +90,9 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    # NOTE: a family with its own attention (model/qwen3.py) subclasses the layer and names it here
+    # NOTE: a family with its own attention or MLP (model/qwen3.py) subclasses the layer and names them here
     attention_cls: type[LlamaAttention] = LlamaAttention
+    mlp_cls: type[SwiGLU] = SwiGLU
 
     def __init__(
         self,
@@ -105,7 +106,7 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, device, dtype)
         self.self_attn = self.attention_cls(config, rotary, ops, device, dtype)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, device, dtype)
-        self.mlp = SwiGLU(config, device, dtype, ops)
+        self.mlp = self.mlp_cls(config, device, dtype, ops)
         self.ops = ops
 
     def forward(
@@ -217,12 +218,20 @@ class LlamaModel(nn.Module):
     def lm_head_weight(self) -> torch.Tensor:
         return self.embed_tokens.weight if self.lm_head is None else self.lm_head
 
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.embed_tokens(input_ids)
+
+    def from_checkpoint(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        """A checkpoint tensor as this model stores it (the weight loader's hook: a family may store it in
+        another form, computed once)."""
+        return tensor
+
     def forward(
         self, input_ids: torch.Tensor, meta: AttentionMetadata, kv_caches: Sequence[KVCache]
     ) -> torch.Tensor:
         if len(kv_caches) != len(self.layers):
             raise ValueError(f"expected {len(self.layers)} per-layer KV caches, got {len(kv_caches)}")
-        x, residual = self.embed_tokens(input_ids), None
+        x, residual = self.embed(input_ids), None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             x, residual = layer(x, residual, meta, kv_cache)
         assert residual is not None
@@ -239,7 +248,7 @@ class LlamaModel(nn.Module):
         if len(kv_caches) != len(self.layers):
             raise ValueError(f"expected {len(self.layers)} per-layer KV caches, got {len(kv_caches)}")
         live = [i for i, (ids, _) in enumerate(microbatches) if ids.shape[0]]
-        xs = {i: self.embed_tokens(microbatches[i][0]) for i in live}
+        xs = {i: self.embed(microbatches[i][0]) for i in live}
         residuals: dict[int, torch.Tensor | None] = dict.fromkeys(live)
         pending = {i: DONE for i in live}
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
