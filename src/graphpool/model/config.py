@@ -25,7 +25,7 @@ _HF_MODEL_TYPES = {
 FAMILIES = ("llama", "qwen3", "gemma3")
 # NOTE: types users ask for that graphpool refuses, with why (the generic "unsupported" would hide it)
 _REFUSED_MODEL_TYPES = {
-    "gemma": "Gemma's (1+w) norms and GeLU MLP are not implemented",
+    "gemma": "the first Gemma's layer layout is not implemented (Gemma 3's, gemma3_text, is)",
     "gemma2": "Gemma 2's attention logit soft-capping is not implemented by graphpool's attention kernels",
     "gemma3": "the multimodal Gemma 3 (Gemma3ForConditionalGeneration) is not; its text-only form (gemma3_text, "
               "as gemma-3-1b) is",
