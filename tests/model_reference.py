@@ -80,10 +80,12 @@ TINY_HF_ROPE_SCALING = {
 }
 
 
-def tiny_hf_model(kind: str, tied: bool) -> torch.nn.Module:
-    """A tiny random transformers model in eval mode: "llama" (Llama-3 rope scaling) or "qwen2" (q/k/v bias),
-    2 layers, hidden 64, 4 query / 2 KV heads, vocab 300; weights seeded (torch.manual_seed(0))."""
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+def tiny_hf_model(kind: str, tied: bool, **overrides: Any) -> torch.nn.Module:
+    """A tiny random transformers model in eval mode: "llama" (Llama-3 rope scaling), "qwen2" (q/k/v bias),
+    "qwen3" (q/k norms, head_dim 32 != hidden / heads), "phi3" (fused q/k/v and gate/up weights, a sliding
+    window of 200) or "gemma3" (gemma3_text, 3 layers, a window of 128); 2 layers, hidden 64, 4 query / 2 KV heads, vocab 300, or the config fields in `overrides`;
+    weights seeded (torch.manual_seed(0))."""
+    import transformers
 
     common = {
         "vocab_size": 300,
@@ -97,14 +99,31 @@ def tiny_hf_model(kind: str, tied: bool) -> torch.nn.Module:
         "tie_word_embeddings": tied,
         "bos_token_id": 1,
         "eos_token_id": 2,
+        **overrides,
     }
     torch.manual_seed(0)
     model: torch.nn.Module
     if kind == "llama":
         scaling = {"rope_type": "llama3", **TINY_HF_ROPE_SCALING}
-        model = LlamaForCausalLM(LlamaConfig(**common, rope_theta=10000.0, rope_scaling=scaling))
+        config = transformers.LlamaConfig(**common, rope_theta=10000.0, rope_scaling=scaling)
+        model = transformers.LlamaForCausalLM(config)
+    elif kind == "qwen2":
+        model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**common, rope_theta=1e6))
+    elif kind == "qwen3":
+        model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**{"head_dim": 32, **common}, rope_theta=1e6))
+    elif kind == "phi3":
+        config = transformers.Phi3Config(**{"sliding_window": 200, **common}, pad_token_id=0, rope_theta=10000.0)
+        model = transformers.Phi3ForCausalLM(config)
+    elif kind == "gemma3":
+        # 3 layers: sliding, sliding, full (pattern 3); linear rope scaling on the full layer
+        rope = {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6}}
+        fields = {"head_dim": 32, "sliding_window": 128, "query_pre_attn_scalar": 24, **common, "num_hidden_layers": 3}
+        config = transformers.Gemma3TextConfig(**fields, layer_types=["sliding_attention"] * 2 + ["full_attention"],
+                                               rope_parameters=rope, pad_token_id=0)
+        model = transformers.Gemma3ForCausalLM(config)
     else:
-        model = Qwen2ForCausalLM(Qwen2Config(**common, rope_theta=1e6))
+        raise ValueError(f"no tiny model of kind {kind!r}")
     # bigger-than-default weights (and nonzero biases) so that a wrong layout cannot hide behind tiny values
     with torch.no_grad():
         for name, p in model.named_parameters():

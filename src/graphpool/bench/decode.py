@@ -15,6 +15,7 @@ import torch
 
 from graphpool.engine.decode_step import decode_forward, decode_input_specs, decode_step
 from graphpool.model.config import ModelConfig
+from graphpool.model.families import build_model
 from graphpool.model.llama import LlamaModel
 from graphpool.model.ops import default_attn_backend
 from graphpool.model.presets import get_preset
@@ -36,7 +37,7 @@ def build_random_model(
     """A model with seeded random weights at a preset's real shapes (or at an explicit config's)."""
     cfg = get_preset(model.removeprefix("random:")) if isinstance(model, str) else model
     backend = default_attn_backend(attn_backend, device)
-    m = LlamaModel(cfg, device=device, dtype=dtype, attn_backend=backend, max_positions=max_positions)
+    m = build_model(cfg, device=device, dtype=dtype, attn_backend=backend, max_positions=max_positions)
     init_random_weights(m, seed=0)
     return m.eval()
 

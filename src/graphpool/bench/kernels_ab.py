@@ -80,8 +80,8 @@ def _order(round_: int) -> tuple[str, str]:
 
 def with_kernels_off(model: LlamaModel, off: tuple[str, ...]) -> LlamaModel:
     """A model over `model`'s weights (shared, not copied) whose operations have the kernel switches `off` off."""
-    twin = LlamaModel(model.config, device=model.device, dtype=model.dtype, attn_backend=model.attn_backend,
-                      max_positions=model.max_positions, disabled_kernels=off)  # fmt: skip
+    twin = type(model)(model.config, device=model.device, dtype=model.dtype, attn_backend=model.attn_backend,
+                        max_positions=model.max_positions, disabled_kernels=off)  # fmt: skip
     twin.load_state_dict(model.state_dict(), assign=True)
     return twin.eval()
 

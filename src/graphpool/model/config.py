@@ -1,4 +1,5 @@
-"""Model configuration: one frozen dataclass for the Llama family (Llama 3.x, SmolLM2, Qwen2.x)."""
+"""Model configuration: one frozen dataclass for the Llama-shaped families (Llama 3.x, SmolLM2, Qwen2.x, Qwen3,
+Mistral, Phi-3, Gemma 3 text)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,31 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-# NOTE: Qwen2 differs from Llama only by its q/k/v bias; Mistral is Llama-shaped up to its sliding window.
-_HF_MODEL_TYPES = {"llama": False, "qwen2": True, "mistral": False}
+from graphpool.model.gemma3_config import gemma3_fields
+
+# NOTE: model_type -> (q/k/v bias, decoder family). Qwen2 differs from Llama only by its q/k/v bias; Mistral
+# is Llama-shaped up to its sliding window; Phi-3 only fuses q/k/v and gate/up in its checkpoint (our layout).
+_HF_MODEL_TYPES = {
+    "llama": (False, "llama"),
+    "qwen2": (True, "llama"),
+    "mistral": (False, "llama"),
+    "phi3": (False, "llama"),
+    "qwen3": (False, "qwen3"),
+    "gemma3_text": (False, "gemma3"),
+}
+# decoder families (model/families.py: their module classes); "qwen3": per-head q/k RMSNorm before rotary;
+# "gemma3": Qwen3's attention plus Gemma's norms, GeLU MLP, embedding scale and two rotary bases
+FAMILIES = ("llama", "qwen3", "gemma3")
+# NOTE: types users ask for that graphpool refuses, with why (the generic "unsupported" would hide it)
+_REFUSED_MODEL_TYPES = {
+    "gemma": "the first Gemma's layer layout is not implemented (Gemma 3's, gemma3_text, is)",
+    "gemma2": "Gemma 2's attention logit soft-capping is not implemented by graphpool's attention kernels",
+    "gemma3": "the multimodal Gemma 3 (Gemma3ForConditionalGeneration) is not; its text-only form (gemma3_text, "
+              "as gemma-3-1b) is",
+    "qwen2_moe": "mixture-of-experts layers are not implemented",
+    "qwen3_moe": "mixture-of-experts layers are not implemented",
+    "mixtral": "mixture-of-experts layers are not implemented",
+}
 _GGUF_ARCHS = {"llama": False, "qwen2": True}
 
 
@@ -56,8 +80,21 @@ class ModelConfig:
     # attention over the last N tokens only (Mistral; Qwen2 with use_sliding_window): graphpool attends over
     # the whole context, so it equals such a model only up to N tokens and refuses a longer max_model_len
     sliding_window: int | None = None
+    # the decoder's module classes (one of FAMILIES): the same weights mean a different network per family
+    family: str = "llama"
+    # Gemma 3: attention scaled by query_pre_attn_scalar ** -0.5 (not head_dim's); the sliding-window layers
+    # (local_layers) rotate with their own base local_rope_theta, unscaled
+    query_pre_attn_scalar: float | None = None
+    local_rope_theta: float | None = None
+    local_layers: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
+        if self.family not in FAMILIES:
+            raise ValueError(f"ModelConfig.family must be one of {FAMILIES}, got {self.family!r}")
+        if (self.family == "gemma3") != (self.query_pre_attn_scalar is not None and self.local_rope_theta is not None):
+            raise ValueError("query_pre_attn_scalar and local_rope_theta are Gemma 3's, and it needs both")
+        if any(not 0 <= i < self.num_layers for i in self.local_layers):
+            raise ValueError(f"local_layers must be layer indices below {self.num_layers}, got {self.local_layers}")
         for name in (
             "vocab_size",
             "hidden_size",
@@ -107,6 +144,8 @@ class ModelConfig:
             attn += self.q_size + 2 * self.kv_size
         mlp = 3 * self.hidden_size * self.intermediate_size
         layer = attn + mlp + 2 * self.hidden_size
+        if self.family != "llama":  # q/k norms; Gemma's pre/post feed-forward norms
+            layer += 2 * self.head_dim + (2 * self.hidden_size if self.family == "gemma3" else 0)
         embed = self.vocab_size * self.hidden_size * (1 if self.tie_word_embeddings else 2)
         return self.num_layers * layer + embed + self.hidden_size
 
@@ -114,6 +153,9 @@ class ModelConfig:
     def from_hf_config(cls, cfg: Mapping[str, Any]) -> ModelConfig:
         """From a Hugging Face `config.json` dict (transformers 4.x `rope_scaling` or 5.x `rope_parameters`)."""
         model_type = cfg.get("model_type")
+        if model_type in _REFUSED_MODEL_TYPES:
+            raise ValueError(f"unsupported model_type {model_type!r}: {_REFUSED_MODEL_TYPES[model_type]}; graphpool "
+                             f"runs {sorted(_HF_MODEL_TYPES)} models")
         if model_type not in _HF_MODEL_TYPES:
             raise ValueError(
                 f"unsupported model_type {model_type!r}: graphpool runs {sorted(_HF_MODEL_TYPES)} models"
@@ -124,6 +166,12 @@ class ModelConfig:
             raise ValueError(f"quantized checkpoints are not supported (quantization_config: {method}): graphpool "
                              "loads bf16/fp16/fp32 safetensors; use the unquantized model")
         hidden, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
+        bias, family = _HF_MODEL_TYPES[model_type]
+        head_dim = int(cfg.get("head_dim") or hidden // heads)
+        gemma: dict[str, Any] = {}
+        if family == "gemma3":  # its own rotary and activation fields, read here; the generic reading skips them
+            gemma = gemma3_fields(cfg, head_dim)
+            cfg = {**cfg, "rope_parameters": None, "rope_scaling": None, "hidden_act": "silu"}
         rope = dict(cfg.get("rope_parameters") or {})
         if cfg.get("rope_scaling"):
             rope.update(cfg["rope_scaling"])
@@ -144,20 +192,26 @@ class ModelConfig:
             () if eos is None else (tuple(int(e) for e in eos) if isinstance(eos, list) else (int(eos),))
         )
         bos = cfg.get("bos_token_id")
-        attention_bias = _HF_MODEL_TYPES[model_type] or bool(cfg.get("attention_bias", False))
+        attention_bias = bias or bool(cfg.get("attention_bias", False))
         if cfg.get("mlp_bias"):
             raise ValueError("mlp_bias=True is not supported")
+        act = cfg.get("hidden_act", "silu")
+        if act != "silu":
+            raise ValueError(f"hidden_act {act!r} is not supported (graphpool's MLP is SwiGLU: silu)")
+        rotary_fraction = float(rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0)))
+        if rotary_fraction != 1.0:
+            raise ValueError(f"partial_rotary_factor {rotary_fraction} is not supported (rotary over whole heads only)")
         window = cfg.get("sliding_window")
-        if model_type == "qwen2" and not cfg.get("use_sliding_window", False):
+        if model_type in ("qwen2", "qwen3") and not cfg.get("use_sliding_window", False):
             window = None
-        return cls(
+        fields: dict[str, Any] = dict(
             vocab_size=int(cfg["vocab_size"]),
             hidden_size=hidden,
             intermediate_size=int(cfg["intermediate_size"]),
             num_layers=int(cfg["num_hidden_layers"]),
             num_heads=heads,
             num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
-            head_dim=int(cfg.get("head_dim") or hidden // heads),
+            head_dim=head_dim,
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
             rope_theta=theta,
             rope_scaling=scaling,
@@ -167,7 +221,9 @@ class ModelConfig:
             eos_token_ids=eos_ids,
             attention_bias=attention_bias,
             sliding_window=None if window is None else int(window),
+            family=family,
         )
+        return cls(**(fields | gemma))
 
     @classmethod
     def from_gguf_metadata(

@@ -90,6 +90,10 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
+    # NOTE: a family with its own attention or MLP (model/qwen3.py) subclasses the layer and names them here
+    attention_cls: type[LlamaAttention] = LlamaAttention
+    mlp_cls: type[SwiGLU] = SwiGLU
+
     def __init__(
         self,
         config: ModelConfig,
@@ -100,9 +104,9 @@ class LlamaDecoderLayer(nn.Module):
     ) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, device, dtype)
-        self.self_attn = LlamaAttention(config, rotary, ops, device, dtype)
+        self.self_attn = self.attention_cls(config, rotary, ops, device, dtype)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, device, dtype)
-        self.mlp = SwiGLU(config, device, dtype, ops)
+        self.mlp = self.mlp_cls(config, device, dtype, ops)
         self.ops = ops
 
     def forward(
@@ -144,8 +148,11 @@ class LlamaModel(nn.Module):
     Parameters are allocated uninitialised on `device` in `dtype`; a loader fills them. `attn_backend`
     picks the operations (`ModelOps`): "torch" (reference) or "triton" (graphpool.kernels on CUDA; falls back
     to torch with a warning where unavailable), with the kernel switches named in `disabled_kernels` off
-    (`kernels/switches.py`). `ops` overrides the choice (tests).
+    (`kernels/switches.py`). `ops` overrides the choice (tests). A family's subclass names its layer in
+    `layer_cls` (model/families.py picks the class of a config).
     """
+
+    layer_cls: type[LlamaDecoderLayer] = LlamaDecoderLayer
 
     def __init__(
         self,
@@ -190,7 +197,7 @@ class LlamaModel(nn.Module):
         # NOTE: one rotary cache shared by all layers (a buffer, never reallocated per step).
         self.rotary = RotaryEmbedding(config, self.max_positions, device)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, self.rotary, self.ops, device, dtype) for _ in range(config.num_layers)
+            self.layer_cls(config, self.rotary, self.ops, device, dtype) for _ in range(config.num_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, device, dtype)
         # NOTE: a tensor-parallel shard (model.parallel.shard_model) holds its rank's KV heads and vocab rows
@@ -211,12 +218,20 @@ class LlamaModel(nn.Module):
     def lm_head_weight(self) -> torch.Tensor:
         return self.embed_tokens.weight if self.lm_head is None else self.lm_head
 
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.embed_tokens(input_ids)
+
+    def from_checkpoint(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        """A checkpoint tensor as this model stores it (the weight loader's hook: a family may store it in
+        another form, computed once)."""
+        return tensor
+
     def forward(
         self, input_ids: torch.Tensor, meta: AttentionMetadata, kv_caches: Sequence[KVCache]
     ) -> torch.Tensor:
         if len(kv_caches) != len(self.layers):
             raise ValueError(f"expected {len(self.layers)} per-layer KV caches, got {len(kv_caches)}")
-        x, residual = self.embed_tokens(input_ids), None
+        x, residual = self.embed(input_ids), None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             x, residual = layer(x, residual, meta, kv_cache)
         assert residual is not None
@@ -233,7 +248,7 @@ class LlamaModel(nn.Module):
         if len(kv_caches) != len(self.layers):
             raise ValueError(f"expected {len(self.layers)} per-layer KV caches, got {len(kv_caches)}")
         live = [i for i, (ids, _) in enumerate(microbatches) if ids.shape[0]]
-        xs = {i: self.embed_tokens(microbatches[i][0]) for i in live}
+        xs = {i: self.embed(microbatches[i][0]) for i in live}
         residuals: dict[int, torch.Tensor | None] = dict.fromkeys(live)
         pending = {i: DONE for i in live}
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from graphpool.model.config import ModelConfig
+from graphpool.model.families import build_model
 from graphpool.model.gguf_loader import (
     default_gguf_path,
     gguf_config,
@@ -109,7 +110,7 @@ def load_model(
               "max_positions": max_positions, "disabled_kernels": disabled_kernels}
     source = model_source(name_or_path, revision=revision, download_dir=download_dir)
     if isinstance(source, ModelConfig):
-        model = LlamaModel(source, **kwargs)
+        model = build_model(source, **kwargs)
         init_random_weights(model, seed=seed)
         return model.eval(), source, None
     kind, path = source
@@ -123,7 +124,7 @@ def _load_gguf(path: Path, **kwargs: object) -> tuple[LlamaModel, ModelConfig, T
     config = gguf_config(reader)
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="gguf-tokenizer") as pool:
         tokenizer = pool.submit(_gguf_tokenizer, reader, path, config) if gguf_has_tokenizer(reader) else None
-        model = LlamaModel(config, **kwargs)  # type: ignore[arg-type]
+        model = build_model(config, **kwargs)
         loader = WeightLoader(model)
         for name, tensor in iter_gguf_weights(reader, config, model.device):
             loader.load(name, tensor)
@@ -142,7 +143,7 @@ def _load_hf_folder(folder: Path, **kwargs: object) -> tuple[LlamaModel, ModelCo
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise ValueError(f"{folder} has a config.json but no *.safetensors weights")
-    model = LlamaModel(config, **kwargs)  # type: ignore[arg-type]
+    model = build_model(config, **kwargs)
     loader = WeightLoader(model)
     for file in files:
         with safe_open(str(file), framework="pt", device="cpu") as f:

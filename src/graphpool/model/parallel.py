@@ -47,7 +47,11 @@ class VocabParallelEmbedding(nn.Module):
 
 
 def check_shardable(config: ModelConfig, world_size: int) -> None:
-    """ValueError unless the heads, KV heads and MLP width divide evenly over `world_size` ranks."""
+    """ValueError unless the heads, KV heads and MLP width divide evenly over `world_size` ranks (and the
+    family shards at all)."""
+    if world_size > 1 and config.family == "gemma3":
+        # NOTE: Gemma 3 norms each attention and MLP output, a whole sum, where a rank holds a partial one
+        raise ValueError("tensor parallel does not support Gemma 3 models: run them with tensor_parallel_size 1")
     for name in ("num_heads", "num_kv_heads", "intermediate_size"):
         value = getattr(config, name)
         if value % world_size:

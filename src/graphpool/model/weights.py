@@ -24,6 +24,13 @@ _PLAIN = {
     "mlp.down_proj",
     "input_layernorm",
     "post_attention_layernorm",
+    # NOTE: Phi-3 checkpoints hold q/k/v and gate/up fused, in our fused layers' row order
+    "self_attn.qkv_proj",
+    "mlp.gate_up_proj",
+    "self_attn.q_norm",  # Qwen3's per-head norms
+    "self_attn.k_norm",
+    "pre_feedforward_layernorm",  # Gemma 3's norms around the MLP
+    "post_feedforward_layernorm",
 }
 # buffers some checkpoints carry that the model recomputes
 _IGNORED = re.compile(r"(rotary_emb\.inv_freq|\.masked_bias|\.attn\.bias)$")
@@ -41,6 +48,7 @@ class WeightLoader:
     def load(self, name: str, tensor: torch.Tensor) -> None:
         if _IGNORED.search(name):
             return
+        tensor = self.model.from_checkpoint(name, tensor)
         if name == "lm_head.weight":
             if self.model.lm_head is None:
                 return  # tied: the head is the embedding

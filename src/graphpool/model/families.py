@@ -1,0 +1,24 @@
+"""Which module classes build a config's decoder (`ModelConfig.family`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from graphpool.model.config import FAMILIES, ModelConfig
+from graphpool.model.gemma3 import Gemma3Model
+from graphpool.model.llama import LlamaModel
+from graphpool.model.qwen3 import Qwen3Model
+
+__all__ = ["build_model", "model_class"]
+
+_CLASSES: dict[str, type[LlamaModel]] = {"llama": LlamaModel, "qwen3": Qwen3Model, "gemma3": Gemma3Model}
+assert set(_CLASSES) == set(FAMILIES), "every family of ModelConfig has its model class"
+
+
+def model_class(config: ModelConfig) -> type[LlamaModel]:
+    return _CLASSES[config.family]
+
+
+def build_model(config: ModelConfig, **kwargs: Any) -> LlamaModel:
+    """The config's model (`LlamaModel` or a family's subclass), parameters uninitialised: see `LlamaModel`."""
+    return model_class(config)(config, **kwargs)

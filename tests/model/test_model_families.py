@@ -1,0 +1,151 @@
+"""Model families beyond Llama/Qwen2 (Qwen3, Phi-3, Gemma 3): tiny random transformers models saved as safetensors
+folders, loaded by graphpool; logits, paged decode and the engine's greedy tokens equal transformers'."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from gloo_ranks import run_ranks
+from graphpool.engine.config import EngineConfig
+from graphpool.engine.engine import LLMEngine
+from graphpool.model import AttentionMetadata, ModelConfig, load_model
+from graphpool.model.families import build_model, model_class
+from graphpool.model.gemma3 import Gemma3Model
+from graphpool.model.parallel import check_shardable, shard_model
+from graphpool.model.qwen3 import Qwen3Model
+from graphpool.model.tp_group import TPGroup
+from graphpool.model.weights import init_random_weights
+from graphpool.pool.testing import EagerCapturer
+from model_reference import hf_greedy, paged_greedy, run_waves, tiny_hf_model
+
+FAMILIES = ["qwen3", "phi3", "gemma3"]
+NEW_TOKENS = 10
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def saved(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path, torch.nn.Module]:
+    """(kind, folder, transformers model) of one family, saved once per module (lm head tied for Gemma,
+    as its checkpoints are, untied otherwise)."""
+    folder = tmp_path_factory.mktemp(request.param)
+    hf = tiny_hf_model(request.param, tied=request.param == "gemma3")
+    hf.save_pretrained(folder, safe_serialization=True)
+    return request.param, folder, hf
+
+
+def test_config_reads_the_family(saved: tuple[str, Path, torch.nn.Module]) -> None:
+    kind, folder, _ = saved
+    cfg = ModelConfig.from_hf_config(json.loads((folder / "config.json").read_text()))
+    assert not cfg.attention_bias
+    if kind == "qwen3":
+        assert cfg.family == "qwen3" and cfg.head_dim == 32 and cfg.q_size == 128 != cfg.hidden_size
+        assert cfg.sliding_window is None  # use_sliding_window is off
+        assert model_class(cfg) is Qwen3Model
+    elif kind == "gemma3":
+        assert cfg.family == "gemma3" and model_class(cfg) is Gemma3Model and cfg.tie_word_embeddings
+        assert cfg.local_layers == (0, 1) and cfg.local_rope_theta == 1e4 and cfg.rope_theta == 1e6
+        assert cfg.rope_freq_factors == (8.0,) * 16 and cfg.query_pre_attn_scalar == 24 and cfg.sliding_window == 128
+        with pytest.raises(ValueError, match="sliding window of 128"):
+            load_model(folder, max_positions=129)
+        with pytest.raises(ValueError, match="tensor parallel does not support Gemma 3"):
+            check_shardable(cfg, 2)
+    else:
+        assert cfg.family == "llama" and cfg.head_dim == 16 and cfg.sliding_window == 200
+
+
+def test_logits_and_paged_decode_equal_transformers(saved: tuple[str, Path, torch.nn.Module]) -> None:
+    kind, folder, hf = saved
+    model, cfg, _ = load_model(folder, dtype=torch.float32)
+    assert isinstance(model, Qwen3Model) == (kind == "qwen3")
+    assert isinstance(model, Gemma3Model) == (kind == "gemma3")
+    # every parameter counted (and loaded: load_model checks that every one was written)
+    assert cfg.num_params == sum(p.numel() for p in model.parameters())
+    ids = torch.randint(0, cfg.vocab_size, (100,), generator=torch.Generator().manual_seed(1))
+    kv = model.allocate_kv_caches(8, 16)
+    meta = AttentionMetadata(True, torch.arange(100), torch.arange(100) + 16, seq_lens=[100])
+    with torch.no_grad():
+        ours = model.compute_logits(model(ids, meta, kv))
+        ref = hf(ids[None]).logits[0].float()
+    torch.testing.assert_close(ours, ref, atol=1e-4, rtol=1e-4)
+    prompts = [ids[:20].tolist(), ids[30:37].tolist()]
+    got = paged_greedy(model, prompts, NEW_TOKENS, block_size=4)
+    assert got == [hf_greedy(hf, p, NEW_TOKENS) for p in prompts]
+
+
+def test_engine_greedy_through_graphs_equals_transformers(saved: tuple[str, Path, torch.nn.Module]) -> None:
+    """The engine on the CPU, decode through its graph path (a CPU stand-in capturer: static buffers,
+    padded rows, replays), float32: token for token transformers' greedy continuation."""
+    _, folder, hf = saved
+    gen = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(0, 300, (n,), generator=gen).tolist() for n in (3, 11, 26, 40)]
+    capturer = EagerCapturer()
+    config = EngineConfig(model=str(folder), device="cpu", dtype="float32", max_model_len=128, num_kv_blocks=64,
+                          graph_miss_policy="capture", graph_warmup="none")
+    engine = LLMEngine(config, capturer=capturer)
+    got = run_waves(engine, prompts, [[0, 1, 2], [3]], NEW_TOKENS)
+    stats = engine.graph_stats()
+    assert stats is not None and stats.captures >= 1 and stats.hits + stats.padded_hits > 0, stats
+    for i, p in enumerate(prompts):
+        assert got[f"r{i}"] == hf_greedy(hf, p, NEW_TOKENS), i
+
+
+def _qwen3_logits(rank: int, world: int) -> torch.Tensor:
+    """Prefill logits of a small random Qwen3 (q/k norm weights not all ones) on this rank's shard."""
+    cfg = ModelConfig(vocab_size=101, hidden_size=64, intermediate_size=96, num_layers=2, num_heads=4,
+                      num_kv_heads=2, head_dim=32, family="qwen3")
+    model = build_model(cfg, max_positions=32)
+    init_random_weights(model, seed=3)
+    with torch.no_grad():
+        for layer in model.layers:
+            layer.self_attn.q_norm.weight.uniform_(0.5, 1.5, generator=torch.Generator().manual_seed(4))
+            layer.self_attn.k_norm.weight.uniform_(0.5, 1.5, generator=torch.Generator().manual_seed(5))
+    shard_model(model, TPGroup(rank, world))
+    kv = model.allocate_kv_caches(4, 4)
+    meta = AttentionMetadata(True, torch.arange(6), torch.arange(4, 10), seq_lens=[6])
+    with torch.inference_mode():
+        return model.compute_logits(model(torch.tensor([5, 17, 90, 100, 3, 64]), meta, kv))
+
+
+def test_qwen3_two_shards_give_the_logits_of_the_whole_model() -> None:
+    want = _qwen3_logits(0, 1)
+    for got in run_ranks(_qwen3_logits, 2):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_refused_families_say_why() -> None:
+    base = {"vocab_size": 300, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+            "num_attention_heads": 4}
+    with pytest.raises(ValueError, match="soft-capping"):
+        ModelConfig.from_hf_config({**base, "model_type": "gemma2"})
+    with pytest.raises(ValueError, match="mixture-of-experts"):
+        ModelConfig.from_hf_config({**base, "model_type": "qwen3_moe"})
+    with pytest.raises(ValueError, match="partial_rotary_factor"):
+        ModelConfig.from_hf_config({**base, "model_type": "phi3", "partial_rotary_factor": 0.75})
+    with pytest.raises(ValueError, match="multimodal Gemma 3"):
+        ModelConfig.from_hf_config({**base, "model_type": "gemma3"})
+    with pytest.raises(ValueError, match="final_logit_softcapping"):
+        ModelConfig.from_hf_config({**base, "model_type": "gemma3_text", "final_logit_softcapping": 30.0})
+    with pytest.raises(ValueError, match="hidden_act"):
+        ModelConfig.from_hf_config({**base, "model_type": "qwen3", "hidden_act": "gelu"})
+    with pytest.raises(ValueError, match="family"):
+        ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=1, num_heads=4,
+                    num_kv_heads=2, head_dim=8, family="gemma")
+
+
+def test_gemma3_1b_config_as_published() -> None:
+    """google/gemma-3-1b-it's config.json (transformers 4.x layout): every 6th layer global, the rest local."""
+    cfg = ModelConfig.from_hf_config({
+        "model_type": "gemma3_text", "attn_logit_softcapping": None, "final_logit_softcapping": None,
+        "bos_token_id": 2, "eos_token_id": [1, 106], "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh",
+        "hidden_size": 1152, "intermediate_size": 6912, "max_position_embeddings": 32768, "num_attention_heads": 4,
+        "num_hidden_layers": 26, "num_key_value_heads": 1, "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-6,
+        "rope_local_base_freq": 10000, "rope_scaling": None, "rope_theta": 1000000, "sliding_window": 512,
+        "sliding_window_pattern": 6, "vocab_size": 262144,
+    })
+    assert set(range(26)) - set(cfg.local_layers) == {5, 11, 17, 23}
+    assert (cfg.rope_theta, cfg.local_rope_theta, cfg.rope_freq_factors) == (1e6, 1e4, None)
+    assert cfg.sliding_window == 512 and cfg.tie_word_embeddings and cfg.eos_token_ids == (1, 106)
+    assert 0.99e9 < cfg.num_params < 1.01e9, cfg.num_params
