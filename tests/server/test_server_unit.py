@@ -42,6 +42,8 @@ class Out:
     delta_text: str
     finished: bool
     finish_reason: str | None
+    logprobs: None = None  # the engine's RequestOutput fields the server reads
+    new_logprobs: None = None
 
 
 @dataclass
