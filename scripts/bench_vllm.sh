@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # graphpool's default configuration and vLLM 0.26 side by side on one GPU, greedy and sampled, in one call:
 #   bash scripts/bench_vllm.sh [MODEL]      # MODEL default random:llama3.2-1b (vLLM: /tmp/vllm-models/<preset>)
-# Needs, on the same warm machine: graphpool's staged site (shared/device/README.md: $HOME/gp-site, set up by
-# .carry/on-device.sh) and vLLM installed by shared/device/vllm/README.md (.carry/vllm/bin/install.sh).
+# Needs, on the same machine: graphpool's dependencies importable (PYTHONPATH: the staged site of
+# shared/device/README.md), vLLM installed in $VK_SITE (shared/device/vllm/README.md) and VLLM_ENV, the path of
+# that installer's install.sh, whose `env` mode exports vLLM's variables (offline, no FlashInfer sampler, caches).
 # Each server gets its own PYTHONPATH: graphpool's children this shell's (gp-site + src), the vLLM child only
 # $VK_SITE; bench serve keeps them apart (--vllm-pythonpath). The whole bench is cut at LIMIT_S (SIGINT, then
 # KILL 15 s later); every run is saved as it finishes and the report is rebuilt from what was saved.
@@ -20,19 +21,15 @@ OUT=${OUT:-$PWD/results/serve_vllm}
 VLLM_ARGS=${VLLM_ARGS:---gpu-memory-utilization=0.5}  # as in shared/device/vllm/README.md's serve command
 VK_SITE=${VK_SITE:-/tmp/vllm-site}
 
-if [ -f .carry/on-device.sh ]; then
-  source .carry/on-device.sh ""  # only PYTHONPATH=$HOME/gp-site:$PWD/src and PATH
-else
-  export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
-fi
+export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
 GP_PYTHONPATH=$PYTHONPATH
-if [ ! -f .carry/vllm/bin/install.sh ] || [ ! -d "$VK_SITE/vllm" ]; then
-  echo "bench_vllm.sh: vLLM is not installed here ($VK_SITE/vllm): run the install calls of shared/device/vllm/README.md first" >&2
+if [ ! -d "$VK_SITE/vllm" ] || [ ! -f "${VLLM_ENV:-}" ]; then
+  echo "bench_vllm.sh: needs vLLM in $VK_SITE and VLLM_ENV=<its install.sh> (shared/device/vllm/README.md)" >&2
   exit 2
 fi
-# NOTE: install.sh env exports vLLM's variables (no FlashInfer sampler, offline, caches in /tmp, NVLS off) and
-# prepends its site to PYTHONPATH: the variables stay, PYTHONPATH goes back to graphpool's
-source .carry/vllm/bin/install.sh env
+# NOTE: the installer's env mode exports vLLM's variables and prepends its site to PYTHONPATH: the variables
+# stay, PYTHONPATH goes back to graphpool's (bench serve gives the vLLM child only $VK_SITE)
+source "$VLLM_ENV" env
 export PYTHONPATH=$GP_PYTHONPATH PYTHONUNBUFFERED=1
 rm -rf "$OUT"
 mkdir -p "$OUT"
