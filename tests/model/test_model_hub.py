@@ -112,3 +112,13 @@ def test_mistral_sliding_window_caps_the_context(tmp_path: Path) -> None:
     assert model.max_positions == 64
     with pytest.raises(ValueError, match="sliding window of 64 tokens"):
         load_model(tmp_path, max_positions=128)
+
+
+def test_generation_config_eos_ids_join_the_models(tmp_path: Path) -> None:
+    """An instruct model's turn-end token listed only in generation_config.json still ends generation."""
+    _save_tiny("llama", tmp_path, tied=True)
+    assert model_config(tmp_path).eos_token_ids == (2,)
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 7], "bos_token_id": 1}))
+    assert model_config(tmp_path).eos_token_ids == (2, 7)
+    _, config, _ = load_model(tmp_path)
+    assert config.eos_token_ids == (2, 7)

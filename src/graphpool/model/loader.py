@@ -84,7 +84,7 @@ def model_config(name_or_path: str | Path | None = None, *, revision: str | None
     kind, path = source
     if kind == "gguf":
         return gguf_config(open_gguf(path))
-    return ModelConfig.from_hf_config(json.loads((path / "config.json").read_text()))
+    return hf_folder_config(path)
 
 
 @torch.no_grad()
@@ -136,10 +136,23 @@ def _gguf_tokenizer(reader: Any, path: Path, config: ModelConfig) -> Tokenizer:
     return tokenizer_from_gguf_metadata(gguf_tokenizer_metadata(reader), path, config.eos_token_ids)
 
 
+def hf_folder_config(folder: Path) -> ModelConfig:
+    """config.json, with generation_config.json's end-of-text ids added: instruct models list their turn-end
+    token (e.g. Llama 3's <|eot_id|>) there, and generation must stop on it too."""
+    config = ModelConfig.from_hf_config(json.loads((folder / "config.json").read_text()))
+    gen_path = folder / "generation_config.json"
+    if not gen_path.is_file():
+        return config
+    eos = json.loads(gen_path.read_text()).get("eos_token_id")
+    extra = [] if eos is None else [int(e) for e in (eos if isinstance(eos, list) else [eos])]
+    merged = tuple(dict.fromkeys([*config.eos_token_ids, *extra]))
+    return dataclasses.replace(config, eos_token_ids=merged) if merged != config.eos_token_ids else config
+
+
 def _load_hf_folder(folder: Path, **kwargs: object) -> tuple[LlamaModel, ModelConfig, Tokenizer | None]:
     from safetensors import safe_open
 
-    config = ModelConfig.from_hf_config(json.loads((folder / "config.json").read_text()))
+    config = hf_folder_config(folder)
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise ValueError(f"{folder} has a config.json but no *.safetensors weights")
