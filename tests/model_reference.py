@@ -159,3 +159,16 @@ def run_waves(engine: Any, prompts: Sequence[Sequence[int]], waves: Sequence[Seq
                 if o.finished:
                     out[o.request_id] = o.token_ids
     return out
+
+
+def prefill_logits_match(model: LlamaModel, hf: torch.nn.Module, vocab_size: int) -> torch.Tensor:
+    """One 100-token prefill through the paged model: its logits equal transformers' (float32 tolerance);
+    returns the prompt ids (seeded)."""
+    ids = torch.randint(0, vocab_size, (100,), generator=torch.Generator().manual_seed(1))
+    kv = model.allocate_kv_caches(8, 16)
+    meta = AttentionMetadata(True, torch.arange(100), torch.arange(100) + 16, seq_lens=[100])
+    with torch.no_grad():
+        ours = model.compute_logits(model(ids, meta, kv))
+        ref = hf(ids[None]).logits[0].float()
+    torch.testing.assert_close(ours, ref, atol=1e-4, rtol=1e-4)
+    return ids

@@ -20,7 +20,7 @@ from graphpool.model.qwen3 import Qwen3Model
 from graphpool.model.tp_group import TPGroup
 from graphpool.model.weights import init_random_weights
 from graphpool.pool.testing import EagerCapturer
-from model_reference import hf_greedy, paged_greedy, run_waves, tiny_hf_model
+from model_reference import hf_greedy, paged_greedy, prefill_logits_match, run_waves, tiny_hf_model
 
 FAMILIES = ["qwen3", "phi3", "gemma3"]
 NEW_TOKENS = 10
@@ -63,13 +63,7 @@ def test_logits_and_paged_decode_equal_transformers(saved: tuple[str, Path, torc
     assert isinstance(model, Gemma3Model) == (kind == "gemma3")
     # every parameter counted (and loaded: load_model checks that every one was written)
     assert cfg.num_params == sum(p.numel() for p in model.parameters())
-    ids = torch.randint(0, cfg.vocab_size, (100,), generator=torch.Generator().manual_seed(1))
-    kv = model.allocate_kv_caches(8, 16)
-    meta = AttentionMetadata(True, torch.arange(100), torch.arange(100) + 16, seq_lens=[100])
-    with torch.no_grad():
-        ours = model.compute_logits(model(ids, meta, kv))
-        ref = hf(ids[None]).logits[0].float()
-    torch.testing.assert_close(ours, ref, atol=1e-4, rtol=1e-4)
+    ids = prefill_logits_match(model, hf, cfg.vocab_size)
     prompts = [ids[:20].tolist(), ids[30:37].tolist()]
     got = paged_greedy(model, prompts, NEW_TOKENS, block_size=4)
     assert got == [hf_greedy(hf, p, NEW_TOKENS) for p in prompts]

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from graphpool.model import AttentionMetadata, load_model
-from model_reference import hf_greedy, paged_greedy, tiny_hf_model
+from graphpool.model import load_model
+from model_reference import hf_greedy, paged_greedy, prefill_logits_match, tiny_hf_model
 
 
 def _save_tiny(kind: str, folder: Path, tied: bool) -> torch.nn.Module:
@@ -29,13 +29,7 @@ def test_hf_folder_logits_match_transformers(kind: str, tied: bool, tmp_path: Pa
     if kind == "qwen2":
         assert model.layers[0].self_attn.qkv_proj.bias is not None
     # positions past original_max_position_embeddings exercise the llama3 frequency scaling
-    ids = torch.randint(0, cfg.vocab_size, (100,), generator=torch.Generator().manual_seed(1))
-    kv = model.allocate_kv_caches(8, 16)
-    meta = AttentionMetadata(True, torch.arange(100), torch.arange(100) + 16, seq_lens=[100])
-    with torch.no_grad():
-        ours = model.compute_logits(model(ids, meta, kv))
-        ref = hf(ids[None]).logits[0].float()
-    torch.testing.assert_close(ours, ref, atol=1e-4, rtol=1e-4)
+    ids = prefill_logits_match(model, hf, cfg.vocab_size)
     # and the paged decode path continues the same sequence as transformers would
     prompt = ids[:20].tolist()
     tokens = paged_greedy(model, [prompt], 8, block_size=4)[0]

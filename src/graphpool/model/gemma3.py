@@ -26,20 +26,6 @@ __all__ = ["Gemma3Model"]
 _NORM = re.compile(r"norm\.weight$")
 
 
-class Gemma3Attention(Qwen3Attention):
-    def __init__(
-        self,
-        config: ModelConfig,
-        rotary: RotaryEmbedding,
-        ops: ModelOps,
-        device: torch.device,
-        dtype: torch.dtype,
-    ) -> None:
-        super().__init__(config, rotary, ops, device, dtype)
-        assert config.query_pre_attn_scalar is not None
-        self.scale = config.query_pre_attn_scalar**-0.5
-
-
 class GeGLU(SwiGLU):
     """down(gelu_tanh(gate) * up), on SwiGLU's fused gate/up layout."""
 
@@ -50,7 +36,7 @@ class GeGLU(SwiGLU):
 
 
 class Gemma3DecoderLayer(LlamaDecoderLayer):
-    attention_cls = Gemma3Attention
+    attention_cls = Qwen3Attention  # its scale follows query_pre_attn_scalar (LlamaAttention)
     mlp_cls = GeGLU
 
     def __init__(

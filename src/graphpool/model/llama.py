@@ -35,7 +35,8 @@ class LlamaAttention(nn.Module):
             config.num_kv_heads,
             config.head_dim,
         )
-        self.scale = config.head_dim**-0.5
+        # NOTE: Gemma scales by query_pre_attn_scalar, every other family by head_dim
+        self.scale = (config.query_pre_attn_scalar or config.head_dim) ** -0.5
         self.qkv_proj = ColumnLinear(
             config.hidden_size,
             (config.q_size, config.kv_size, config.kv_size),
@@ -48,25 +49,31 @@ class LlamaAttention(nn.Module):
         self.rotary = rotary
         self.ops = ops
 
+    fuses_rope = True  # decode may fold the rotary and the KV write into the projection (not with q/k norms)
+
     def forward(self, x: torch.Tensor, meta: AttentionMetadata, kv_cache: KVCache, reduce: bool = True) -> torch.Tensor:
         """`reduce=False`: the output before o_proj's all-reduce (a rank's partial sum under tensor parallel)."""
         k_cache, v_cache = kv_cache
         proj = self.qkv_proj
-        qkv = None if meta.is_prefill else self.ops.fused_linear_rope(
+        qkv = None if meta.is_prefill or not self.fuses_rope else self.ops.fused_linear_rope(
             x, proj.weight, proj.bias, meta.positions, self.rotary.cos, self.rotary.sin, k_cache, v_cache,
             meta.slot_mapping, (self.num_heads, self.num_kv_heads, self.head_dim),
         )  # fmt: skip
         if qkv is not None:
             q = qkv[:, : proj.sizes[0]].view(-1, self.num_heads, self.head_dim)
             return self._attend(q, None, meta, kv_cache, reduce)
-        q, k, v = proj(x).split(proj.sizes, dim=-1)
-        q = q.view(-1, self.num_heads, self.head_dim)
-        k = k.view(-1, self.num_kv_heads, self.head_dim)
-        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        q, k, v = self.project(x)
         q, k = self.ops.rotary_and_write_kv(
             meta.positions, q, k, v, self.rotary.cos, self.rotary.sin, k_cache, v_cache, meta.slot_mapping
         )
         return self._attend(q, (k, v), meta, kv_cache, reduce)
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x -> q, k, v in heads, before the rotary."""
+        proj = self.qkv_proj
+        q, k, v = proj(x).split(proj.sizes, dim=-1)
+        return (q.view(-1, self.num_heads, self.head_dim), k.view(-1, self.num_kv_heads, self.head_dim),
+                v.view(-1, self.num_kv_heads, self.head_dim))
 
     def _attend(
         self, q: torch.Tensor, new_kv: tuple[torch.Tensor, torch.Tensor] | None, meta: AttentionMetadata,
