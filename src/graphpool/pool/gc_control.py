@@ -28,15 +28,12 @@ def gc_frozen() -> Iterator[None]:
     so no later collection moves those measurements; frozen and off, no collection that walks every object of
     the loaded model pauses the warm-up between captures. On exit the objects are unfrozen (unless some were
     frozen before: whoever froze them unfreezes) and the collector is as it was."""
-    enabled = gc.isenabled()
     owns_freeze = gc.get_freeze_count() == 0
     gc.collect()
     gc.freeze()
-    gc.disable()
     try:
-        yield
+        with gc_paused():
+            yield
     finally:
         if owns_freeze:
             gc.unfreeze()
-        if enabled:
-            gc.enable()
