@@ -16,11 +16,11 @@ from graphpool.engine.sampling_params import (
 )
 from graphpool.server.protocol import (
     MAX_STOP_SEQUENCES,
-    UNHONOURED_FIELDS,
     APIError,
     ChatCompletionRequest,
     ChatMessage,
     CompletionRequest,
+    refuse_unhonoured,
 )
 
 
@@ -110,9 +110,7 @@ class PromptBuilder:
         self.check_model(req.model)
         if req.logit_bias:
             raise APIError("logit_bias is not supported by this server", param="logit_bias")
-        for name, value in (req.model_extra or {}).items():
-            if name in UNHONOURED_FIELDS and value != UNHONOURED_FIELDS[name]:
-                raise APIError(f"{name} is not supported by this server", param=name)
+        refuse_unhonoured(req.model_extra)
         if isinstance(req.stop, list) and len(req.stop) > MAX_STOP_SEQUENCES:
             raise APIError(f"stop takes at most {MAX_STOP_SEQUENCES} sequences, got {len(req.stop)}", param="stop")
 

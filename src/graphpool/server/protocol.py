@@ -57,6 +57,16 @@ UNHONOURED_FIELDS: dict[str, Any] = {
     "prediction": None, "audio": None, "modalities": None, "add_generation_prompt": True,
     "continue_final_message": False, "chat_template": None, "chat_template_kwargs": None,
 }
+
+
+def refuse_unhonoured(extra: dict[str, Any] | None, unhonoured: dict[str, Any] = UNHONOURED_FIELDS) -> None:
+    """A 400 naming the first field of a request's `extra` fields that `unhonoured` lists, sent with a value
+    that would change the output."""
+    for name, value in (extra or {}).items():
+        if name in unhonoured and value != unhonoured[name]:
+            raise APIError(f"{name} is not supported by this server", param=name)
+
+
 MAX_STOP_SEQUENCES = 4  # OpenAI's limit
 MAX_N = 128  # OpenAI's limit on choices per request
 # NOTE: a 128k-token context as text or as token ids fits well inside the default body limit.

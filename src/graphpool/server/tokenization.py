@@ -13,7 +13,7 @@ from starlette.responses import Response
 
 from graphpool.server.parsing import body_schema, read_json, validate
 from graphpool.server.prompts import PromptBuilder
-from graphpool.server.protocol import APIError, ChatMessage
+from graphpool.server.protocol import UNHONOURED_FIELDS, APIError, ChatMessage, refuse_unhonoured
 
 
 class TokenizeCompletionRequest(BaseModel):
@@ -26,18 +26,19 @@ class TokenizeCompletionRequest(BaseModel):
 
 
 class TokenizeChatRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    """Other fields land in ``model_extra``: those this server cannot honour are refused by name (it renders
+    only its own template, with no tools)."""
+
+    model_config = ConfigDict(extra="allow")
 
     model: str | None = None
     messages: list[ChatMessage] = Field(min_length=1)
     add_generation_prompt: StrictBool = True
     add_special_tokens: StrictBool = False  # NOTE: vLLM's default for chat: the template holds them
     return_token_strs: StrictBool = False
-    # refused when set (see _refuse_unhonoured): this server renders only its own template, with no tools
-    continue_final_message: StrictBool = False
-    chat_template: str | None = None
-    chat_template_kwargs: dict[str, Any] | None = None
-    tools: list[dict[str, Any]] | None = None
+
+
+_UNHONOURED_CHAT = {**UNHONOURED_FIELDS, "tools": None}
 
 
 class DetokenizeRequest(BaseModel):
@@ -86,13 +87,8 @@ def add_utility_routes(app: FastAPI, builder: PromptBuilder, version: str, max_r
 def _token_ids(builder: PromptBuilder, req: TokenizeChatRequest | TokenizeCompletionRequest) -> list[int]:
     if isinstance(req, TokenizeCompletionRequest):
         return builder.encode(req.prompt, add_special_tokens=req.add_special_tokens)
-    _refuse_unhonoured(req)
+    refuse_unhonoured(req.model_extra, _UNHONOURED_CHAT)
     messages = builder.chat_messages(req.messages)
     return builder.render_chat(messages, add_generation_prompt=req.add_generation_prompt,
                                add_special_tokens=req.add_special_tokens)
 
-
-def _refuse_unhonoured(req: TokenizeChatRequest) -> None:
-    for name in ("continue_final_message", "chat_template", "chat_template_kwargs", "tools"):
-        if getattr(req, name):
-            raise APIError(f"{name} is not supported by this server", param=name)
