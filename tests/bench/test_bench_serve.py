@@ -256,3 +256,18 @@ def test_real_run_on_cpu(tmp_path: Path) -> None:
     assert causes["steps"]["prefill step"]["steps"] > 0 and causes["steps"]["eager decode step"]["steps"] > 0
     assert (tmp_path / "timelines" / "no-graphs-seed0.json").exists()
     assert run["client_cpu_share"] > 0 and run["client_loop_lag_ms"]["p50"] >= 0
+
+
+def test_restarts_compare_first_starts_and_restarts_per_config() -> None:
+    from dataclasses import replace
+
+    from graphpool.bench.serve.compare import compare_markdown, restarts
+
+    runs = [replace(_run(cfg, seed, 1.0, 0.0, 0), startup_s=s, temperature=t)
+            for cfg, seed, s in (("default", 0, 12.0), ("default", 1, 6.0), ("default", 2, 5.0),
+                                 ("vllm", 0, 100.0), ("vllm", 1, 60.0), ("vllm", 2, 70.0))
+            for t in (0.0, 0.8)]
+    assert restarts(runs) == {"default": (12.0, 6.0), "vllm": (100.0, 70.0)}
+    text = compare_markdown(runs, None)
+    assert "| default | 12 | 6 | 0.09x |" in text and "| vllm | 100 | 70 | - |" in text
+    assert restarts([r for r in runs if r.seed == 0]) == {}  # one start each: no restart to show

@@ -58,7 +58,7 @@ def test_decode_setup_layout_is_the_engines() -> None:
     with torch.inference_mode():
         logits = s.step_fn()(b)
         again = s.step_fn()(b)  # idempotent: rewrites the same KV slot with the same values
-        engine_logits, greedy = s.engine_step_fn()(b)  # the engine's step: the same logits and their argmax
+        engine_logits, greedy = s.head(s.engine_step_fn()(b))  # the engine's step: the same logits and their argmax
     assert logits.shape == (2, TINY.vocab_size) and torch.isfinite(logits).all()
     assert torch.equal(logits, again) and torch.equal(engine_logits, logits)
     assert greedy.dtype == torch.int64 and torch.equal(greedy, logits.argmax(-1))

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from graphpool.engine.decode_step import decode_forward, decode_input_specs, decode_step
+from graphpool.engine.decode_step import decode_forward, decode_head, decode_hidden, decode_input_specs
 from graphpool.model.config import ModelConfig
 from graphpool.model.families import build_model
 from graphpool.model.llama import LlamaModel
@@ -88,10 +88,19 @@ class DecodeSetup:
         model, kv, bound = self.model, self.kv_caches, self.context_len
         return lambda static: decode_forward(model, kv, static, bound)
 
-    def engine_step_fn(self) -> Callable[[dict[str, torch.Tensor]], tuple[torch.Tensor, torch.Tensor]]:
-        """The step the engine's pool captures: `step_fn`'s logits and their row argmaxes (`decode_step`)."""
+    def engine_step_fn(self) -> StepFn:
+        """The step the engine's pool captures: the final hidden rows (`decode_hidden`); `head` follows it."""
         model, kv, bound = self.model, self.kv_caches, self.context_len
-        return lambda static: decode_step(model, kv, static, bound)
+        return lambda static: decode_hidden(model, kv, static, bound)
+
+    def head(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The engine's step after the replay: logits and their row argmaxes (`decode_head`)."""
+        return decode_head(self.model, hidden)
+
+    def full_step_fn(self) -> Callable[[dict[str, torch.Tensor]], tuple[torch.Tensor, torch.Tensor]]:
+        """`engine_step_fn` then `head` as one callable (every kernel of the engine's step, in one graph)."""
+        model, kv, bound = self.model, self.kv_caches, self.context_len
+        return lambda static: decode_head(model, decode_hidden(model, kv, static, bound))
 
     def weight_bytes_read(self, bs: int) -> int:
         """Bytes of weights one decode step must read: every matrix once; an untied input embedding only

@@ -3,7 +3,7 @@ one process: A with default-on kernels turned off (`--off`, the names of ``--dis
 `kernels/switches.py`), B the defaults. The two are two models over the same weights, their operations built
 with the two settings.
 
-Each batch size captures one graph of `decode_step` (logits and their argmax, as the engine's pool does) of
+Each batch size captures one graph of the engine's decode step (`full_step_fn`: hidden rows, logits and their argmax) of
 each model, then times the two replays in alternating rounds (A first in even rounds, B first in odd ones),
 so drift and order effects fall on both; the medians, B/A and each against the HBM floor measured in the same
 run are reported, with how far B's logits and argmaxes are from A's. The engine's whole decode step (async
@@ -93,7 +93,7 @@ def bench_model(model: str | ModelConfig, cfg: KernelsABConfig, device: torch.de
     models = {"A": with_kernels_off(m, cfg.off), "B": m}
     setup = DecodeSetup.create(m, max(cfg.batch_sizes), cfg.context_len, cfg.block_size)
     # NOTE: one KV cache and one set of inputs: the two steps differ only in the models' operations
-    steps = {side: replace(setup, model=mm).engine_step_fn() for side, mm in models.items()}
+    steps = {side: replace(setup, model=mm).full_step_fn() for side, mm in models.items()}
     cuda = device.type == "cuda"
     rows = []
     for bs in cfg.batch_sizes:
@@ -136,7 +136,7 @@ def bench_model(model: str | ModelConfig, cfg: KernelsABConfig, device: torch.de
 def markdown(rows: Sequence[ABRow], cfg: KernelsABConfig, bandwidth: float, cuda: bool) -> str:
     what = "graph replay" if cuda else "eager step (no CUDA: the switches change nothing here)"
     out = [f"A: `--disable-kernels {','.join(cfg.off)}`; B: the defaults"
-           f". The engine's `decode_step` ({what}), medians of {cfg.rounds} alternating rounds x {cfg.reps}; "
+           f". The engine's decode step ({what}), medians of {cfg.rounds} alternating rounds x {cfg.reps}; "
            f"HBM bandwidth {bandwidth / 1e12:.2f} TB/s; context {cfg.context_len} tokens per sequence.\n"]
     for label in dict.fromkeys(r.model for r in rows):
         mine = [r for r in rows if r.model == label]

@@ -187,7 +187,8 @@ def bench_layout(setup: DecodeSetup, cfg: MemoryBenchConfig, layout: str, captur
 
 
 def bench_replay(setup: DecodeSetup, cfg: MemoryBenchConfig) -> dict[str, dict[int, float]]:
-    """Median ms of a replay through `GraphPool.run` per layout and size, the layouts' rounds interleaved."""
+    """Median ms of the engine's step (a replay through `GraphPool.run`, then the LM head) per layout and size,
+    the layouts' rounds interleaved."""
     device = setup.model.device
     sizes = [s for s in cfg.replay_sizes if s <= cfg.max_batch_size]
     pools = {lay: GraphPool(setup.engine_step_fn(), setup_input_specs(setup), _pool_config(cfg, lay), device)
@@ -199,7 +200,7 @@ def bench_replay(setup: DecodeSetup, cfg: MemoryBenchConfig) -> dict[str, dict[i
     for _ in range(cfg.replay_rounds):
         for lay, pool in pools.items():
             for s in sizes:
-                times[lay][s] += common.time_ms(lambda p=pool, b=batches[s]: p.run(b), device, 2, cfg.replay_reps)
+                times[lay][s] += common.time_ms(lambda p=pool, b=batches[s]: setup.head(p.run(b)), device, 2, cfg.replay_reps)
     for pool in pools.values():
         pool.close()
     return {lay: {s: common.median(ts) for s, ts in by.items()} for lay, by in times.items()}
@@ -290,7 +291,7 @@ def run_memory_bench(cfg: MemoryBenchConfig, out_dir: Path, argv: Sequence[str] 
     step = setup.engine_step_fn()
     for bs in sorted({1, *cfg.replay_sizes, cfg.max_batch_size}):  # the eager kernels' modules, before the baselines
         if bs <= cfg.max_batch_size:
-            step(setup.batch(bs))
+            setup.head(step(setup.batch(bs)))
     layouts = [bench_layout(setup, cfg, layout) for layout in LAYOUTS]
     replay = bench_replay(setup, cfg)
     arena = next(r for r in layouts if r.layout == "arena")

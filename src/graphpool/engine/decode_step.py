@@ -1,6 +1,7 @@
 """The decode step the pool captures: its static-input layout and its forward, shared by the runner and
-the benchmarks so that both capture the very same step: `decode_step` (the engine's, and `bench profile`'s)
-is the model's `decode_forward` (`bench step`'s graph rows) plus the logits' row argmax."""
+the benchmarks so that both capture the very same step. The pool captures `decode_hidden` (the model up to
+its final norm); `decode_head` (LM head + the greedy argmax) runs after the replay on the live rows.
+`decode_forward` is both in one (`bench step`'s graph rows)."""
 
 from __future__ import annotations
 
@@ -36,63 +37,60 @@ def _meta(static: Mapping[str, torch.Tensor], max_len_bound: int) -> AttentionMe
     )
 
 
+def decode_hidden(
+    model: torch.nn.Module, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+    static: Mapping[str, torch.Tensor], max_len_bound: int,
+) -> torch.Tensor:
+    """The step the engine's pool captures: one token per sequence -> the final hidden rows [bs, hidden].
+    The LM head runs after the replay (`decode_head`): inside a graph its logits were the largest piece of
+    the arena (bs 256 x 128,256 x 2 B = 63 MiB), and outside it covers only the live rows, not the padding."""
+    return model(static["input_ids"], _meta(static, max_len_bound), kv_caches)
+
+
+def decode_head(model: torch.nn.Module, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """hidden [bs, hidden] -> (logits [bs, vocab] in the model's dtype, each row's argmax int64 [bs]): the
+    greedy token by `ModelOps.step_argmax` (two Triton launches on CUDA, less device time than torch's
+    argmax; docs/kernels.md). The sampler upcasts the logits when it needs probabilities."""
+    logits = model.compute_logits(hidden, upcast=False)
+    return logits, model.ops.step_argmax(logits)
+
+
 def decode_forward(
     model: torch.nn.Module, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
     static: Mapping[str, torch.Tensor], max_len_bound: int,
 ) -> torch.Tensor:
-    """One token per sequence -> logits [bs, vocab] in the model's dtype (a graph then holds a third of the
-    bytes of float32 logits; the sampler upcasts when it needs probabilities)."""
-    hidden = model(static["input_ids"], _meta(static, max_len_bound), kv_caches)
-    return model.compute_logits(hidden, upcast=False)
+    """The model's whole decode forward, LM head included -> logits [bs, vocab] in the model's dtype
+    (`bench step`'s graph rows: the forward in one graph)."""
+    return model.compute_logits(decode_hidden(model, kv_caches, static, max_len_bound), upcast=False)
 
 
-def decode_step(
-    model: torch.nn.Module, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-    static: Mapping[str, torch.Tensor], max_len_bound: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The engine's step: `decode_forward`'s logits and each row's argmax of them (int64 [bs]), the greedy
-    token, taken inside the step so a graph holds it (`ModelOps.step_argmax`: two Triton launches on CUDA,
-    which cost nothing on the host there and less device time than torch's argmax; docs/kernels.md)."""
-    logits = decode_forward(model, kv_caches, static, max_len_bound)
-    return logits, model.ops.step_argmax(logits)
-
-
-def _microbatch_step(
-    model: torch.nn.Module, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-    statics: tuple[Mapping[str, torch.Tensor], ...], max_len_bound: int,
-) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
-    """The microbatches' logits in one tensor (one LM head), their argmaxes, and each microbatch's row count."""
-    hidden = model.forward_microbatches([(s["input_ids"], _meta(s, max_len_bound)) for s in statics], kv_caches)
-    logits = model.compute_logits(torch.cat(hidden), upcast=False)
-    return logits, model.ops.step_argmax(logits), [h.shape[0] for h in hidden]
-
-
-def decode_step_microbatches(
+def decode_hidden_microbatches(
     model: torch.nn.Module, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
     *statics: Mapping[str, torch.Tensor], max_len_bound: int,
-) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
-    """`decode_step` of two (or more) microbatches with their layers interleaved (microbatch overlap:
-    `LlamaModel.forward_microbatches`) -> (logits, argmax) per microbatch, views of one LM-head output."""
-    logits, greedy, rows = _microbatch_step(model, kv_caches, statics, max_len_bound)
-    return tuple(zip(logits.split(rows), greedy.split(rows), strict=True))
+) -> tuple[torch.Tensor, ...]:
+    """`decode_hidden` of two (or more) microbatches with their layers interleaved (microbatch overlap:
+    `LlamaModel.forward_microbatches`) -> the hidden rows of each microbatch."""
+    return tuple(model.forward_microbatches([(s["input_ids"], _meta(s, max_len_bound)) for s in statics],
+                                            kv_caches))
 
 
 def run_decode(pool: GraphPool, model: torch.nn.Module, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
                inputs: Mapping[str, torch.Tensor], num_microbatches: int, *, eager_bound: int, max_len: int,
                decision: Decision) -> tuple[torch.Tensor, torch.Tensor, bool]:
-    """A decode step's inputs -> (logits, their row argmaxes, whether a graph replayed): through the pool with
-    its `decision`, or eagerly outside it with `eager_bound` when that is set (the decision's routing: no CUDA,
-    or a context past the graphs' bound). With two microbatches the rows are split in halves, the first the
-    larger (the pool's batch size)."""
+    """A decode step's inputs -> (logits, their row argmaxes, whether a graph replayed): the hidden rows
+    through the pool with its `decision`, or eagerly outside it with `eager_bound` when that is set (the
+    decision's routing: no CUDA, or a context past the graphs' bound), then `decode_head` on the live rows.
+    With two microbatches the rows are split in halves, the first the larger (the pool's batch size)."""
     if num_microbatches == 1:
         if eager_bound:
-            return *decode_step(model, kv_caches, inputs, max_len_bound=eager_bound), False
-        logits, greedy = pool.run(inputs, max_len_in_batch=max_len, decision=decision)
-        return logits, greedy, pool.last_replayed
+            return *decode_head(model, decode_hidden(model, kv_caches, inputs, max_len_bound=eager_bound)), False
+        hidden = pool.run(inputs, max_len_in_batch=max_len, decision=decision)
+        return *decode_head(model, hidden), pool.last_replayed
     first = -(-next(iter(inputs.values())).shape[0] // num_microbatches)
     mbs = [{k: t[:first] for k, t in inputs.items()}, {k: t[first:] for k, t in inputs.items()}]
     if eager_bound:
-        return *_microbatch_step(model, kv_caches, tuple(mbs), eager_bound)[:2], False
-    # NOTE: copies: a replay's outputs are views of its buffers with padding rows between the microbatches
-    (l0, g0), (l1, g1) = pool.run(mbs, max_len_in_batch=max_len, decision=decision)
-    return torch.cat((l0, l1)), torch.cat((g0, g1)), pool.last_replayed
+        parts = decode_hidden_microbatches(model, kv_caches, *mbs, max_len_bound=eager_bound)
+        return *decode_head(model, torch.cat(parts)), False
+    parts = pool.run(mbs, max_len_in_batch=max_len, decision=decision)
+    # NOTE: one LM head over both microbatches (the cat copies: a replay's outputs are views of its buffers)
+    return *decode_head(model, torch.cat(parts)), pool.last_replayed

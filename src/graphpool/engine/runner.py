@@ -11,9 +11,9 @@ import torch
 
 from graphpool.engine.config import EngineConfig
 from graphpool.engine.decode_step import (
+    decode_hidden,
+    decode_hidden_microbatches,
     decode_input_specs,
-    decode_step,
-    decode_step_microbatches,
     run_decode,
 )
 from graphpool.engine.host_copy import tensor_to_device, to_device
@@ -82,7 +82,7 @@ class ModelRunner:
         # NOTE: microbatch overlap: every decode step is two microbatches (rows split in halves, the first
         # the larger), so the pool's sizes and decisions are per microbatch
         self.num_microbatches = config.num_microbatches
-        forward = decode_step if self.num_microbatches == 1 else decode_step_microbatches
+        forward = decode_hidden if self.num_microbatches == 1 else decode_hidden_microbatches
         self.pool = GraphPool(
             functools.partial(forward, model, kv_caches, max_len_bound=self.len_bound),
             decode_input_specs(self.max_blocks), config.pool_config, device=self.device, capturer=capturer,

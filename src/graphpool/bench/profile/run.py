@@ -110,12 +110,12 @@ def _activities(cuda: bool) -> list[ProfilerActivity]:
 
 
 def profile_decode(setup: DecodeSetup, bs: int, cfg: ProfileConfig) -> DecodeProfile:
-    """Profiles the engine pool's step (`decode_step` on the runner's static inputs: logits and their argmax)
+    """Profiles the engine's decode step (`full_step_fn` on the runner's static inputs: logits and their argmax)
     + the engine's greedy sampler, eagerly; on CUDA also one replay of a graph captured from the same step."""
     model, device = setup.model, setup.model.device
     cuda = device.type == "cuda"
     static = setup.batch(bs)
-    step = setup.engine_step_fn()
+    step = setup.full_step_fn()
     sampler = Sampler(device, seed=0)
     seqs = [Seq(f"r{i}", [0], SamplingParams(temperature=0.0), frozenset(), None) for i in range(bs)]
 
@@ -164,10 +164,10 @@ def _graph_replay_count(
         torch.cuda.synchronize()
     evs = pe.device_events(prof.events(), True)
     sampling = eager.outside_layers.get(PARTS["gp.sampling"], 0.0)
-    note = (f"one replay of the graph of decode_step: the profiler shows {len(evs)} device events "
-            f"(eager decode_step without sampling: {eager.kernels_per_step - sampling:g})")
+    note = (f"one replay of a graph of the whole step: the profiler shows {len(evs)} device events "
+            f"(eager step without sampling: {eager.kernels_per_step - sampling:g})")
     if not evs:
-        note = "one replay of the graph of decode_step: the profiler shows no device events for it"
+        note = "one replay of a graph of the whole step: the profiler shows no device events for it"
     del graph
     return float(len(evs)), note
 

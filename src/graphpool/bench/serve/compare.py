@@ -67,7 +67,7 @@ def compare_markdown(runs: Sequence[RunSummary], png: str | None) -> str:
         cells = [[f"({k}) {row['label']}", *(_with_ratio(row, col, k == REFERENCE) for _, col in COLUMNS)]
                  for k, row in rows.items()]
         body += f"\n{load}:\n\n" + md_table(["configuration", *(c for c, _ in COLUMNS)], cells)
-    body += _phases_markdown(runs)
+    body += _phases_markdown(runs) + _restarts_markdown(runs)
     if png:
         body += f"\n![side by side]({png})\n"
     return body
@@ -92,6 +92,33 @@ def _phases_markdown(runs: Sequence[RunSummary]) -> str:
     return ("\nStart-up by phase, seconds (graphpool: its graphpool_startup_seconds gauge; vLLM: its log's "
             "model loading, torch.compile, graph capturing and engine init lines):\n\n"
             + md_table(["configuration", *phases], rows))
+
+
+def restarts(runs: Sequence[RunSummary]) -> dict[str, tuple[float, float]]:
+    """{config: (start-up of its first seed, median of its later seeds' start-ups)}: every seed starts the
+    server anew, so the later ones find the compile caches (Triton's, vLLM's torch.compile) the first left."""
+    per: dict[str, dict[int, float]] = {}
+    for r in runs:
+        per.setdefault(r.config, {}).setdefault(r.seed, r.startup_s)
+    out = {}
+    for key, by_seed in per.items():
+        seeds = sorted(by_seed)
+        if len(seeds) > 1:
+            later = sorted(by_seed[s] for s in seeds[1:])
+            out[key] = (by_seed[seeds[0]], later[len(later) // 2])
+    return out
+
+
+def _restarts_markdown(runs: Sequence[RunSummary]) -> str:
+    table = restarts(runs)
+    if not table:
+        return ""
+    ref = table.get(REFERENCE)
+    rows = [[k, _fmt(first), _fmt(again), "-" if ref is None or k == REFERENCE else f"{ratio(again, ref[1]):.2f}x"]
+            for k, (first, again) in table.items()]
+    return ("\nStart-up, first start against restarts (process start to ready, s; the first seed's server starts "
+            "with cold compile caches, the later seeds' find them warm):\n\n"
+            + md_table(["configuration", "first start", "restarted (median)", "restarted / vLLM's restarted"], rows))
 
 
 def section(runs: Sequence[RunSummary], out_dir: Path, plot: bool) -> tuple[str, dict[str, Any]]:
