@@ -81,7 +81,7 @@ TINY_HF_ROPE_SCALING = {
 
 
 def tiny_hf_model(kind: str, tied: bool, **overrides: Any) -> torch.nn.Module:
-    """A tiny random transformers model in eval mode: "llama" (Llama-3 rope scaling), "qwen2" (q/k/v bias),
+    """A tiny random transformers model in eval mode: "llama" (Llama-3 rope scaling), "mistral" (a sliding window of 200), "qwen2" (q/k/v bias),
     "qwen3" (q/k norms, head_dim 32 != hidden / heads), "phi3" (fused q/k/v and gate/up weights, a sliding
     window of 200), "gemma2" (3 layers, a window of 128, soft caps 2 and 3: transformers' eager attention) or "gemma3"
     (gemma3_text, 3 layers, a window of 128); 2 layers, hidden 64, 4 query / 2 KV heads, vocab 300, or the config fields in `overrides`;
@@ -108,6 +108,9 @@ def tiny_hf_model(kind: str, tied: bool, **overrides: Any) -> torch.nn.Module:
         scaling = {"rope_type": "llama3", **TINY_HF_ROPE_SCALING}
         config = transformers.LlamaConfig(**common, rope_theta=10000.0, rope_scaling=scaling)
         model = transformers.LlamaForCausalLM(config)
+    elif kind == "mistral":
+        config = transformers.MistralConfig(**{"sliding_window": 200, **common}, rope_theta=1e6)
+        model = transformers.MistralForCausalLM(config)
     elif kind == "qwen2":
         model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**common, rope_theta=1e6))
     elif kind == "qwen3":
