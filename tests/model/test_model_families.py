@@ -101,6 +101,16 @@ def test_gemma2_soft_caps_shape_the_logits(tmp_path: Path) -> None:
     assert raw.abs().max() > 3.0 > ours.abs().max()
 
 
+def test_gemma3_final_logit_soft_cap_equals_transformers(tmp_path: Path) -> None:
+    hf = tiny_hf_model("gemma3", tied=True, final_logit_softcapping=3.0)
+    hf.save_pretrained(tmp_path, safe_serialization=True)
+    model, cfg, _ = load_model(tmp_path, dtype=torch.float32)
+    assert cfg.final_logit_softcapping == 3.0
+    ids = prefill_logits_match(model, hf, cfg.vocab_size)
+    with torch.no_grad():
+        assert hf(ids[None]).logits.abs().max() < 3.0
+
+
 def test_engine_greedy_through_graphs_equals_transformers(saved: tuple[str, Path, torch.nn.Module]) -> None:
     """The engine on the CPU, decode through its graph path (a CPU stand-in capturer: static buffers,
     padded rows, replays), float32: token for token transformers' greedy continuation."""
@@ -156,8 +166,8 @@ def test_refused_families_say_why() -> None:
         ModelConfig.from_hf_config({**base, "model_type": "phi3", "partial_rotary_factor": 0.75})
     with pytest.raises(ValueError, match="multimodal Gemma 3"):
         ModelConfig.from_hf_config({**base, "model_type": "gemma3"})
-    with pytest.raises(ValueError, match="final_logit_softcapping"):
-        ModelConfig.from_hf_config({**base, "model_type": "gemma3_text", "final_logit_softcapping": 30.0})
+    with pytest.raises(ValueError, match="attn_logit_softcapping=50 is not supported for Gemma 3"):
+        ModelConfig.from_hf_config({**base, "model_type": "gemma3_text", "attn_logit_softcapping": 50})
     with pytest.raises(ValueError, match="hidden_act"):
         ModelConfig.from_hf_config({**base, "model_type": "qwen3", "hidden_act": "gelu"})
     with pytest.raises(ValueError, match="family"):
