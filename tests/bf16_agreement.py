@@ -4,6 +4,7 @@ against transformers' float32 logits, next to transformers' own bf16 against the
 
 from __future__ import annotations
 
+import copy
 import functools
 from dataclasses import dataclass
 from typing import Any
@@ -48,13 +49,11 @@ def agreement(logits: torch.Tensor, ref: torch.Tensor) -> Agreement:
 
 @torch.no_grad()
 def hf_logits(hf: torch.nn.Module, seqs: list[list[int]], dtype: torch.dtype) -> torch.Tensor:
-    """transformers' logits [n, L, vocab] (float32) of each sequence in one forward, the model in `dtype`."""
-    model = hf.to(dtype)
-    try:
-        device = next(model.parameters()).device
-        return torch.stack([model(torch.tensor([s], device=device)).logits[0].float().cpu() for s in seqs])
-    finally:
-        hf.float()
+    """transformers' logits [n, L, vocab] (float32) of each sequence in one forward, a copy of the model in
+    `dtype` (`hf` itself keeps its weights: a round trip through bf16 would round them)."""
+    model = copy.deepcopy(hf).to(dtype)
+    device = next(model.parameters()).device
+    return torch.stack([model(torch.tensor([s], device=device)).logits[0].float().cpu() for s in seqs])
 
 
 @torch.no_grad()
