@@ -37,8 +37,7 @@ class LlamaAttention(nn.Module):
         )
         # NOTE: Gemma scales by query_pre_attn_scalar, every other family by head_dim
         self.scale = (config.query_pre_attn_scalar or config.head_dim) ** -0.5
-        # Gemma 2's soft cap of the scaled scores (0: off); the attention ops get it as a keyword only when on,
-        # so an op without the parameter (a test's stand-in) still serves every other family
+        # NOTE: Gemma 2's soft cap of the scores (0: off), passed only when on: ops without it serve the rest
         self.softcap = config.attn_logit_softcapping or 0.0
         self._softcap_kw = {"softcap": self.softcap} if self.softcap else {}
         self.qkv_proj = ColumnLinear(
@@ -283,8 +282,7 @@ class LlamaModel(nn.Module):
         logits = self.ops.linear(hidden, self.lm_head_weight, None)
         if self.tp.world_size > 1:  # this rank's vocab rows -> all of them (the last shard is zero-padded)
             logits = self.tp.gather_last_dim(logits)[:, : self.config.vocab_size]
-        logits = logits.float() if upcast else logits
-        cap = self.config.final_logit_softcapping
+        logits, cap = (logits.float() if upcast else logits), self.config.final_logit_softcapping
         # NOTE: in the logits' own dtype, as transformers caps them (monotonic: the greedy token is unchanged)
         return torch.tanh(logits / cap) * cap if cap else logits
 
