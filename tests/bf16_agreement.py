@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from graphpool.engine.decode_step import decode_input_specs, decode_step
+from graphpool.engine.decode_step import decode_forward, decode_input_specs
 from graphpool.model.attn_metadata import AttentionMetadata
 from graphpool.model.llama import LlamaModel
 from graphpool.pool import GraphPool, PoolConfig
@@ -61,8 +61,8 @@ def teacher_forced_logits(model: LlamaModel, seqs: list[list[int]], prompt: int,
                           block_size: int = 16) -> tuple[torch.Tensor, Any]:
     """Logits [n, L, vocab] (float32; row t predicts token t + 1) of equal-length sequences: their first
     `prompt` tokens prefilled in one batch, then one decode step per later token for all sequences at once,
-    each fed its sequence's token (teacher forcing), through a `GraphPool` over the engine's decode step
-    (`capturer`: None is CUDA graphs on CUDA). Returns (logits, the pool's stats)."""
+    each fed its sequence's token (teacher forcing), through a `GraphPool` over the model's whole decode forward,
+    LM head included (`capturer`: None is CUDA graphs on CUDA). Returns (logits, the pool's stats)."""
     device, n, length = model.device, len(seqs), len(seqs[0])
     blocks = -(-length // block_size)
     tables = (1 + torch.arange(n)[:, None] * blocks + torch.arange(blocks)[None, :]).to(device, torch.int32)
@@ -75,14 +75,14 @@ def teacher_forced_logits(model: LlamaModel, seqs: list[list[int]], prompt: int,
     pos = torch.arange(prompt, device=device).expand(n, prompt)
     meta = AttentionMetadata(True, pos.reshape(-1), slots(pos).reshape(-1), seq_lens=[prompt] * n)
     rows = [model.compute_logits(model(ids[:, :prompt].reshape(-1), meta, kv)).view(n, prompt, -1)]
-    pool = GraphPool(functools.partial(decode_step, model, kv, max_len_bound=blocks * block_size),
+    pool = GraphPool(functools.partial(decode_forward, model, kv, max_len_bound=blocks * block_size),
                      decode_input_specs(blocks), PoolConfig(miss_policy="capture"), device=device, capturer=capturer)
     try:
         for t in range(prompt, length):
             at = torch.full((n, 1), t, device=device)
             inputs = {"input_ids": ids[:, t], "positions": at[:, 0], "slot_mapping": slots(at)[:, 0],
                       "block_tables": tables, "context_lens": torch.full((n,), t + 1, device=device, dtype=torch.int32)}
-            logits, _ = pool.run(inputs, max_len_in_batch=t + 1)
+            logits = pool.run(inputs, max_len_in_batch=t + 1)
             rows.append(logits.to(torch.float32, copy=True)[:, None])  # a copy: the next run overwrites them
         return torch.cat(rows, dim=1).cpu(), pool.stats()
     finally:
