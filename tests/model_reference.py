@@ -81,9 +81,10 @@ TINY_HF_ROPE_SCALING = {
 
 
 def tiny_hf_model(kind: str, tied: bool, **overrides: Any) -> torch.nn.Module:
-    """A tiny random transformers model in eval mode: "llama" (Llama-3 rope scaling), "qwen2" (q/k/v bias),
+    """A tiny random transformers model in eval mode: "llama" (Llama-3 rope scaling), "mistral" (a sliding window of 200), "qwen2" (q/k/v bias),
     "qwen3" (q/k norms, head_dim 32 != hidden / heads), "phi3" (fused q/k/v and gate/up weights, a sliding
-    window of 200) or "gemma3" (gemma3_text, 3 layers, a window of 128); 2 layers, hidden 64, 4 query / 2 KV heads, vocab 300, or the config fields in `overrides`;
+    window of 200), "gemma2" (3 layers, a window of 128, soft caps 2 and 3: transformers' eager attention) or "gemma3"
+    (gemma3_text, 3 layers, a window of 128); 2 layers, hidden 64, 4 query / 2 KV heads, vocab 300, or the config fields in `overrides`;
     weights seeded (torch.manual_seed(0))."""
     import transformers
 
@@ -107,6 +108,9 @@ def tiny_hf_model(kind: str, tied: bool, **overrides: Any) -> torch.nn.Module:
         scaling = {"rope_type": "llama3", **TINY_HF_ROPE_SCALING}
         config = transformers.LlamaConfig(**common, rope_theta=10000.0, rope_scaling=scaling)
         model = transformers.LlamaForCausalLM(config)
+    elif kind == "mistral":
+        config = transformers.MistralConfig(**{"sliding_window": 200, **common}, rope_theta=1e6)
+        model = transformers.MistralForCausalLM(config)
     elif kind == "qwen2":
         model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**common, rope_theta=1e6))
     elif kind == "qwen3":
@@ -114,6 +118,13 @@ def tiny_hf_model(kind: str, tied: bool, **overrides: Any) -> torch.nn.Module:
     elif kind == "phi3":
         config = transformers.Phi3Config(**{"sliding_window": 200, **common}, pad_token_id=0, rope_theta=10000.0)
         model = transformers.Phi3ForCausalLM(config)
+    elif kind == "gemma2":
+        # 3 layers: sliding, full, sliding; soft caps low enough to bend these weights' scores and logits
+        fields = {"head_dim": 32, "sliding_window": 128, "query_pre_attn_scalar": 24, "attn_logit_softcapping": 2.0,
+                  "final_logit_softcapping": 3.0, **common, "num_hidden_layers": 3}
+        config = transformers.Gemma2Config(**fields, rope_parameters={"rope_type": "default", "rope_theta": 1e4},
+                                           pad_token_id=0, attn_implementation="eager")
+        model = transformers.Gemma2ForCausalLM(config)
     elif kind == "gemma3":
         # 3 layers: sliding, sliding, full (pattern 3); linear rope scaling on the full layer
         rope = {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},

@@ -1,9 +1,10 @@
-"""Model families on the GPU (Qwen3, Phi-3, Gemma 3), float32: the engine's greedy tokens with decode through CUDA
+"""Model families on the GPU (Qwen3, Phi-3, Gemma 2, Gemma 3), float32: the engine's greedy tokens with decode through CUDA
 graphs equal eager decode's and transformers', token for token, on the Triton kernels and the torch ops.
 
 Tiny random transformers models at the families' real head shapes (Qwen3's head_dim 128 with q wider than the
-hidden size; Phi-3-mini's head_dim 96, not a power of two; Gemma-3-1b's head_dim 256 and query_pre_attn_scalar), saved as
-safetensors folders.
+hidden size; Phi-3-mini's head_dim 96, not a power of two; Gemma-3-1b's and Gemma-2-2b's head_dim 256 and
+query_pre_attn_scalar; Gemma 2's soft caps, low enough to bend these weights' scores: the Triton decode kernel's
+soft-capping variant and the prefill's), saved as safetensors folders.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ SHAPES: dict[str, dict[str, Any]] = {
     "qwen3": {"hidden_size": 256, "head_dim": 128, "intermediate_size": 512},
     "phi3": {"hidden_size": 384, "intermediate_size": 512},
     "gemma3": {"hidden_size": 256, "head_dim": 256, "intermediate_size": 512, "query_pre_attn_scalar": 256},
+    "gemma2": {"hidden_size": 256, "head_dim": 256, "intermediate_size": 512, "query_pre_attn_scalar": 256},
 }
 
 
@@ -35,7 +37,7 @@ def family(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     require("transformers")
     kind = request.param
     folder = tmp_path_factory.mktemp(kind)
-    hf = tiny_hf_model(kind, tied=kind == "gemma3", **SHAPES[kind])
+    hf = tiny_hf_model(kind, tied=kind.startswith("gemma"), **SHAPES[kind])
     hf.save_pretrained(folder, safe_serialization=True)
     gen = torch.Generator().manual_seed(7)
     prompts = [torch.randint(3, 300, (n,), generator=gen).tolist() for n in PROMPT_LENS]

@@ -81,6 +81,26 @@ def test_forced_split_lengths_agree(split_len: int, block_n: int) -> None:
     assert rel_err(out, oracle(q, k, v, bt, cl, 0.1, 2048)) < TOL[torch.bfloat16]
 
 
+@pytest.mark.parametrize(("dtype", "split_len"), [(torch.bfloat16, None), (torch.bfloat16, 4096),
+                                                 (torch.float32, 256)])
+def test_soft_capped_scores_match_the_reference(dtype: torch.dtype, split_len: int | None) -> None:
+    """Gemma 2's shape (8 query / 4 KV heads of 256, scale 256 ** -0.5) with its soft cap 50 and a low cap of 2
+    (scale 1, so that it bends nearly every score): split + merge, one split (direct), fp32; the capped output
+    is also far from the uncapped one, so a kernel that ignored the cap would fail."""
+    from graphpool.kernels._triton_decode_attention import paged_decode_attention_triton
+
+    lens = [1, 17, 300, 2048]
+    q, k, v, bt, cl = make_case(lens, 8, 4, 256, dtype=dtype, seed=21)
+    for scale, cap in ((256**-0.5, 50.0), (1.0, 2.0)):
+        out = torch.full_like(q, float("nan"))
+        paged_decode_attention_triton(q, k, v, bt, cl, scale, 2048, out=out, split_len=split_len, softcap=cap)
+        ref = paged_decode_attention_ref(q.float(), k.float(), v.float(), bt, cl, scale, 2048, cap)
+        report(f"softcap_{cap}_{dtype}_{split_len}_rel_err", rel_err(out, ref))
+        assert rel_err(out, ref) < TOL[dtype]
+        if cap == 2.0:
+            assert rel_err(out, oracle(q, k, v, bt, cl, scale, 2048)) > 0.05
+
+
 def test_non_contiguous_q_and_empty_context() -> None:
     lens = [0, 5, 300]
     q, k, v, bt, cl = make_case(lens, 32, 8, 64, seed=1)

@@ -39,7 +39,7 @@ def _attn_types(partials: str) -> Callable[[str], str]:
             return "*i32"
         if name in ("po_ptr", "plse_ptr"):
             return partials
-        return "fp32" if name == "scale_log2" else "i32"
+        return "fp32" if name in ("qk_scale", "cap_log2") else "i32"
 
     return types
 
@@ -57,17 +57,20 @@ def _private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
 
 
-@pytest.mark.parametrize("direct", [False, True])
-def test_decode_attention_kernels_compile(direct: bool) -> None:
+@pytest.mark.parametrize(("direct", "softcap"), [(False, False), (True, False), (False, True)])
+def test_decode_attention_kernels_compile(direct: bool, softcap: bool) -> None:
     from graphpool.kernels import _triton_decode_attention as da
 
     types = _attn_types("*bf16" if direct else "*fp32")
     constexprs = dict(
         GROUP=4, HEAD_DIM=128, BLOCK_SIZE=16, BLOCK_G=16, BLOCK_D=128, BLOCK_N=64,
-        DIRECT=direct, DOT_PRECISION="tf32", PDL_TRIGGER=direct,
+        DIRECT=direct, DOT_PRECISION="tf32", SOFTCAP=softcap, PDL_TRIGGER=direct,
     )  # fmt: skip
     ptx = _compile(da._decode_split_kernel, types, constexprs).asm["ptx"]
     assert "mma" in ptx  # the q.k and p.v products run on tensor cores
+    if softcap:  # its tanh is one more exp2 per score: more ex2 than the plain kernel's softmax alone
+        plain = _compile(da._decode_split_kernel, types, {**constexprs, "SOFTCAP": False}).asm["ptx"]
+        assert ptx.count("ex2.approx") > plain.count("ex2.approx") > 0
     assert ("griddepcontrol.launch_dependents" in ptx) == direct
     if not direct:
         _compile(
@@ -137,7 +140,7 @@ def test_the_kernels_before_a_gemv_trigger_and_never_wait() -> None:
                     dict(BLOCK=1024, LIBDEVICE_EXP=True, PDL_TRIGGER=True))
     split = _compile(da._decode_split_kernel, _attn_types("*fp32"), dict(
         GROUP=4, HEAD_DIM=64, BLOCK_SIZE=16, BLOCK_G=16, BLOCK_D=64, BLOCK_N=64, DIRECT=False,
-        DOT_PRECISION="tf32", PDL_TRIGGER=True))
+        DOT_PRECISION="tf32", SOFTCAP=False, PDL_TRIGGER=True))
     merge = _compile(da._decode_merge_kernel,
                      lambda n: {"po_ptr": "*fp32", "plse_ptr": "*fp32", "lens_ptr": "*i32", "out_ptr": "*bf16"}.get(n, "i32"),
                      dict(HEAD_DIM=64, BLOCK_S=16, BLOCK_D=64, PDL_TRIGGER=True))

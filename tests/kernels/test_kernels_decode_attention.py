@@ -41,8 +41,9 @@ def make_case(
     return q, k_cache, v_cache, block_tables, context_lens
 
 
-def naive_attention(q, k_cache, v_cache, block_tables, context_lens, scale) -> torch.Tensor:
-    """Per-sequence float64 attention, token by token through the block table."""
+def naive_attention(q, k_cache, v_cache, block_tables, context_lens, scale, softcap=0.0) -> torch.Tensor:
+    """Per-sequence float64 attention, token by token through the block table; `softcap` > 0: scores become
+    softcap * tanh(score / softcap)."""
     bs, num_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = num_heads // num_kv_heads
@@ -56,6 +57,8 @@ def naive_attention(q, k_cache, v_cache, block_tables, context_lens, scale) -> t
         for h in range(num_heads):
             kvh = h // group
             s = (k[:, kvh] @ q[b, h].double()) * scale  # [n]
+            if softcap:
+                s = softcap * torch.tanh(s / softcap)
             out[b, h] = torch.softmax(s, dim=0) @ v[:, kvh]
     return out
 
@@ -78,6 +81,26 @@ def test_reference_matches_naive_float64(lens, hq, hkv, dim, block_size, bound) 
     expected = naive_attention(q, k, v, bt, cl, scale)
     assert out.shape == q.shape and out.dtype == q.dtype
     torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("softcap", [0.5, 3.0, 50.0])
+def test_reference_soft_caps_the_scores(softcap: float) -> None:
+    """Scores scaled up (scale 1: |s| reaches ~20) so that every cap here bends some of them; the capped result
+    equals the naive float64 one and differs from the uncapped attention."""
+    q, k, v, bt, cl = make_case([1, 16, 17, 40], 8, 2, 32, seed=13)
+    out = paged_decode_attention_ref(q, k, v, bt, cl, 1.0, 48, softcap)
+    torch.testing.assert_close(out.double(), naive_attention(q, k, v, bt, cl, 1.0, softcap), rtol=1e-5, atol=1e-5)
+    plain = paged_decode_attention_ref(q, k, v, bt, cl, 1.0, 48)
+    assert not torch.allclose(out[1:], plain[1:], atol=1e-3), softcap
+    # a context of one token attends to it alone, capped or not
+    torch.testing.assert_close(out[0], plain[0], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("softcap", [-1.0, float("inf"), float("nan")])
+def test_bad_softcap_is_refused(softcap: float) -> None:
+    q, k, v, bt, cl = make_case([5, 6], 4, 2, 32)
+    with pytest.raises(ValueError, match="softcap"):
+        paged_decode_attention_ref(q, k, v, bt, cl, 1.0, 16, softcap)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -212,30 +235,39 @@ from graphpool.kernels._triton_decode_attention import paged_decode_attention_tr
 from graphpool.kernels.decode_attention import paged_decode_attention_ref
 
 cases = [
-    # lens, Hq, Hkv, D, block_size, bound, split_len, dtype
-    ([1, 16, 17, 130], 8, 2, 64, 16, 192, None, torch.float32),
-    ([1, 16, 17, 130], 8, 2, 64, 16, 192, 64, torch.float16),  # empty splits for short rows
-    ([1, 16, 17, 130], 8, 2, 64, 16, 192, 256, torch.float32),  # one split: direct write
-    ([5, 40], 9, 3, 48, 8, 300, 64, torch.float32),  # group 3, head_dim not a power of two
-    ([0, 33], 4, 4, 32, 4, 64, 64, torch.float32),  # group 1, empty context
-    ([0, 33], 4, 4, 32, 4, 64, 128, torch.float32),  # the same, direct path
+    # lens, Hq, Hkv, D, block_size, bound, split_len, dtype, scale, softcap
+    ([1, 16, 17, 130], 8, 2, 64, 16, 192, None, torch.float32, None, 0.0),
+    ([1, 16, 17, 130], 8, 2, 64, 16, 192, 64, torch.float16, None, 0.0),  # empty splits for short rows
+    ([1, 16, 17, 130], 8, 2, 64, 16, 192, 256, torch.float32, None, 0.0),  # one split: direct write
+    ([5, 40], 9, 3, 48, 8, 300, 64, torch.float32, None, 0.0),  # group 3, head_dim not a power of two
+    ([0, 33], 4, 4, 32, 4, 64, 64, torch.float32, None, 0.0),  # group 1, empty context
+    ([0, 33], 4, 4, 32, 4, 64, 128, torch.float32, None, 0.0),  # the same, direct path
+    # soft caps (Gemma 2): scores scaled up to |s| ~ 20 so the caps bend them; split + merge, then direct
+    ([1, 16, 17, 130], 8, 2, 64, 16, 192, 64, torch.float32, 0.5, 3.0),
+    ([1, 16, 17, 130], 8, 2, 64, 16, 192, 256, torch.float32, 0.5, 3.0),
+    ([5, 40], 8, 4, 32, 8, 64, 64, torch.float16, 1.0, 0.5),  # fp16, a cap below 1
 ]
 errors = []
-for i, (lens, hq, hkv, d, bsz, bound, split, dtype) in enumerate(cases):
+for i, (lens, hq, hkv, d, bsz, bound, split, dtype, scale, cap) in enumerate(cases):
     q, k, v, bt, cl = make_case(lens, hq, hkv, d, bsz, dtype=dtype, seed=i)
+    scale = scale or d**-0.5
     out = torch.full_like(q, float("nan"))
-    paged_decode_attention_triton(q, k, v, bt, cl, d**-0.5, bound, out=out, split_len=split)
-    ref = paged_decode_attention_ref(q, k, v, bt, cl, d**-0.5, bound)
-    errors.append(float((out.double() - ref.double()).norm() / ref.double().norm()))
+    paged_decode_attention_triton(q, k, v, bt, cl, scale, bound, out=out, split_len=split, softcap=cap)
+    ref = paged_decode_attention_ref(q, k, v, bt, cl, scale, bound, cap)
+    plain = paged_decode_attention_ref(q, k, v, bt, cl, scale, bound)  # how far the cap moved the output
+    errors.append([float((out.double() - r.double()).norm() / r.double().norm()) for r in (ref, plain)])
 print(json.dumps(errors))
 """
 
 
 def test_triton_kernel_in_interpreter_matches_reference() -> None:
+    """The kernel against the reference, plain and soft-capped (where the capped result is also checked to be
+    far from the uncapped one, so a kernel ignoring the cap fails)."""
     pytest.importorskip("triton")
     errors = run_in_triton_interpreter(_INTERP_SCRIPT)
-    assert len(errors) == 6
-    assert all(e < 2e-3 for e in errors), errors
+    assert len(errors) == 9
+    assert all(e < 2e-3 for e, _ in errors), errors
+    assert all(moved > 0.05 for _, moved in errors[6:]), errors
 
 
 def test_large_grids_get_the_shallower_pipeline(monkeypatch: pytest.MonkeyPatch) -> None:

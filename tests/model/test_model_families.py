@@ -1,8 +1,9 @@
-"""Model families beyond Llama/Qwen2 (Qwen3, Phi-3, Gemma 3): tiny random transformers models saved as safetensors
+"""Model families beyond Llama/Qwen2 (Qwen3, Phi-3, Gemma 2, Gemma 3): tiny random transformers models saved as safetensors
 folders, loaded by graphpool; logits, paged decode and the engine's greedy tokens equal transformers'."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from graphpool.engine.config import EngineConfig
 from graphpool.engine.engine import LLMEngine
 from graphpool.model import AttentionMetadata, ModelConfig, load_model
 from graphpool.model.families import build_model, model_class
+from graphpool.model.gemma2 import Gemma2Model
 from graphpool.model.gemma3 import Gemma3Model
 from graphpool.model.parallel import check_shardable, shard_model
 from graphpool.model.qwen3 import Qwen3Model
@@ -22,16 +24,16 @@ from graphpool.model.weights import init_random_weights
 from graphpool.pool.testing import EagerCapturer
 from model_reference import hf_greedy, paged_greedy, prefill_logits_match, run_waves, tiny_hf_model
 
-FAMILIES = ["qwen3", "phi3", "gemma3"]
+FAMILIES = ["qwen3", "phi3", "gemma2", "gemma3"]
 NEW_TOKENS = 10
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
 def saved(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path, torch.nn.Module]:
-    """(kind, folder, transformers model) of one family, saved once per module (lm head tied for Gemma,
+    """(kind, folder, transformers model) of one family, saved once per module (lm head tied for Gemmas,
     as its checkpoints are, untied otherwise)."""
     folder = tmp_path_factory.mktemp(request.param)
-    hf = tiny_hf_model(request.param, tied=request.param == "gemma3")
+    hf = tiny_hf_model(request.param, tied=request.param.startswith("gemma"))
     hf.save_pretrained(folder, safe_serialization=True)
     return request.param, folder, hf
 
@@ -52,6 +54,15 @@ def test_config_reads_the_family(saved: tuple[str, Path, torch.nn.Module]) -> No
             load_model(folder, max_positions=129)
         with pytest.raises(ValueError, match="tensor parallel does not support Gemma 3"):
             check_shardable(cfg, 2)
+    elif kind == "gemma2":
+        assert cfg.family == "gemma2" and model_class(cfg) is Gemma2Model and cfg.tie_word_embeddings
+        assert (cfg.attn_logit_softcapping, cfg.final_logit_softcapping) == (2.0, 3.0)
+        assert cfg.query_pre_attn_scalar == 24 and cfg.sliding_window == 128 and cfg.rope_theta == 1e4
+        assert cfg.local_rope_theta is None and cfg.head_dim == 32
+        with pytest.raises(ValueError, match="sliding window of 128"):
+            load_model(folder, max_positions=129)
+        with pytest.raises(ValueError, match="tensor parallel does not support Gemma 2"):
+            check_shardable(cfg, 2)
     else:
         assert cfg.family == "llama" and cfg.head_dim == 16 and cfg.sliding_window == 200
 
@@ -61,12 +72,43 @@ def test_logits_and_paged_decode_equal_transformers(saved: tuple[str, Path, torc
     model, cfg, _ = load_model(folder, dtype=torch.float32)
     assert isinstance(model, Qwen3Model) == (kind == "qwen3")
     assert isinstance(model, Gemma3Model) == (kind == "gemma3")
+    assert isinstance(model, Gemma2Model) == kind.startswith("gemma")
     # every parameter counted (and loaded: load_model checks that every one was written)
     assert cfg.num_params == sum(p.numel() for p in model.parameters())
     ids = prefill_logits_match(model, hf, cfg.vocab_size)
     prompts = [ids[:20].tolist(), ids[30:37].tolist()]
     got = paged_greedy(model, prompts, NEW_TOKENS, block_size=4)
     assert got == [hf_greedy(hf, p, NEW_TOKENS) for p in prompts]
+
+
+def test_gemma2_soft_caps_shape_the_logits(tmp_path: Path) -> None:
+    """The caps are not idle in the Gemma 2 test model: without the attention cap graphpool's logits leave
+    transformers', and the final cap folds logits past 3 into (-3, 3)."""
+    hf = tiny_hf_model("gemma2", tied=True)
+    hf.save_pretrained(tmp_path, safe_serialization=True)
+    model, cfg, _ = load_model(tmp_path, dtype=torch.float32)
+    ids = torch.randint(0, cfg.vocab_size, (60,), generator=torch.Generator().manual_seed(4))
+    meta = AttentionMetadata(True, torch.arange(60), torch.arange(60) + 16, seq_lens=[60])
+    uncapped = Gemma2Model(dataclasses.replace(cfg, attn_logit_softcapping=None), max_positions=128)
+    uncapped.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        ref = hf(ids[None]).logits[0]
+        hidden = model(ids, meta, model.allocate_kv_caches(6, 16))
+        ours, raw = model.compute_logits(hidden), hidden @ model.lm_head_weight.T
+        off = uncapped.compute_logits(uncapped(ids, meta, uncapped.allocate_kv_caches(6, 16)))
+    torch.testing.assert_close(ours, ref, atol=1e-4, rtol=1e-4)
+    assert (off - ref).abs().max() > 0.05
+    assert raw.abs().max() > 3.0 > ours.abs().max()
+
+
+def test_gemma3_final_logit_soft_cap_equals_transformers(tmp_path: Path) -> None:
+    hf = tiny_hf_model("gemma3", tied=True, final_logit_softcapping=3.0)
+    hf.save_pretrained(tmp_path, safe_serialization=True)
+    model, cfg, _ = load_model(tmp_path, dtype=torch.float32)
+    assert cfg.final_logit_softcapping == 3.0
+    ids = prefill_logits_match(model, hf, cfg.vocab_size)
+    with torch.no_grad():
+        assert hf(ids[None]).logits.abs().max() < 3.0
 
 
 def test_engine_greedy_through_graphs_equals_transformers(saved: tuple[str, Path, torch.nn.Module]) -> None:
@@ -112,21 +154,43 @@ def test_qwen3_two_shards_give_the_logits_of_the_whole_model() -> None:
 def test_refused_families_say_why() -> None:
     base = {"vocab_size": 300, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
             "num_attention_heads": 4}
-    with pytest.raises(ValueError, match="soft-capping"):
-        ModelConfig.from_hf_config({**base, "model_type": "gemma2"})
+    with pytest.raises(ValueError, match="Gemma 2's and Gemma 3's"):
+        ModelConfig.from_hf_config({**base, "model_type": "gemma"})
+    with pytest.raises(ValueError, match="attention_bias"):
+        ModelConfig.from_hf_config({**base, "model_type": "gemma2", "attention_bias": True})
+    with pytest.raises(ValueError, match="attn_logit_softcapping must be a positive number"):
+        ModelConfig.from_hf_config({**base, "model_type": "gemma2", "attn_logit_softcapping": -50.0})
     with pytest.raises(ValueError, match="mixture-of-experts"):
         ModelConfig.from_hf_config({**base, "model_type": "qwen3_moe"})
     with pytest.raises(ValueError, match="partial_rotary_factor"):
         ModelConfig.from_hf_config({**base, "model_type": "phi3", "partial_rotary_factor": 0.75})
     with pytest.raises(ValueError, match="multimodal Gemma 3"):
         ModelConfig.from_hf_config({**base, "model_type": "gemma3"})
-    with pytest.raises(ValueError, match="final_logit_softcapping"):
-        ModelConfig.from_hf_config({**base, "model_type": "gemma3_text", "final_logit_softcapping": 30.0})
+    with pytest.raises(ValueError, match="attn_logit_softcapping=50 is not supported for Gemma 3"):
+        ModelConfig.from_hf_config({**base, "model_type": "gemma3_text", "attn_logit_softcapping": 50})
     with pytest.raises(ValueError, match="hidden_act"):
         ModelConfig.from_hf_config({**base, "model_type": "qwen3", "hidden_act": "gelu"})
     with pytest.raises(ValueError, match="family"):
         ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=1, num_heads=4,
                     num_kv_heads=2, head_dim=8, family="gemma")
+
+
+def test_gemma2_2b_config_as_published() -> None:
+    """google/gemma-2-2b-it's config.json (transformers 4.x layout): soft caps 50 and 30, a window of 4096."""
+    cfg = ModelConfig.from_hf_config({
+        "architectures": ["Gemma2ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+        "attn_logit_softcapping": 50.0, "bos_token_id": 2, "cache_implementation": "hybrid", "eos_token_id": [1, 107],
+        "final_logit_softcapping": 30.0, "head_dim": 256, "hidden_act": "gelu_pytorch_tanh",
+        "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 2304, "initializer_range": 0.02,
+        "intermediate_size": 9216, "max_position_embeddings": 8192, "model_type": "gemma2", "num_attention_heads": 8,
+        "num_hidden_layers": 26, "num_key_value_heads": 4, "pad_token_id": 0, "query_pre_attn_scalar": 256,
+        "rms_norm_eps": 1e-06, "rope_theta": 10000.0, "sliding_window": 4096, "torch_dtype": "float32",
+        "vocab_size": 256000,
+    })
+    assert cfg.family == "gemma2" and (cfg.attn_logit_softcapping, cfg.final_logit_softcapping) == (50.0, 30.0)
+    assert cfg.sliding_window == 4096 and cfg.tie_word_embeddings and cfg.eos_token_ids == (1, 107)
+    assert cfg.query_pre_attn_scalar == 256 and cfg.rope_theta == 1e4 and cfg.rope_scaling is None
+    assert 2.60e9 < cfg.num_params < 2.63e9, cfg.num_params  # Gemma 2 2B: 2.61B parameters
 
 
 def test_gemma3_1b_config_as_published() -> None:

@@ -7,7 +7,8 @@ with their log-sum-exp (`_triton_attention_merge.py`). ``split_len`` comes from 
 length bound, the SM count), so the grid is fixed at capture time; it ignores the batch size, so results are
 batch-invariant. Splits that start past a sequence's length exit at once and the merge reads only the splits
 that hold tokens. With a single split the first kernel writes the output directly (bitwise what the merge of
-one split gives).
+one split gives). A soft cap (``softcap`` > 0, Gemma 2) bends each score inside the split kernel, before its
+online softmax, so the merge is unchanged: it only combines the splits' log-sum-exps of capped scores.
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ import triton.language as tl
 
 from graphpool.kernels._triton_attention_merge import _decode_merge_kernel
 from graphpool.kernels.attention_grid import BLOCK_N, choose_num_stages, choose_split_len, device_num_sms
-from graphpool.kernels.decode_attention import _check_inputs, effective_len_bound
+from graphpool.kernels.decode_attention import _check_inputs, check_softcap, effective_len_bound
 from graphpool.kernels.pdl import pdl_on, pdl_trigger
+
+LOG2E = math.log2(math.e)
 
 
 @triton.jit
@@ -33,15 +36,24 @@ def _load_q(q_ptr, b, heads, offs_d, stride_qb, stride_qh, stride_qd, mask):
 
 
 @triton.jit
+def _tanh(x):
+    """tanh from exp2 of a non-positive argument: no overflow at any |x| (the interpreter has no libdevice)."""
+    e = tl.exp2(-2.885390081777927 * tl.abs(x))  # exp(-2|x|)
+    t = (1.0 - e) / (1.0 + e)
+    return tl.where(x < 0, -t, t)
+
+
+@triton.jit
 def _attend_split(
-    q, k_ptr, v_ptr, bt_ptr, b, kvh, start, end, scale_log2,
+    q, k_ptr, v_ptr, bt_ptr, b, kvh, start, end, qk_scale, cap_log2,
     stride_kb, stride_ko, stride_kh, stride_kd, stride_vb, stride_vo, stride_vh, stride_vd, stride_btb, stride_bts,
     offs_n, offs_d, d_mask,
     BLOCK_SIZE: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, SOFTCAP: tl.constexpr,
 ):  # fmt: skip
     """Context tokens [start, end) of one (sequence, kv head) for its group's q rows: the fp32 online softmax's
-    (acc, running max, running sum)."""
+    (acc, running max, running sum). Scores in log2 units: ``dot * qk_scale``, or with SOFTCAP
+    ``cap_log2 * tanh(dot * qk_scale)`` (qk_scale then holds scale / softcap)."""
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
@@ -59,7 +71,9 @@ def _attend_split(
             mask=kv_mask,
             other=0.0,
         )  # [N, D]
-        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2  # [G, N]
+        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [G, N]
+        if SOFTCAP:
+            qk = _tanh(qk) * cap_log2
         qk = tl.where(t_mask[None, :], qk, float("-inf"))
         # NOTE: every tile holds at least one valid token (t0 < end), so m_new is finite.
         m_new = tl.maximum(m_i, tl.max(qk, 1))
@@ -91,7 +105,7 @@ def _store_partial(po_ptr, plse_ptr, acc, m_i, l_i, b, heads, split, stride_pob,
 @triton.jit
 def _decode_split_kernel(
     q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, out_ptr, po_ptr, plse_ptr,
-    scale_log2, split_len,
+    qk_scale, cap_log2, split_len,
     stride_qb, stride_qh, stride_qd,
     stride_kb, stride_ko, stride_kh, stride_kd,
     stride_vb, stride_vo, stride_vh, stride_vd,
@@ -101,7 +115,7 @@ def _decode_split_kernel(
     stride_lb, stride_lh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-    DIRECT: tl.constexpr, DOT_PRECISION: tl.constexpr, PDL_TRIGGER: tl.constexpr,
+    DIRECT: tl.constexpr, DOT_PRECISION: tl.constexpr, SOFTCAP: tl.constexpr, PDL_TRIGGER: tl.constexpr,
 ):  # fmt: skip
     pdl_trigger(PDL_TRIGGER)
     b = tl.program_id(0)
@@ -123,9 +137,9 @@ def _decode_split_kernel(
             return
     q = _load_q(q_ptr, b, heads, offs_d, stride_qb, stride_qh, stride_qd, g_mask[:, None] & d_mask[None, :])
     acc, m_i, l_i = _attend_split(
-        q, k_ptr, v_ptr, bt_ptr, b, kvh, start, end, scale_log2,
+        q, k_ptr, v_ptr, bt_ptr, b, kvh, start, end, qk_scale, cap_log2,
         stride_kb, stride_ko, stride_kh, stride_kd, stride_vb, stride_vo, stride_vh, stride_vd, stride_btb,
-        stride_bts, offs_n, offs_d, d_mask, BLOCK_SIZE, BLOCK_G, BLOCK_D, BLOCK_N, DOT_PRECISION,
+        stride_bts, offs_n, offs_d, d_mask, BLOCK_SIZE, BLOCK_G, BLOCK_D, BLOCK_N, DOT_PRECISION, SOFTCAP,
     )  # fmt: skip
     out_mask = g_mask[:, None] & d_mask[None, :]
     if DIRECT:
@@ -150,6 +164,7 @@ def paged_decode_attention_triton(
     scale: float,
     max_len_bound: int,
     *,
+    softcap: float = 0.0,
     out: torch.Tensor | None = None,
     split_len: int | None = None,
     block_n: int = BLOCK_N,
@@ -160,8 +175,10 @@ def paged_decode_attention_triton(
 ) -> torch.Tensor:
     """Launch the split + merge kernels. The keyword knobs override the defaults (tests, benchmarks).
     `num_stages` None: `choose_num_stages`'s depth, or triton's default when `attn_stages` (the switch) is
-    False. `pdl` (the switch): both kernels let a PDL-launched GEMV after them start early."""
+    False. `pdl` (the switch): both kernels let a PDL-launched GEMV after them start early. `softcap` > 0
+    compiles the soft-capping variant of the split kernel (0: the plain one, unchanged)."""
     _check_inputs(q, k_cache, v_cache, block_tables, context_lens)
+    check_softcap(softcap)
     bs, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     group = num_heads // num_kv_heads
@@ -199,7 +216,7 @@ def paged_decode_attention_triton(
     pdl = pdl_on(q.device, pdl)
     _decode_split_kernel[grid](
         q, k_cache, v_cache, block_tables, context_lens, out, part_out, part_lse,
-        scale * math.log2(math.e), split_len,
+        scale / softcap if softcap else scale * LOG2E, softcap * LOG2E, split_len,
         q.stride(0), q.stride(1), q.stride(2),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), k_cache.stride(3),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), v_cache.stride(3),
@@ -209,7 +226,8 @@ def paged_decode_attention_triton(
         part_lse.stride(0), part_lse.stride(1),
         GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
         BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d, BLOCK_N=block_n,
-        DIRECT=direct, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", PDL_TRIGGER=pdl,
+        DIRECT=direct, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", SOFTCAP=softcap > 0,
+        PDL_TRIGGER=pdl,
         num_warps=num_warps, **stages,
     )  # fmt: skip
     if not direct:

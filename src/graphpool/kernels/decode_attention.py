@@ -10,6 +10,9 @@ graph captured with a bound serves every batch whose lengths stay within it.
 
 NOTE: ``context_lens[b] <= max_len_bound`` is the caller's contract (checking it would need a host sync);
 tokens beyond the bound are ignored. ``max_len_bound <= 0`` means "the whole block table".
+
+``softcap`` > 0 soft-caps the scaled scores before the softmax (Gemma 2's ``attn_logit_softcapping``):
+``s = softcap * tanh(s / softcap)``; 0 leaves them as they are.
 """
 
 from __future__ import annotations
@@ -25,6 +28,16 @@ def effective_len_bound(max_len_bound: int, max_blocks: int, block_size: int) ->
     if max_len_bound <= 0:
         return table_len
     return min(max_len_bound, table_len)
+
+
+def soft_cap(scores: torch.Tensor, softcap: float) -> torch.Tensor:
+    """``softcap * tanh(scores / softcap)``, or ``scores`` itself for ``softcap`` 0 (off)."""
+    return torch.tanh(scores / softcap) * softcap if softcap else scores
+
+
+def check_softcap(softcap: float) -> None:
+    if not (softcap >= 0 and softcap != float("inf")):
+        raise ValueError(f"softcap must be a finite number >= 0 (0: off), got {softcap}")
 
 
 def _check_inputs(
@@ -70,9 +83,11 @@ def paged_decode_attention_ref(
     context_lens: torch.Tensor,
     scale: float,
     max_len_bound: int,
+    softcap: float = 0.0,
 ) -> torch.Tensor:
     """Plain-torch paged decode attention (gather + masked softmax in fp32). Returns ``[bs, Hq, D]`` in q's dtype."""
     _check_inputs(q, k_cache, v_cache, block_tables, context_lens)
+    check_softcap(softcap)
     bs, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     group = num_heads // num_kv_heads
@@ -85,7 +100,7 @@ def paged_decode_attention_ref(
     v = v_cache[table].reshape(bs, num_blocks * block_size, num_kv_heads, head_dim)[:, :bound]
 
     qf = q.float().view(bs, num_kv_heads, group, head_dim)  # [bs, Hkv, G, D]
-    scores = torch.einsum("bhgd,blhd->bhgl", qf, k.float()) * scale  # [bs, Hkv, G, L]
+    scores = soft_cap(torch.einsum("bhgd,blhd->bhgl", qf, k.float()) * scale, softcap)  # [bs, Hkv, G, L]
     pos = torch.arange(bound, device=q.device)
     valid = pos[None, :] < context_lens[:, None].long()  # [bs, L]
     scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
@@ -104,6 +119,7 @@ def paged_decode_attention(
     scale: float,
     max_len_bound: int,
     *,
+    softcap: float = 0.0,
     out: torch.Tensor | None = None,
     pdl: bool = True,
     attn_stages: bool = True,
@@ -112,16 +128,17 @@ def paged_decode_attention(
 
     q ``[bs, Hq, D]`` (bf16/fp16/fp32), caches ``[num_blocks, block_size, Hkv, D]``, block_tables
     ``[bs, max_blocks]`` int32, context_lens ``[bs]`` int32 (including the current token, already written).
-    Returns ``[bs, Hq, D]`` in q's dtype (written into ``out`` when given). `pdl`, `attn_stages`: the kernel
-    switches of those names.
+    Returns ``[bs, Hq, D]`` in q's dtype (written into ``out`` when given). `softcap`: the scores' soft cap
+    (0: off). `pdl`, `attn_stages`: the kernel switches of those names.
     """
     impl = triton_impl("_triton_decode_attention") if q.is_cuda else None
     if impl is not None:
         return impl.paged_decode_attention_triton(
-            q, k_cache, v_cache, block_tables, context_lens, scale, max_len_bound, out=out, pdl=pdl,
-            attn_stages=attn_stages,
+            q, k_cache, v_cache, block_tables, context_lens, scale, max_len_bound, softcap=softcap, out=out,
+            pdl=pdl, attn_stages=attn_stages,
         )
-    result = paged_decode_attention_ref(q, k_cache, v_cache, block_tables, context_lens, scale, max_len_bound)
+    result = paged_decode_attention_ref(q, k_cache, v_cache, block_tables, context_lens, scale, max_len_bound,
+                                        softcap)
     if out is None:
         return result
     out.copy_(result)

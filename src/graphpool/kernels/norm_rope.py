@@ -23,10 +23,12 @@ def _check_norm(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | 
 
 
 def rms_norm_unchecked(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """The RMSNorm formula without input checks (the model's torch ops call it every layer, every step)."""
+    """The RMSNorm formula without input checks (the model's torch ops call it every layer, every step). A
+    float32 weight (Gemma's 1 + w) multiplies in float32 and the product is rounded to x's dtype, as the
+    kernel does; a weight in x's dtype multiplies in it (the cast is then a no-op)."""
     h = x.float()
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * h.to(x.dtype)
+    return (weight * h.to(x.dtype)).to(x.dtype)
 
 
 def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -19,7 +19,7 @@ try:
 except ImportError:  # torch < 2.10
     varlen_attn = None
 
-from graphpool.kernels.decode_attention import effective_len_bound
+from graphpool.kernels.decode_attention import check_softcap, effective_len_bound, soft_cap
 
 # NOTE: no cuDNN: it plans every new sequence length on the host (docs/benchmarks.md); math is the fallback.
 _PREFILL_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
@@ -29,17 +29,21 @@ _VARLEN_PARAMS = frozenset(inspect.signature(varlen_attn).parameters) if varlen_
 
 
 def prefill_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: list[int], scale: float
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: list[int], scale: float, softcap: float = 0.0
 ) -> torch.Tensor:
     """Causal attention within each contiguous sequence. q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq, D].
 
     On CUDA in fp16/bf16: one varlen flash call for the whole batch (`torch.nn.attention.varlen`), GQA in
     the kernel. Elsewhere SDPA per sequence over views of one transposed copy of the batch (flash /
-    memory-efficient kernels on the GPU, so memory is linear in the sequence length).
+    memory-efficient kernels on the GPU, so memory is linear in the sequence length). `softcap` > 0 (Gemma 2's
+    soft-capped scores, which neither SDPA nor varlen take): `softcap_prefill_attention`.
     """
     total = sum(seq_lens)
     if total != q.shape[0]:
         raise ValueError(f"prefill seq_lens sum to {total}, but the batch has {q.shape[0]} tokens")
+    check_softcap(softcap)
+    if softcap:
+        return softcap_prefill_attention(q, k, v, seq_lens, scale, softcap)
     if _varlen_usable(q, scale):
         return varlen_prefill_attention(q, k, v, seq_lens, scale)
     return sdpa_prefill_attention(q, k, v, seq_lens, scale)
@@ -68,6 +72,36 @@ def sdpa_prefill_attention(
                                       strict=True)
             ], dim=2)
     return o[0].transpose(0, 1)
+
+
+# NOTE: bounds one score tile of softcap_prefill_attention (fp32: 256 MiB), whatever the prompt's length
+_SOFTCAP_TILE_SCORES = 1 << 26
+
+
+def softcap_prefill_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: list[int], scale: float, softcap: float
+) -> torch.Tensor:
+    """`prefill_attention` with soft-capped scores, in plain matmuls (every device): per sequence, tiles of
+    query rows against the keys up to their last row, scores and softmax in float32."""
+    _, num_heads, dim = q.shape
+    kv_heads = k.shape[1]
+    group = num_heads // kv_heads
+    out = torch.empty_like(q)
+    start = 0
+    for n in seq_lens:
+        qs = q[start:start + n].view(n, kv_heads, group, dim).permute(1, 2, 0, 3)  # [Hkv, G, n, D]
+        ks = k[start:start + n].transpose(0, 1).unsqueeze(1)  # [Hkv, 1, n, D]
+        vs = v[start:start + n].transpose(0, 1).unsqueeze(1)
+        rows = max(1, _SOFTCAP_TILE_SCORES // (num_heads * n))
+        for lo in range(0, n, rows):
+            hi = min(n, lo + rows)
+            scores = soft_cap(torch.matmul(qs[:, :, lo:hi], ks[:, :, :hi].transpose(-1, -2)).float() * scale, softcap)
+            causal = torch.arange(hi, device=q.device)[None, :] > torch.arange(lo, hi, device=q.device)[:, None]
+            probs = torch.softmax(scores.masked_fill_(causal, float("-inf")), dim=-1).to(v.dtype)
+            o = torch.matmul(probs, vs[:, :, :hi])  # [Hkv, G, rows, D]
+            out[start + lo:start + hi] = o.permute(2, 0, 1, 3).reshape(hi - lo, num_heads, dim)
+        start += n
+    return out
 
 
 def varlen_prefill_attention(
@@ -133,8 +167,10 @@ def paged_decode_attention_torch(
     context_lens: torch.Tensor,
     scale: float,
     max_len_bound: int,
+    softcap: float = 0.0,
 ) -> torch.Tensor:
-    """One query token per sequence over its paged context. q [bs, Hq, D] -> [bs, Hq, D].
+    """One query token per sequence over its paged context. q [bs, Hq, D] -> [bs, Hq, D]; `softcap` > 0
+    soft-caps the scaled scores (0: off).
 
     On CUDA, graph-capturable: reads ceil(max_len_bound / block_size) blocks of every row and masks positions
     >= context_lens; no host sync, shapes depend only on host ints. On the CPU (no graphs, reading
@@ -149,13 +185,14 @@ def paged_decode_attention_torch(
     # NOTE: the kernels' bound convention (<= 0: the whole block table), so both backends read the same blocks.
     bound = effective_len_bound(max_len_bound, block_tables.shape[1], block_size)
     if q.device.type != "cpu":
-        return _padded_attention(q, k_cache, v_cache, block_tables, context_lens, scale, -(-bound // block_size))
+        return _padded_attention(q, k_cache, v_cache, block_tables, context_lens, scale, -(-bound // block_size),
+                                 softcap)
     order, groups = cpu_row_groups(context_lens.tolist(), block_size, bound)
     if len(groups) == 1:
-        return _padded_attention(q, k_cache, v_cache, block_tables, context_lens, scale, groups[0][2])
+        return _padded_attention(q, k_cache, v_cache, block_tables, context_lens, scale, groups[0][2], softcap)
     perm = torch.tensor(order, device=q.device)
     q, block_tables, context_lens = q[perm], block_tables[perm], context_lens[perm]
-    parts = [_padded_attention(q[a:b], k_cache, v_cache, block_tables[a:b], context_lens[a:b], scale, nb)
+    parts = [_padded_attention(q[a:b], k_cache, v_cache, block_tables[a:b], context_lens[a:b], scale, nb, softcap)
              for a, b, nb in groups]
     out = torch.empty_like(q)
     out[perm] = torch.cat(parts)
@@ -183,7 +220,7 @@ def cpu_row_groups(lens: list[int], block_size: int, bound: int) -> tuple[list[i
 
 def _padded_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-    context_lens: torch.Tensor, scale: float, num_blocks: int,
+    context_lens: torch.Tensor, scale: float, num_blocks: int, softcap: float = 0.0,
 ) -> torch.Tensor:
     """The first `num_blocks` blocks of every row, positions >= context_lens masked."""
     bs, num_heads, dim = q.shape
@@ -194,7 +231,7 @@ def _padded_attention(
     k = k_cache.index_select(0, ids).view(bs, length, kv_heads, dim).transpose(1, 2)
     v = v_cache.index_select(0, ids).view(bs, length, kv_heads, dim).transpose(1, 2)
     qg = q.view(bs, kv_heads, num_heads // kv_heads, dim)  # [bs, kv_heads, group, D]
-    scores = torch.matmul(qg, k.transpose(-1, -2)).float() * scale  # [bs, kv_heads, group, length]
+    scores = soft_cap(torch.matmul(qg, k.transpose(-1, -2)).float() * scale, softcap)  # [bs, kv_heads, group, length]
     pos = torch.arange(length, device=q.device)
     valid = pos.unsqueeze(0) < context_lens.unsqueeze(1)  # [bs, length]
     scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))

@@ -1,5 +1,5 @@
 """Model configuration: one frozen dataclass for the Llama-shaped families (Llama 3.x, SmolLM2, Qwen2.x, Qwen3,
-Mistral, Phi-3, Gemma 3 text)."""
+Mistral, Phi-3, Gemma 2, Gemma 3 text)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from graphpool.model.gemma2_config import gemma2_fields
 from graphpool.model.gemma3_config import gemma3_fields
 
 # NOTE: model_type -> (q/k/v bias, decoder family). Qwen2 differs from Llama only by its q/k/v bias; Mistral
@@ -18,15 +19,18 @@ _HF_MODEL_TYPES = {
     "mistral": (False, "llama"),
     "phi3": (False, "llama"),
     "qwen3": (False, "qwen3"),
+    "gemma2": (False, "gemma2"),
     "gemma3_text": (False, "gemma3"),
 }
 # decoder families (model/families.py: their module classes); "qwen3": per-head q/k RMSNorm before rotary;
+# "gemma2": Llama's attention (soft-capped scores) with Gemma's norms, GeLU MLP and embedding scale;
 # "gemma3": Qwen3's attention plus Gemma's norms, GeLU MLP, embedding scale and two rotary bases
-FAMILIES = ("llama", "qwen3", "gemma3")
+FAMILIES = ("llama", "qwen3", "gemma2", "gemma3")
+GEMMA_FAMILIES = ("gemma2", "gemma3")
 # NOTE: types users ask for that graphpool refuses, with why (the generic "unsupported" would hide it)
 _REFUSED_MODEL_TYPES = {
-    "gemma": "the first Gemma's layer layout is not implemented (Gemma 3's, gemma3_text, is)",
-    "gemma2": "Gemma 2's attention logit soft-capping is not implemented by graphpool's attention kernels",
+    "gemma": "the first Gemma's layer layout is not implemented (Gemma 2's and Gemma 3's, gemma2 and gemma3_text, "
+             "are)",
     "gemma3": "the multimodal Gemma 3 (Gemma3ForConditionalGeneration) is not; its text-only form (gemma3_text, "
               "as gemma-3-1b) is",
     "qwen2_moe": "mixture-of-experts layers are not implemented",
@@ -82,17 +86,26 @@ class ModelConfig:
     sliding_window: int | None = None
     # the decoder's module classes (one of FAMILIES): the same weights mean a different network per family
     family: str = "llama"
-    # Gemma 3: attention scaled by query_pre_attn_scalar ** -0.5 (not head_dim's); the sliding-window layers
-    # (local_layers) rotate with their own base local_rope_theta, unscaled
+    # Gemma 2 and 3: attention scaled by query_pre_attn_scalar ** -0.5 (not head_dim's). Gemma 3's sliding-window
+    # layers (local_layers) rotate with their own base local_rope_theta, unscaled
     query_pre_attn_scalar: float | None = None
     local_rope_theta: float | None = None
     local_layers: tuple[int, ...] = ()
+    # Gemma 2: cap * tanh(x / cap) of the scaled attention scores and of the final logits (None: off)
+    attn_logit_softcapping: float | None = None
+    final_logit_softcapping: float | None = None
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
             raise ValueError(f"ModelConfig.family must be one of {FAMILIES}, got {self.family!r}")
-        if (self.family == "gemma3") != (self.query_pre_attn_scalar is not None and self.local_rope_theta is not None):
-            raise ValueError("query_pre_attn_scalar and local_rope_theta are Gemma 3's, and it needs both")
+        if (self.family in GEMMA_FAMILIES) != (self.query_pre_attn_scalar is not None):
+            raise ValueError("query_pre_attn_scalar is Gemma 2's and Gemma 3's, and they need it")
+        if (self.family == "gemma3") != (self.local_rope_theta is not None):
+            raise ValueError("local_rope_theta is Gemma 3's, and it needs it")
+        for name in ("query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping"):
+            value = getattr(self, name)
+            if value is not None and not (value > 0 and math.isfinite(value)):
+                raise ValueError(f"ModelConfig.{name} must be a positive number (or None), got {value!r}")
         if any(not 0 <= i < self.num_layers for i in self.local_layers):
             raise ValueError(f"local_layers must be layer indices below {self.num_layers}, got {self.local_layers}")
         for name in (
@@ -144,8 +157,10 @@ class ModelConfig:
             attn += self.q_size + 2 * self.kv_size
         mlp = 3 * self.hidden_size * self.intermediate_size
         layer = attn + mlp + 2 * self.hidden_size
-        if self.family != "llama":  # q/k norms; Gemma's pre/post feed-forward norms
-            layer += 2 * self.head_dim + (2 * self.hidden_size if self.family == "gemma3" else 0)
+        if self.family in ("qwen3", "gemma3"):  # q/k norms
+            layer += 2 * self.head_dim
+        if self.family in GEMMA_FAMILIES:  # pre/post feed-forward norms
+            layer += 2 * self.hidden_size
         embed = self.vocab_size * self.hidden_size * (1 if self.tie_word_embeddings else 2)
         return self.num_layers * layer + embed + self.hidden_size
 
@@ -172,6 +187,9 @@ class ModelConfig:
         if family == "gemma3":  # its own rotary and activation fields, read here; the generic reading skips them
             gemma = gemma3_fields(cfg, head_dim)
             cfg = {**cfg, "rope_parameters": None, "rope_scaling": None, "hidden_act": "silu"}
+        elif family == "gemma2":  # its activation is read there; the rotary is every family's
+            gemma = gemma2_fields(cfg, head_dim)
+            cfg = {**cfg, "hidden_act": "silu"}
         rope = dict(cfg.get("rope_parameters") or {})
         if cfg.get("rope_scaling"):
             rope.update(cfg["rope_scaling"])

@@ -5,13 +5,16 @@ from __future__ import annotations
 from typing import Any
 
 from graphpool.model.config import FAMILIES, ModelConfig
+from graphpool.model.gemma2 import Gemma2Model
 from graphpool.model.gemma3 import Gemma3Model
 from graphpool.model.llama import LlamaModel
 from graphpool.model.qwen3 import Qwen3Model
 
 __all__ = ["build_model", "model_class"]
 
-_CLASSES: dict[str, type[LlamaModel]] = {"llama": LlamaModel, "qwen3": Qwen3Model, "gemma3": Gemma3Model}
+_CLASSES: dict[str, type[LlamaModel]] = {
+    "llama": LlamaModel, "qwen3": Qwen3Model, "gemma2": Gemma2Model, "gemma3": Gemma3Model,
+}
 assert set(_CLASSES) == set(FAMILIES), "every family of ModelConfig has its model class"
 
 

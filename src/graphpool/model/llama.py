@@ -37,6 +37,9 @@ class LlamaAttention(nn.Module):
         )
         # NOTE: Gemma scales by query_pre_attn_scalar, every other family by head_dim
         self.scale = (config.query_pre_attn_scalar or config.head_dim) ** -0.5
+        # NOTE: Gemma 2's soft cap of the scores (0: off), passed only when on: ops without it serve the rest
+        self.softcap = config.attn_logit_softcapping or 0.0
+        self._softcap_kw = {"softcap": self.softcap} if self.softcap else {}
         self.qkv_proj = ColumnLinear(
             config.hidden_size,
             (config.q_size, config.kv_size, config.kv_size),
@@ -85,12 +88,13 @@ class LlamaAttention(nn.Module):
         if meta.is_prefill:
             if meta.seq_lens is None or new_kv is None:
                 raise ValueError("prefill AttentionMetadata needs seq_lens (and the step's k, v)")
-            o = prefill_attention(q, *new_kv, meta.seq_lens, self.scale)
+            o = prefill_attention(q, *new_kv, meta.seq_lens, self.scale, **self._softcap_kw)
         else:
             if meta.block_tables is None or meta.context_lens is None:
                 raise ValueError("decode AttentionMetadata needs block_tables and context_lens")
             o = self.ops.decode_attention(
-                q, k_cache, v_cache, meta.block_tables, meta.context_lens, self.scale, meta.max_len_bound
+                q, k_cache, v_cache, meta.block_tables, meta.context_lens, self.scale, meta.max_len_bound,
+                **self._softcap_kw,
             )
         o = self.o_proj.partial(o.reshape(-1, self.num_heads * self.head_dim))
         return self.o_proj.tp.all_reduce(o) if reduce else o
@@ -278,7 +282,9 @@ class LlamaModel(nn.Module):
         logits = self.ops.linear(hidden, self.lm_head_weight, None)
         if self.tp.world_size > 1:  # this rank's vocab rows -> all of them (the last shard is zero-padded)
             logits = self.tp.gather_last_dim(logits)[:, : self.config.vocab_size]
-        return logits.float() if upcast else logits
+        logits, cap = (logits.float() if upcast else logits), self.config.final_logit_softcapping
+        # NOTE: in the logits' own dtype, as transformers caps them (monotonic: the greedy token is unchanged)
+        return torch.tanh(logits / cap) * cap if cap else logits
 
     def allocate_kv_caches(self, num_blocks: int, block_size: int) -> list[KVCache]:
         """Zeroed per-layer caches `[num_blocks, block_size, num_kv_heads, head_dim]` in the model's dtype

@@ -49,7 +49,9 @@ def argmax_torch(x: Tensor) -> Tensor:
 @dataclass(frozen=True)
 class ModelOps:
     backend: AttnBackend
-    decode_attention: Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, float, int], Tensor]
+    # (q, k_cache, v_cache, block_tables, context_lens, scale, max_len_bound, *, softcap) -> [bs, Hq, D]; softcap
+    # is passed only when on (Gemma 2), so an op without it serves every other family
+    decode_attention: Callable[..., Tensor]
     rms_norm: Callable[[Tensor, Tensor, float], Tensor]
     add_rms_norm: Callable[[Tensor, Tensor, Tensor, float], tuple[Tensor, Tensor]]
     rotary_and_write_kv: Callable[..., tuple[Tensor, Tensor]]

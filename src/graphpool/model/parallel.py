@@ -21,7 +21,7 @@ import dataclasses
 import torch
 from torch import nn
 
-from graphpool.model.config import ModelConfig
+from graphpool.model.config import GEMMA_FAMILIES, ModelConfig
 from graphpool.model.linear import ColumnLinear, RowLinear
 from graphpool.model.llama import LlamaModel
 from graphpool.model.tp_group import TPGroup
@@ -49,9 +49,10 @@ class VocabParallelEmbedding(nn.Module):
 def check_shardable(config: ModelConfig, world_size: int) -> None:
     """ValueError unless the heads, KV heads and MLP width divide evenly over `world_size` ranks (and the
     family shards at all)."""
-    if world_size > 1 and config.family == "gemma3":
-        # NOTE: Gemma 3 norms each attention and MLP output, a whole sum, where a rank holds a partial one
-        raise ValueError("tensor parallel does not support Gemma 3 models: run them with tensor_parallel_size 1")
+    if world_size > 1 and config.family in GEMMA_FAMILIES:
+        # NOTE: Gemma norms each attention and MLP output, a whole sum, where a rank holds a partial one
+        name = {"gemma2": "Gemma 2", "gemma3": "Gemma 3"}[config.family]
+        raise ValueError(f"tensor parallel does not support {name} models: run them with tensor_parallel_size 1")
     for name in ("num_heads", "num_kv_heads", "intermediate_size"):
         value = getattr(config, name)
         if value % world_size:

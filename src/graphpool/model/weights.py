@@ -29,7 +29,7 @@ _PLAIN = {
     "mlp.gate_up_proj",
     "self_attn.q_norm",  # Qwen3's per-head norms
     "self_attn.k_norm",
-    "pre_feedforward_layernorm",  # Gemma 3's norms around the MLP
+    "pre_feedforward_layernorm",  # Gemma's norms around the MLP
     "post_feedforward_layernorm",
 }
 # buffers some checkpoints carry that the model recomputes
