@@ -52,6 +52,10 @@ def check_shardable(config: ModelConfig, world_size: int) -> None:
     if world_size > 1 and config.family == "gemma3":
         # NOTE: Gemma 3 norms each attention and MLP output, a whole sum, where a rank holds a partial one
         raise ValueError("tensor parallel does not support Gemma 3 models: run them with tensor_parallel_size 1")
+    if world_size > 1 and config.family == "qwen3_moe":
+        # NOTE: the experts are not sharded (neither split nor placed per rank)
+        raise ValueError("tensor parallel does not support mixture-of-experts (Qwen3-MoE) models: run them with "
+                         "tensor_parallel_size 1")
     for name in ("num_heads", "num_kv_heads", "intermediate_size"):
         value = getattr(config, name)
         if value % world_size:
