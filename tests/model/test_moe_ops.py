@@ -170,3 +170,12 @@ def test_decode_runs_no_data_dependent_op_and_prefill_does(rows: int) -> None:
     assert not seen["decode"] & DATA_DEPENDENT, seen["decode"] & DATA_DEPENDENT
     # the masked form scatters the routing weights over all experts; the gathered form has no such table
     assert "bmm" in seen["decode"] and ("scatter_" in seen["decode"]) == (rows > 1)
+
+
+def test_engine_refuses_tensor_parallel_for_moe_at_start_up() -> None:
+    """Before any rank starts, from the model's config alone."""
+    from graphpool.engine.config import EngineConfig
+    from graphpool.engine.engine import LLMEngine
+
+    with pytest.raises(ValueError, match=r"tensor parallel does not support mixture-of-experts .* tensor_parallel_size 1"):
+        LLMEngine(EngineConfig(model="random:qwen3-moe-tiny", device="cpu", tensor_parallel_size=2))
