@@ -11,6 +11,7 @@ import torch
 from graphpool.bench.decode import DecodeSetup, build_random_model
 from graphpool.bench.step import StepBenchConfig, run_step_bench
 from graphpool.model.config import ModelConfig
+from graphpool.model.presets import get_preset
 
 TINY = ModelConfig(vocab_size=512, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
                    head_dim=8)
@@ -85,3 +86,18 @@ def test_compile_setup_has_the_same_weights_cache_and_inputs_over_plain_torch_op
     with torch.inference_mode():
         ours, theirs = setup.step_fn()(setup.batch(3)), plain.step_fn()(plain.batch(3))
     torch.testing.assert_close(theirs, ours, rtol=1e-4, atol=1e-4)
+
+
+def test_step_bench_runs_the_moe_preset_and_its_floor_reads_the_routed_experts(tmp_path: Path) -> None:
+    """random:qwen3-moe-tiny (16 experts, top-4, 3 sparse layers): a step row per batch size; its floor reads
+    at most bs * 4 experts of each sparse layer (all 16 from bs 4 on)."""
+    cfg = StepBenchConfig(models=("random:qwen3-moe-tiny",), batch_sizes=(1, 4), context_len=20, warmup=0, reps=1,
+                          device="cpu", engine_sizes=())
+    rows = run_step_bench(cfg, tmp_path, ["graphpool", "bench", "step"])["rows"]
+    assert [(r.model, r.batch_size) for r in rows] == [("qwen3-moe-tiny", 1), ("qwen3-moe-tiny", 4)]
+    assert all(r.eager_ms > 0 and r.floor_ms > 0 for r in rows)
+    moe = get_preset("qwen3-moe-tiny").moe
+    assert moe is not None
+    expert_bytes = 4 * 3 * 256 * moe.moe_intermediate_size  # fp32 gate, up and down of one expert
+    embedding_rows = 4 * 256 * (4 - 1)  # the untied input embedding: 3 more rows
+    assert rows[1].weight_bytes - rows[0].weight_bytes == 3 * (16 - 4) * expert_bytes + embedding_rows

@@ -161,7 +161,7 @@ def test_refused_families_say_why() -> None:
     with pytest.raises(ValueError, match="attn_logit_softcapping must be a positive number"):
         ModelConfig.from_hf_config({**base, "model_type": "gemma2", "attn_logit_softcapping": -50.0})
     with pytest.raises(ValueError, match="mixture-of-experts"):
-        ModelConfig.from_hf_config({**base, "model_type": "qwen3_moe"})
+        ModelConfig.from_hf_config({**base, "model_type": "mixtral"})
     with pytest.raises(ValueError, match="partial_rotary_factor"):
         ModelConfig.from_hf_config({**base, "model_type": "phi3", "partial_rotary_factor": 0.75})
     with pytest.raises(ValueError, match="multimodal Gemma 3"):

@@ -19,6 +19,7 @@ from graphpool.model.families import build_model
 from graphpool.model.llama import LlamaModel
 from graphpool.model.ops import default_attn_backend
 from graphpool.model.presets import get_preset
+from graphpool.model.qwen3_moe import SparseMoe
 from graphpool.model.weights import init_random_weights
 from graphpool.pool import InputSpec
 
@@ -104,7 +105,8 @@ class DecodeSetup:
 
     def weight_bytes_read(self, bs: int) -> int:
         """Bytes of weights one decode step must read: every matrix once; an untied input embedding only
-        its bs rows (a tied one is read whole by the logits)."""
+        its bs rows (a tied one is read whole by the logits); of a mixture of experts at most bs * top-k experts
+        (the most a step can route to, a floor: the step reads more where the experts form does, moe_ops.py)."""
         m = self.model
         seen: set[int] = set()
         total = 0
@@ -113,6 +115,11 @@ class DecodeSetup:
                 continue
             seen.add(p.data_ptr())
             total += p.numel() * p.element_size()
+        for block in (b for b in m.modules() if isinstance(b, SparseMoe)):
+            stacked = (block.experts.gate_up_proj, block.experts.down_proj)
+            experts = stacked[0].shape[0]
+            unread = experts - min(experts, bs * block.top_k)
+            total -= sum(w[0].numel() * w.element_size() for w in stacked) * unread
         if m.lm_head is not None:
             emb = m.embed_tokens.weight
             total -= emb.numel() * emb.element_size()

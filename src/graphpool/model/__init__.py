@@ -1,5 +1,5 @@
-"""Llama-shaped models (SmolLM2, Llama 3.x, Qwen2.x, Qwen3, Mistral, Phi-3, Gemma 2, Gemma 3 text), presets, weight loading
-and tokenizer."""
+"""Llama-shaped models (SmolLM2, Llama 3.x, Qwen2.x, Qwen3, Qwen3-MoE, Mistral, Phi-3, Gemma 2, Gemma 3 text),
+presets, weight loading and tokenizer."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Model configuration: one frozen dataclass for the Llama-shaped families (Llama 3.x, SmolLM2, Qwen2.x, Qwen3,
-Mistral, Phi-3, Gemma 2, Gemma 3 text)."""
+Qwen3-MoE, Mistral, Phi-3, Gemma 2, Gemma 3 text)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Any
 
 from graphpool.model.gemma2_config import gemma2_fields
 from graphpool.model.gemma3_config import gemma3_fields
+from graphpool.model.moe_config import MOE_REFUSED, MoeConfig, moe_fields
 
 # NOTE: model_type -> (q/k/v bias, decoder family). Qwen2 differs from Llama only by its q/k/v bias; Mistral
 # is Llama-shaped up to its sliding window; Phi-3 only fuses q/k/v and gate/up in its checkpoint (our layout).
@@ -21,11 +22,13 @@ _HF_MODEL_TYPES = {
     "qwen3": (False, "qwen3"),
     "gemma2": (False, "gemma2"),
     "gemma3_text": (False, "gemma3"),
+    "qwen3_moe": (False, "qwen3_moe"),
 }
 # decoder families (model/families.py: their module classes); "qwen3": per-head q/k RMSNorm before rotary;
 # "gemma2": Llama's attention (soft-capped scores) with Gemma's norms, GeLU MLP and embedding scale;
-# "gemma3": Qwen3's attention plus Gemma's norms, GeLU MLP, embedding scale and two rotary bases
-FAMILIES = ("llama", "qwen3", "gemma2", "gemma3")
+# "gemma3": Qwen3's attention plus Gemma's norms, GeLU MLP, embedding scale and two rotary bases;
+# "qwen3_moe": Qwen3's attention, a routed mixture of SwiGLU experts in the sparse layers (ModelConfig.moe)
+FAMILIES = ("llama", "qwen3", "gemma2", "gemma3", "qwen3_moe")
 GEMMA_FAMILIES = ("gemma2", "gemma3")
 # NOTE: types users ask for that graphpool refuses, with why (the generic "unsupported" would hide it)
 _REFUSED_MODEL_TYPES = {
@@ -33,9 +36,7 @@ _REFUSED_MODEL_TYPES = {
              "are)",
     "gemma3": "the multimodal Gemma 3 (Gemma3ForConditionalGeneration) is not; its text-only form (gemma3_text, "
               "as gemma-3-1b) is",
-    "qwen2_moe": "mixture-of-experts layers are not implemented",
-    "qwen3_moe": "mixture-of-experts layers are not implemented",
-    "mixtral": "mixture-of-experts layers are not implemented",
+    **MOE_REFUSED,
 }
 _GGUF_ARCHS = {"llama": False, "qwen2": True}
 
@@ -94,10 +95,14 @@ class ModelConfig:
     # Gemma 2: cap * tanh(x / cap) of the scaled attention scores and of the final logits (None: off)
     attn_logit_softcapping: float | None = None
     final_logit_softcapping: float | None = None
+    # Qwen3-MoE: the router and experts of the sparse layers (the others keep the dense MLP)
+    moe: MoeConfig | None = None
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
             raise ValueError(f"ModelConfig.family must be one of {FAMILIES}, got {self.family!r}")
+        if (self.family == "qwen3_moe") != (self.moe is not None):
+            raise ValueError("ModelConfig.moe is the qwen3_moe family's, and it needs one")
         if (self.family in GEMMA_FAMILIES) != (self.query_pre_attn_scalar is not None):
             raise ValueError("query_pre_attn_scalar is Gemma 2's and Gemma 3's, and they need it")
         if (self.family == "gemma3") != (self.local_rope_theta is not None):
@@ -155,14 +160,16 @@ class ModelConfig:
         attn = self.hidden_size * (self.q_size + 2 * self.kv_size) + self.q_size * self.hidden_size
         if self.attention_bias:
             attn += self.q_size + 2 * self.kv_size
-        mlp = 3 * self.hidden_size * self.intermediate_size
-        layer = attn + mlp + 2 * self.hidden_size
-        if self.family in ("qwen3", "gemma3"):  # q/k norms
+        dense = 3 * self.hidden_size * self.intermediate_size
+        sparse = dense if self.moe is None else self.moe.sparse_mlp_params(self.hidden_size)
+        layer = attn + 2 * self.hidden_size
+        if self.family in ("qwen3", "gemma3", "qwen3_moe"):  # q/k norms
             layer += 2 * self.head_dim
         if self.family in GEMMA_FAMILIES:  # pre/post feed-forward norms
             layer += 2 * self.hidden_size
+        mlps = sum(sparse if self.moe is not None and self.moe.is_sparse(i) else dense for i in range(self.num_layers))
         embed = self.vocab_size * self.hidden_size * (1 if self.tie_word_embeddings else 2)
-        return self.num_layers * layer + embed + self.hidden_size
+        return self.num_layers * layer + mlps + embed + self.hidden_size
 
     @classmethod
     def from_hf_config(cls, cfg: Mapping[str, Any]) -> ModelConfig:
@@ -183,12 +190,13 @@ class ModelConfig:
         hidden, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
         bias, family = _HF_MODEL_TYPES[model_type]
         head_dim = int(cfg.get("head_dim") or hidden // heads)
-        gemma: dict[str, Any] = {}
-        if family == "gemma3":  # its own rotary and activation fields, read here; the generic reading skips them
-            gemma = gemma3_fields(cfg, head_dim)
+        # a family's own fields, read here (Gemma 3's rotary and activation: the generic reading skips them)
+        extra: dict[str, Any] = moe_fields(cfg) if family == "qwen3_moe" else {}
+        if family == "gemma3":
+            extra = gemma3_fields(cfg, head_dim)
             cfg = {**cfg, "rope_parameters": None, "rope_scaling": None, "hidden_act": "silu"}
         elif family == "gemma2":  # its activation is read there; the rotary is every family's
-            gemma = gemma2_fields(cfg, head_dim)
+            extra = gemma2_fields(cfg, head_dim)
             cfg = {**cfg, "hidden_act": "silu"}
         rope = dict(cfg.get("rope_parameters") or {})
         if cfg.get("rope_scaling"):
@@ -220,7 +228,7 @@ class ModelConfig:
         if rotary_fraction != 1.0:
             raise ValueError(f"partial_rotary_factor {rotary_fraction} is not supported (rotary over whole heads only)")
         window = cfg.get("sliding_window")
-        if model_type in ("qwen2", "qwen3") and not cfg.get("use_sliding_window", False):
+        if model_type in ("qwen2", "qwen3", "qwen3_moe") and not cfg.get("use_sliding_window", False):
             window = None
         fields: dict[str, Any] = dict(
             vocab_size=int(cfg["vocab_size"]),
@@ -241,7 +249,7 @@ class ModelConfig:
             sliding_window=None if window is None else int(window),
             family=family,
         )
-        return cls(**(fields | gemma))
+        return cls(**(fields | extra))
 
     @classmethod
     def from_gguf_metadata(

@@ -103,7 +103,8 @@ class LlamaAttention(nn.Module):
 class LlamaDecoderLayer(nn.Module):
     # NOTE: a family with its own attention or MLP (model/qwen3.py) subclasses the layer and names them here
     attention_cls: type[LlamaAttention] = LlamaAttention
-    mlp_cls: type[SwiGLU] = SwiGLU
+    # NOTE: built as mlp_cls(config, device, dtype, ops); called as mlp(h, reduce=False) by mlp_stage
+    mlp_cls: type[nn.Module] = SwiGLU
 
     def __init__(
         self,
@@ -127,7 +128,7 @@ class LlamaDecoderLayer(nn.Module):
         (None for the first layer). Returns (this layer's delta, the stream before it)."""
         tp = self.self_attn.o_proj.tp
         h, residual = self.attention_stage(x, residual, meta, kv_cache)
-        h, residual = self.mlp_stage(tp.all_reduce(h), residual)
+        h, residual = self.mlp_stage(tp.all_reduce(h), residual, meta, kv_cache)
         return tp.all_reduce(h), residual
 
     # NOTE: the layer's two halves, each ending where an all-reduce starts (microbatch overlap interleaves
@@ -208,7 +209,7 @@ class LlamaModel(nn.Module):
         # NOTE: one rotary cache shared by all layers (a buffer, never reallocated per step).
         self.rotary = RotaryEmbedding(config, self.max_positions, device)
         self.layers = nn.ModuleList(
-            self.layer_cls(config, self.rotary, self.ops, device, dtype) for _ in range(config.num_layers)
+            self.make_layer(i, config, self.rotary, self.ops, device, dtype) for i in range(config.num_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, device, dtype)
         # NOTE: a tensor-parallel shard (model.parallel.shard_model) holds its rank's KV heads and vocab rows
@@ -220,6 +221,11 @@ class LlamaModel(nn.Module):
                 torch.empty(config.vocab_size, config.hidden_size, device=device, dtype=dtype),
                 requires_grad=False,
             )
+
+    def make_layer(self, index: int, config: ModelConfig, rotary: RotaryEmbedding, ops: ModelOps,
+                   device: torch.device, dtype: torch.dtype) -> LlamaDecoderLayer:
+        """Layer `index` (a family whose layers differ by index picks its class here)."""
+        return self.layer_cls(config, rotary, ops, device, dtype)
 
     @property
     def device(self) -> torch.device:

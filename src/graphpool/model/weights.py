@@ -31,7 +31,12 @@ _PLAIN = {
     "self_attn.k_norm",
     "pre_feedforward_layernorm",  # Gemma's norms around the MLP
     "post_feedforward_layernorm",
+    "mlp.gate",  # a mixture-of-experts router
+    "mlp.experts",  # stacked experts (transformers' in-memory names): gate_up_proj [E, 2I, H], down_proj [E, H, I]
 }
+# one expert's projection -> (stacked parameter, which half of the expert's rows: 0 gate, 1 up, None all)
+_EXPERT = re.compile(r"^mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+_EXPERT_TARGET = {"gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1), "down_proj": ("down_proj", None)}
 # buffers some checkpoints carry that the model recomputes
 _IGNORED = re.compile(r"(rotary_emb\.inv_freq|\.masked_bias|\.attn\.bias)$")
 
@@ -43,7 +48,7 @@ class WeightLoader:
     def __init__(self, model: LlamaModel) -> None:
         self.model = model
         self._params = dict(model.named_parameters())
-        self._written: dict[str, int] = {}  # parameter name -> rows written
+        self._written: dict[str, int] = {}  # parameter name -> elements written
 
     def load(self, name: str, tensor: torch.Tensor) -> None:
         if _IGNORED.search(name):
@@ -65,7 +70,15 @@ class WeightLoader:
             raise ValueError(f"unexpected weight {name!r}")
         index, rest = int(m.group(1)), m.group(2)
         module_name, _, kind = rest.rpartition(".")
-        if module_name in _FUSED:
+        expert = _EXPERT.match(rest)
+        if expert is not None:  # Hugging Face checkpoints store each expert apart: stacked here
+            target, half = _EXPERT_TARGET[expert.group(2)]
+            param_name, rows = f"layers.{index}.mlp.experts.{target}", slice(None)
+            if half is not None and param_name in self._params:
+                size = self._params[param_name].shape[1] // 2
+                rows = slice(half * size, (half + 1) * size)
+            self._copy(param_name, tensor, (int(expert.group(1)), rows))
+        elif module_name in _FUSED:
             target, shard = _FUSED[module_name]
             linear = self.model.layers[index].get_submodule(target)
             assert isinstance(linear, ColumnLinear)
@@ -75,24 +88,32 @@ class WeightLoader:
         else:
             raise ValueError(f"unexpected weight {name!r}")
 
-    def _copy(self, param_name: str, tensor: torch.Tensor, rows: slice | None = None) -> None:
+    def _copy(self, param_name: str, tensor: torch.Tensor, rows: slice | tuple[int, slice] | None = None) -> None:
         param = self._params.get(param_name)
         if param is None:
             raise ValueError(f"the model has no parameter {param_name!r} (config and weights disagree)")
+        if isinstance(rows, tuple) and not 0 <= rows[0] < param.shape[0]:
+            raise ValueError(f"{param_name} holds {param.shape[0]} experts; the weights have expert {rows[0]}")
         dest = param.data if rows is None else param.data[rows]
         if tuple(dest.shape) != tuple(tensor.shape):
             raise ValueError(
-                f"shape mismatch for {param_name}{'' if rows is None else f'[{rows.start}:{rows.stop}]'}: "
+                f"shape mismatch for {param_name}{'' if rows is None else _index_text(rows)}: "
                 f"model {tuple(dest.shape)}, weights {tuple(tensor.shape)}"
             )
         dest.copy_(tensor)
-        self._written[param_name] = self._written.get(param_name, 0) + dest.shape[0]
+        self._written[param_name] = self._written.get(param_name, 0) + dest.numel()
 
     def finish(self) -> None:
-        missing = [n for n, p in self._params.items() if self._written.get(n, 0) < p.shape[0]]
+        missing = [n for n, p in self._params.items() if self._written.get(n, 0) < p.numel()]
         if missing:
             shown = ", ".join(missing[:8]) + (" ..." if len(missing) > 8 else "")
             raise ValueError(f"{len(missing)} parameters were not found in the weights: {shown}")
+
+
+def _index_text(rows: slice | tuple[int, slice]) -> str:
+    expert, part = rows if isinstance(rows, tuple) else (None, rows)
+    span = "" if part.start is None else f"{part.start}:{part.stop}"
+    return f"[{expert}, {span or ':'}]" if expert is not None else f"[{span}]"
 
 
 @torch.no_grad()
