@@ -13,7 +13,8 @@ A sequence that the first step finishes (a stop token, `max_tokens`, a stop stri
 step: its token there is dropped. Its KV blocks go back at once: the chained step's write into them was
 enqueued before any later step that may take them, on the same stream. Prefill and mixed steps run as in the
 synchronous engine (`LLMEngine._run`); under tensor parallel the chained step's tokens reach the other ranks by
-a broadcast from rank 0 (`ModelRunner.decode_rows`).
+a broadcast from rank 0 (`ModelRunner.decode_rows`). A batch holding a guided request (structured output) is not
+chained: its next mask depends on the token in flight, so such batches step synchronously.
 """
 
 from __future__ import annotations
@@ -93,13 +94,15 @@ class AsyncDecode:
     def chain(self, cur: InFlight) -> InFlight | None:
         """Launch the decode step after `cur` on its device tokens, if the scheduler would run exactly that
         step next: nothing to admit (no request waiting, or none that fits) or prefilling, every running request
-        in `cur`, a KV slot for each."""
+        in `cur`, a KV slot for each; and no guided row in it."""
         sched, bm = self.scheduler, self.block_manager
         live = [s for s in cur.seqs if not s.finished]
         if not live or set(map(id, live)) != set(map(id, sched.running)) or any(s.is_prefilling for s in live):
             return None
         if sched.can_admit():
             return None
+        if any(s.guide is not None for s in live):
+            return None  # a guided row's mask needs the token the host has not read yet: step synchronously
         new_blocks = sum(s.num_tokens >= bm.num_slots(s.request_id) for s in live)
         if new_blocks > bm.num_free_blocks:
             return None  # the scheduler would preempt: decide that with the real tokens

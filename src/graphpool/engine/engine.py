@@ -11,6 +11,7 @@ import torch
 from graphpool.engine.async_scheduling import AsyncDecode
 from graphpool.engine.config import EngineConfig
 from graphpool.engine.cpu_threads import apply_cpu_threads
+from graphpool.engine.grammar import Grammars
 from graphpool.engine.kv_cache import BlockManager
 from graphpool.engine.outputs import (
     EngineStats,
@@ -113,6 +114,7 @@ class LLMEngine:
         self.sampler = Sampler(self.device, config.seed)
         eos = self.tokenizer.eos_token_ids if self.tokenizer is not None else self.model_config.eos_token_ids
         self.eos_token_ids = frozenset(eos)
+        self.grammars = Grammars(self.tokenizer, self.model_config.vocab_size, self.eos_token_ids)
         self._seqs: dict[str, Sequence] = {}
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
@@ -165,6 +167,8 @@ class LLMEngine:
             stop_ids |= self.eos_token_ids
         generator = self.sampler.make_generator(params.seed) if params.seed is not None else None
         seq = Sequence(request_id, token_ids, params, frozenset(stop_ids), generator)
+        if params.guided is not None:  # NOTE: compiled here unless already cached (the server compiles first)
+            seq.guide = self.grammars.guide(params.guided, stop_ids)
         self._seqs[request_id] = seq
         self.scheduler.add(seq)
 
@@ -281,7 +285,10 @@ class LLMEngine:
         if logprob is not None:
             seq.logprobs.append(logprob)
         self.generation_tokens_total += 1
-        reason = seq.finish_reason = length_or_stop(seq, token, self.max_model_len)
+        reason = length_or_stop(seq, token, self.max_model_len)
+        if seq.guide is not None and seq.guide.accept(token):
+            reason = "stop"  # the grammar ended (on a stop token, or complete with none to wait for)
+        seq.finish_reason = reason
         previous_len = len(seq.text)
         detokenize(seq, self.tokenizer, final=reason is not None)
         cut = find_stop_string(seq, previous_len) if seq.num_output_tokens >= seq.params.min_tokens else -1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from graphpool.engine.grammar import apply_guides
 from graphpool.engine.host_copy import to_device
 from graphpool.engine.logprobs import StepLogprobs, TokenLogprob, gather_logprobs
 from graphpool.engine.penalties import TokenCounts, apply_penalties
@@ -25,7 +26,8 @@ class Sampler:
     Rows with penalties get them applied (float32, on a copy: the logits may be a graph's output buffer)
     before the greedy argmax or the draw; `release(seq)` frees a finished request's token counts. A batch
     without penalties does no penalty work at all. Rows short of their `min_tokens` get -inf at their stop
-    ids on the same copy; `min_p` drops low-probability tokens before the draw (one vectorised mask).
+    ids on the same copy, and guided rows (engine/grammar.py) -inf at every token their grammar disallows next;
+    `min_p` drops low-probability tokens before the draw (one vectorised mask).
     `sample_step` also gathers the logprobs of the rows that ask for them, from the unchanged logits.
     """
 
@@ -62,7 +64,8 @@ class Sampler:
         penalised = [i for i, s in enumerate(seqs) if s.params.has_penalties]
         # NOTE: num_output_tokens counts async scheduling's placeholder, so it is the count before this token.
         held = [i for i, s in enumerate(seqs) if s.num_output_tokens < s.params.min_tokens and s.stop_ids]
-        if not penalised and not held:
+        guided = [i for i, s in enumerate(seqs) if s.guide is not None]
+        if not penalised and not held and not guided:
             return self._choose(logits, seqs, greedy)
         # NOTE: a float32 copy: the logits may be a graph's output buffer, and the graph's argmax is now stale.
         full = logits.to(torch.float32, copy=True)
@@ -70,6 +73,8 @@ class Sampler:
             index, rows = self._penalise(full, logits, [seqs[i] for i in penalised], penalised)
         if held:
             _suppress_stops(full, [seqs[i] for i in held], held)
+        if guided:
+            apply_guides(full, [seqs[i].guide for i in guided], guided)  # type: ignore[misc]
         tokens = self._choose(full, seqs, None)
         if penalised:
             self.token_counts.add(rows, tokens.index_select(0, index))

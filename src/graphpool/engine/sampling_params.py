@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from graphpool.engine.guided import GuidedDecoding
+
 # NOTE: what torch.Generator.manual_seed accepts; a negative seed s draws the stream of 2**64 + s.
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
 PENALTY_MIN, PENALTY_MAX = -2.0, 2.0  # OpenAI's documented range for presence/frequency penalties
@@ -43,6 +45,10 @@ class SamplingParams:
     `logprobs` (None = off, else 0..20): each output carries the sampled token's logprob and that many of the
     most likely tokens with theirs, from the model's raw logits (before penalties and temperature; see
     engine/logprobs.py).
+
+    `guided` (None = off): a `GuidedDecoding` constraint (JSON schema, any JSON object, regex, choice, EBNF
+    grammar) the output follows, token by token; the request stops when the grammar ends. It cannot be
+    combined with `ignore_eos` or `min_tokens` (the grammar decides where the output ends).
     """
 
     temperature: float = 1.0
@@ -61,6 +67,7 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     logprobs: int | None = None
+    guided: GuidedDecoding | None = None
     has_penalties: bool = field(init=False, repr=False, compare=False, default=False)
 
     def __post_init__(self) -> None:
@@ -119,9 +126,22 @@ class SamplingParams:
                 "repetition_penalty",
                 f"repetition_penalty must be > 0 (1 is off), got {self.repetition_penalty}",
             )
+        self._check_guided()
         # NOTE: a plain attribute, not a property: the sampler reads it for every row of every step.
         penalised = self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
         object.__setattr__(self, "has_penalties", penalised)
+
+    def _check_guided(self) -> None:
+        if self.guided is None:
+            return
+        if not isinstance(self.guided, GuidedDecoding):
+            raise InvalidParam("guided", f"guided must be a GuidedDecoding or None, got {type(self.guided).__name__}")
+        if self.ignore_eos:
+            raise InvalidParam("ignore_eos", "ignore_eos cannot be combined with guided decoding: the grammar "
+                               "decides where the output ends")
+        if self.min_tokens:
+            raise InvalidParam("min_tokens", "min_tokens cannot be combined with guided decoding: the grammar "
+                               "decides where the output ends")
 
     @property
     def greedy(self) -> bool:

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import enum
+from typing import TYPE_CHECKING
 
 import torch
 
 from graphpool.engine.logprobs import TokenLogprob
 from graphpool.engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from graphpool.engine.grammar import Guide
 
 
 class Status(enum.Enum):
@@ -40,6 +44,7 @@ class Sequence:
         self.block_keys: list[bytes] = []  # prefix-cache keys of its full blocks (see engine.prefix_cache)
         self.penalty_row: int | None = None  # the sampler's token-count row, for requests with penalties
         self.logprobs: list[TokenLogprob] = []  # one per output token when params.logprobs is set
+        self.guide: Guide | None = None  # the grammar state of a request with params.guided
         # detokenizer state (see engine.detokenize)
         self.text = ""
         self.emitted_len = 0  # chars of `text` already handed out as delta_text

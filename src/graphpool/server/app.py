@@ -52,7 +52,8 @@ def build_app(
     if max_request_bytes < 1:
         raise ValueError(f"max_request_bytes must be >= 1, got {max_request_bytes}")
     model_name = served_model_name or engine.engine.model_name
-    builder = PromptBuilder(engine.engine.tokenizer, engine.engine.max_model_len, [model_name], chat_template)
+    builder = PromptBuilder(engine.engine.tokenizer, engine.engine.max_model_len, [model_name], chat_template,
+                            getattr(engine.engine, "grammars", None))
     serving = OpenAIServing(engine, builder, metrics, model_name)
     created = int(time.time())
 

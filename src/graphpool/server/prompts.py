@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jinja2
 
+from graphpool.engine.guided import GuidedDecoding
 from graphpool.engine.sampling_params import (
     MAX_LOGPROBS,
     InvalidParam,
@@ -22,6 +23,10 @@ from graphpool.server.protocol import (
     CompletionRequest,
     refuse_unhonoured,
 )
+from graphpool.server.structured import guided_decoding
+
+if TYPE_CHECKING:
+    from graphpool.engine.grammar import Grammars
 
 
 @dataclass(frozen=True)
@@ -36,11 +41,12 @@ class PromptBuilder:
     """Checks a request against the model (name, context length) and builds the engine's input."""
 
     def __init__(self, tokenizer: Any, max_model_len: int, served_model_names: list[str],
-                 chat_template: str | None = None) -> None:
+                 chat_template: str | None = None, grammars: Grammars | None = None) -> None:
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.served_model_names = served_model_names
         self.chat_template = chat_template  # --chat-template's source; None: the model's own
+        self.grammars = grammars  # the engine's compiled-grammar cache; None: output constraints are refused
 
     # ---- per endpoint ----
     def completion(self, req: CompletionRequest) -> list[EngineInput]:
@@ -57,6 +63,7 @@ class PromptBuilder:
             raise APIError("suffix is not supported by this server", param="suffix")
         prompts = _prompts(req.prompt)
         max_tokens = 16 if req.max_tokens is None else req.max_tokens
+        guided = self.guided(req)
         inputs = []
         for i, prompt in enumerate(prompts):
             param = "prompt" if len(prompts) == 1 else f"prompt[{i}]"
@@ -66,7 +73,7 @@ class PromptBuilder:
             else:
                 ids = prompt
                 text = self._decode(prompt) if req.echo else ""
-            params = self._params(req, len(ids), max_tokens, prompt_param=param)
+            params = self._params(req, len(ids), max_tokens, guided, prompt_param=param)
             # NOTE: token ids, tokenized exactly as engine.encode does (the tokenizer's default special tokens).
             inputs += fan_out(EngineInput(prompt=ids, prompt_text=text, num_prompt_tokens=len(ids), params=params),
                               req.n or 1)
@@ -80,16 +87,29 @@ class PromptBuilder:
             raise APIError("top_logprobs needs logprobs: true", param="top_logprobs")
         if req.tools:
             raise APIError("tools are not supported by this server", param="tools")
-        if req.response_format is not None and req.response_format.get("type", "text") != "text":
-            raise APIError("only response_format type 'text' is supported", param="response_format")
+        guided = self.guided(req)
         ids = self.render_chat(self.chat_messages(req.messages))
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         if max_tokens is None:  # NOTE: OpenAI's chat default: as many tokens as the context leaves
             max_tokens = max(self.max_model_len - len(ids), 1)
-        params = self._params(req, len(ids), max_tokens)
+        params = self._params(req, len(ids), max_tokens, guided)
         return fan_out(EngineInput(prompt=ids, prompt_text="", num_prompt_tokens=len(ids), params=params), req.n or 1)
 
     # ---- pieces ----
+    def guided(self, req: CompletionRequest | ChatCompletionRequest) -> GuidedDecoding | None:
+        """The request's output constraint, compiled (and cached) now, before the request is admitted."""
+        found = guided_decoding(req)
+        if found is None:
+            return None
+        guided, param = found
+        if self.grammars is None:
+            raise APIError(f"{param}: this server's engine has no grammar support", param=param)
+        try:
+            self.grammars.compile(guided)
+        except InvalidParam as e:
+            raise APIError(f"{param}: {e}", param=param) from None
+        return guided
+
     def chat_messages(self, messages: list[ChatMessage]) -> list[dict[str, str]]:
         """The messages as the chat template takes them (text only, valid Unicode, not too long)."""
         out = [message_dict(m, i) for i, m in enumerate(messages)]
@@ -119,6 +139,7 @@ class PromptBuilder:
         req: CompletionRequest | ChatCompletionRequest,
         num_prompt_tokens: int,
         max_tokens: int,
+        guided: GuidedDecoding | None,
         prompt_param: str = "prompt",
     ) -> SamplingParams:
         chat = isinstance(req, ChatCompletionRequest)
@@ -164,6 +185,7 @@ class PromptBuilder:
                 include_stop_str_in_output=req.include_stop_str_in_output,
                 skip_special_tokens=req.skip_special_tokens,
                 logprobs=_engine_logprobs(req),
+                guided=guided,
             )
         except InvalidParam as e:
             raise APIError(str(e), param=e.param) from None

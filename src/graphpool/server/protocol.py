@@ -50,8 +50,8 @@ class StreamOptions(BaseModel):
 # Fields of OpenAI's API or vLLM's extensions that change the output and that this server does not honour,
 # each with the value that changes nothing (sent with that value, the field is accepted).
 UNHONOURED_FIELDS: dict[str, Any] = {
-    "spaces_between_special_tokens": True, "prompt_logprobs": None, "guided_json": None, "guided_regex": None,
-    "guided_choice": None, "guided_grammar": None, "structured_outputs": None, "use_beam_search": False,
+    "spaces_between_special_tokens": True, "prompt_logprobs": None, "guided_whitespace_pattern": None,
+    "use_beam_search": False,
     "length_penalty": 1.0, "truncate_prompt_tokens": None, "bad_words": None, "allowed_token_ids": None,
     "logits_processors": None, "parallel_tool_calls": None, "functions": None, "function_call": None,
     "prediction": None, "audio": None, "modalities": None, "add_generation_prompt": True,
@@ -100,6 +100,13 @@ class _SamplingFields(BaseModel):
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
     include_stop_str_in_output: StrictBool = False
     skip_special_tokens: StrictBool = True
+    # Structured output (server/structured.py): OpenAI's response_format, or one of vLLM's guided fields.
+    response_format: dict[str, Any] | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    structured_outputs: dict[str, Any] | None = None
 
 
 class CompletionRequest(_SamplingFields):
@@ -129,4 +136,3 @@ class ChatCompletionRequest(_SamplingFields):
     top_logprobs: int | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
-    response_format: dict[str, Any] | None = None
