@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -20,8 +21,12 @@ from graphpool.server.protocol import (
     ChatCompletionRequest,
     ChatMessage,
     CompletionRequest,
+    FunctionTool,
     refuse_unhonoured,
 )
+from graphpool.server.tool_parsers import ToolParser, choose_parser
+from graphpool.server.tool_prompt import fallback_messages, history_messages, template_reads_tools
+from graphpool.server.tools import ToolPlan, constrain_forced_call, plan_tools
 
 
 @dataclass(frozen=True)
@@ -36,11 +41,18 @@ class PromptBuilder:
     """Checks a request against the model (name, context length) and builds the engine's input."""
 
     def __init__(self, tokenizer: Any, max_model_len: int, served_model_names: list[str],
-                 chat_template: str | None = None) -> None:
+                 chat_template: str | None = None, tool_call_parser: str = "auto") -> None:
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.served_model_names = served_model_names
         self.chat_template = chat_template  # --chat-template's source; None: the model's own
+        source_of = getattr(tokenizer, "chat_template_source", None)
+        source = source_of(chat_template, tools=True) if source_of is not None else chat_template
+        self.template_reads_tools = template_reads_tools(source)
+        has_token = getattr(tokenizer, "has_token", None)
+        markers = ("<tool_call>", "<|python_tag|>", "[TOOL_CALLS]")
+        vocab = [m for m in markers if has_token is not None and has_token(m)]
+        self.parser: ToolParser = choose_parser(tool_call_parser, source, vocab, self.template_reads_tools)
 
     # ---- per endpoint ----
     def completion(self, req: CompletionRequest) -> list[EngineInput]:
@@ -72,31 +84,42 @@ class PromptBuilder:
                               req.n or 1)
         return inputs
 
-    def chat(self, req: ChatCompletionRequest) -> list[EngineInput]:
-        """`n` inputs of the conversation, one per choice."""
+    def chat(self, req: ChatCompletionRequest) -> tuple[list[EngineInput], ToolPlan]:
+        """`n` inputs of the conversation, one per choice, and the plan its output is read with."""
         self._common_checks(req)
         _check_logprobs(req.top_logprobs, "top_logprobs")
         if req.top_logprobs and not req.logprobs:
             raise APIError("top_logprobs needs logprobs: true", param="top_logprobs")
-        if req.tools:
-            raise APIError("tools are not supported by this server", param="tools")
         if req.response_format is not None and req.response_format.get("type", "text") != "text":
             raise APIError("only response_format type 'text' is supported", param="response_format")
-        ids = self.render_chat(self.chat_messages(req.messages))
+        plan = plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls, self.parser)
+        ids = self.render_chat(self.chat_messages(req.messages, req.tools), tools=plan.prompt_tools)
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         if max_tokens is None:  # NOTE: OpenAI's chat default: as many tokens as the context leaves
             max_tokens = max(self.max_model_len - len(ids), 1)
         params = self._params(req, len(ids), max_tokens)
-        return fan_out(EngineInput(prompt=ids, prompt_text="", num_prompt_tokens=len(ids), params=params), req.n or 1)
+        if plan.mode != "none" and self.parser.keep_special_tokens:
+            params = replace(params, skip_special_tokens=False)  # the call marker is a special token
+        if plan.mode == "forced":
+            params = constrain_forced_call(params, plan)
+        inp = EngineInput(prompt=ids, prompt_text="", num_prompt_tokens=len(ids), params=params)
+        return fan_out(inp, req.n or 1), plan
 
     # ---- pieces ----
-    def chat_messages(self, messages: list[ChatMessage]) -> list[dict[str, str]]:
-        """The messages as the chat template takes them (text only, valid Unicode, not too long)."""
-        out = [message_dict(m, i) for i, m in enumerate(messages)]
-        for i, m in enumerate(out):
-            _check_text(m["content"], f"messages[{i}].content")
-        self.check_text_length(sum(len(m["content"]) for m in out), "messages")
-        return out
+    def chat_messages(self, messages: list[ChatMessage],
+                      tools: list[FunctionTool] | None = None) -> list[dict[str, Any]]:
+        """The messages as the chat template takes them (text, valid Unicode, not too long; tool-call history
+        checked), with `tools` counted in the length."""
+        texts = [message_text(m, i) for i, m in enumerate(messages)]
+        for i, text in enumerate(texts):
+            _check_text(text, f"messages[{i}].content")
+            for j, call in enumerate(messages[i].tool_calls or ()):
+                _check_text(call.function.arguments, f"messages[{i}].tool_calls[{j}].function.arguments")
+        tools_text = json.dumps([t.model_dump(exclude_none=True) for t in tools or ()], ensure_ascii=False)
+        _check_text(tools_text, "tools")
+        args = sum(len(c.function.arguments) for m in messages for c in m.tool_calls or ())
+        self.check_text_length(sum(map(len, texts)) + args + len(tools_text), "messages")
+        return history_messages(messages, texts, self.parser)
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model not in self.served_model_names:
@@ -196,14 +219,20 @@ class PromptBuilder:
     def _decode(self, ids: list[int]) -> str:
         return self.need_tokenizer().decode(ids) if self.tokenizer is not None else ""
 
-    def render_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True,
-                    add_special_tokens: bool = False) -> list[int]:
-        """The conversation through the chat template (--chat-template's, else the model's), as LLM.chat does."""
+    def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                    add_special_tokens: bool = False, tools: list[dict[str, Any]] | None = None) -> list[int]:
+        """The conversation through the chat template (--chat-template's, else the model's), as LLM.chat does;
+        `tools` through the template, or the fallback system prompt when the template reads no tools."""
         tok = self.need_tokenizer()
+        extra: dict[str, Any] = {}
+        if self.template_reads_tools:
+            extra = {"tools": tools} if tools else {}
+        else:
+            messages = fallback_messages(messages, tools, self.parser)
         try:
             return list(tok.apply_chat_template(messages, chat_template=self.chat_template,
                                                 add_generation_prompt=add_generation_prompt,
-                                                add_special_tokens=add_special_tokens))
+                                                add_special_tokens=add_special_tokens, **extra))
         except (ValueError, jinja2.TemplateError) as e:
             raise APIError(f"cannot apply the chat template: {e}", param="messages") from None
 
@@ -253,11 +282,8 @@ def _check_text(text: str, param: str) -> None:
         raise APIError(str(e), param=e.param) from None
 
 
-def message_dict(m: ChatMessage, index: int) -> dict[str, str]:
-    if m.role == "tool" or m.tool_calls:
-        what = "tool messages" if m.role == "tool" else "tool_calls"
-        raise APIError(f"messages[{index}]: {what} are not supported by this server (it has no tool calling)",
-                       param=f"messages[{index}]")
+def message_text(m: ChatMessage, index: int) -> str:
+    """A message's content as text (text parts joined; none: empty)."""
     if m.content is None:
         content = ""
     elif isinstance(m.content, str):
@@ -272,4 +298,4 @@ def message_dict(m: ChatMessage, index: int) -> dict[str, str]:
                 )
             parts.append(part["text"])
         content = "".join(parts)
-    return {"role": m.role, "content": content}
+    return content
