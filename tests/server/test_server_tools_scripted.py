@@ -217,3 +217,28 @@ def test_tool_history_reaches_the_prompt_in_the_parsers_format(served: Served,
     assert f'{fmt.write_call("get_weather", {"city": "Paris"})}\n{fmt.write_call("get_time", {})}' in prompt
     assert "<user><tool_response>\nsunny\n</tool_response>\n<tool_response>\nnoon\n</tool_response><user>SAY:" \
         in prompt
+
+
+def test_the_answers_message_goes_back_into_the_history(served: Served, request: pytest.FixtureRequest) -> None:
+    parser = request.node.callspec.params["served"]
+    asked = {"role": "user", "content": f"SAY:{calls_text(parser, CALLS[:1])}"}
+    first = served.client.chat.completions.create(model="scripted", messages=[asked], tools=[WEATHER])
+    answer = first.choices[0].message  # as clients append it: the SDK's own message object
+    result = {"role": "tool", "tool_call_id": answer.tool_calls[0].id, "content": "sunny"}
+    r = served.client.chat.completions.create(
+        model="scripted", messages=[asked, answer, result, {"role": "user", "content": "SAY:Sunny."}],
+        tools=[WEATHER])
+    assert r.choices[0].message.content == "Sunny." and r.choices[0].finish_reason == "stop"
+    assert "<tool_response>\nsunny\n</tool_response>" in served.engine.prompts_seen[-1]
+
+
+def test_an_unknown_parser_is_refused_before_serving() -> None:
+    from graphpool.server.main import build_parser
+
+    with pytest.raises(ValueError, match="unknown parser 'qwen'"), serve_in_thread(ScriptEngine(),
+                                                                                   tool_call_parser="qwen"):
+        pass
+    with pytest.raises(SystemExit) as info:
+        build_parser().parse_args(["--tool-call-parser", "qwen"])
+    assert info.value.code == 2
+    assert build_parser().parse_args(["--tool-call-parser", "mistral"]).tool_call_parser == "mistral"

@@ -230,3 +230,35 @@ def test_auto_picks_the_templates_format(template: str | None, vocab: list[str],
 def test_an_unknown_parser_name_is_an_error_naming_the_choices() -> None:
     with pytest.raises(ValueError, match=r"unknown parser 'qwen'.*hermes"):
         choose_parser("qwen", None, [], False)
+
+
+class MarkerTokenizer:
+    """A vocabulary of characters plus `<tool_call>` as one token, special (dropped by skip_special_tokens)
+    or not."""
+
+    def __init__(self, special: bool, template: str) -> None:
+        self.special, self.template = special, template
+
+    def chat_template_source(self, chat_template: str | None = None, tools: bool = False) -> str:
+        return chat_template or self.template
+
+    def has_token(self, text: str) -> bool:
+        return text == "<tool_call>"
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return [0] if text == "<tool_call>" else [ord(c) for c in text]
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return "".join("" if i == 0 and skip_special_tokens and self.special else
+                       "<tool_call>" if i == 0 else chr(i) for i in ids)
+
+
+def test_a_marker_that_is_a_special_token_keeps_special_tokens_in_the_text() -> None:
+    from graphpool.server.tool_prompt import tool_setup
+
+    for special in (True, False):
+        setup = tool_setup(MarkerTokenizer(special, QWEN_LIKE), None, "auto")
+        assert (setup.parser.name, setup.template_reads_tools, setup.keep_special_tokens) == ("hermes", True, special)
+    plain = tool_setup(MarkerTokenizer(True, PLAIN), None, "auto")
+    assert not plain.template_reads_tools and plain.keep_special_tokens  # the vocabulary's marker still counts
+    assert tool_setup(MarkerTokenizer(False, PLAIN), MISTRAL_LIKE, "auto").parser.name == "mistral"

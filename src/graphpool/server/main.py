@@ -220,9 +220,13 @@ def serve_in_thread(
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind((host, 0))
     port = sock.getsockname()[1]
-    server = make_server(engine, host, port, served_model_name, log_level, shutdown_timeout,
-                         max_request_bytes=max_request_bytes, chat_template=chat_template, api_keys=api_keys,
-                         tool_call_parser=tool_call_parser)
+    try:
+        server = make_server(engine, host, port, served_model_name, log_level, shutdown_timeout,
+                             max_request_bytes=max_request_bytes, chat_template=chat_template, api_keys=api_keys,
+                             tool_call_parser=tool_call_parser)
+    except BaseException:
+        sock.close()
+        raise
     thread = threading.Thread(
         target=server.run, kwargs={"sockets": [sock]}, name="graphpool-http", daemon=True
     )

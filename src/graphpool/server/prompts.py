@@ -24,8 +24,8 @@ from graphpool.server.protocol import (
     FunctionTool,
     refuse_unhonoured,
 )
-from graphpool.server.tool_parsers import ToolParser, choose_parser
-from graphpool.server.tool_prompt import fallback_messages, history_messages, template_reads_tools
+from graphpool.server.tool_parsers import ToolParser
+from graphpool.server.tool_prompt import fallback_messages, history_messages, tool_setup
 from graphpool.server.tools import ToolPlan, constrain_forced_call, plan_tools
 
 
@@ -46,13 +46,9 @@ class PromptBuilder:
         self.max_model_len = max_model_len
         self.served_model_names = served_model_names
         self.chat_template = chat_template  # --chat-template's source; None: the model's own
-        source_of = getattr(tokenizer, "chat_template_source", None)
-        source = source_of(chat_template, tools=True) if source_of is not None else chat_template
-        self.template_reads_tools = template_reads_tools(source)
-        has_token = getattr(tokenizer, "has_token", None)
-        markers = ("<tool_call>", "<|python_tag|>", "[TOOL_CALLS]")
-        vocab = [m for m in markers if has_token is not None and has_token(m)]
-        self.parser: ToolParser = choose_parser(tool_call_parser, source, vocab, self.template_reads_tools)
+        tools = tool_setup(tokenizer, chat_template, tool_call_parser)
+        self.parser: ToolParser = tools.parser
+        self.template_reads_tools, self.keep_special_tokens = tools.template_reads_tools, tools.keep_special_tokens
 
     # ---- per endpoint ----
     def completion(self, req: CompletionRequest) -> list[EngineInput]:
@@ -98,7 +94,7 @@ class PromptBuilder:
         if max_tokens is None:  # NOTE: OpenAI's chat default: as many tokens as the context leaves
             max_tokens = max(self.max_model_len - len(ids), 1)
         params = self._params(req, len(ids), max_tokens)
-        if plan.mode != "none" and self.parser.keep_special_tokens:
+        if plan.mode != "none" and self.keep_special_tokens:
             params = replace(params, skip_special_tokens=False)  # the call marker is a special token
         if plan.mode == "forced":
             params = constrain_forced_call(params, plan)

@@ -10,13 +10,14 @@ and tool results as user turns wrapped in `<tool_response></tool_response>`.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 import jinja2
 import jinja2.meta
 
 from graphpool.server.protocol import APIError, ChatMessage
-from graphpool.server.tool_parsers import ToolParser
+from graphpool.server.tool_parsers import ToolParser, choose_parser
 
 FALLBACK_PREAMBLE = ("You can call functions to help answer. The functions you may call are listed below, one "
                      "JSON object each, inside <tools></tools>:")
@@ -31,6 +32,32 @@ def template_reads_tools(source: str | None) -> bool:
     except jinja2.TemplateSyntaxError:
         return False
     return "tools" in jinja2.meta.find_undeclared_variables(ast)
+
+
+@dataclass(frozen=True)
+class ToolSetup:
+    parser: ToolParser
+    template_reads_tools: bool
+    keep_special_tokens: bool  # the parser's marker is a special token the detokenizer would drop
+
+
+def tool_setup(tokenizer: Any, chat_template: str | None, parser_name: str) -> ToolSetup:
+    """The server's tool-call format for this tokenizer and template (`chat_template`: --chat-template's
+    source, None: the model's own); a ValueError for an unknown parser name."""
+    source_of = getattr(tokenizer, "chat_template_source", None)
+    source = source_of(chat_template, tools=True) if source_of is not None else chat_template
+    reads = template_reads_tools(source)
+    has_token = getattr(tokenizer, "has_token", None)
+    markers = ("<tool_call>", "<|python_tag|>", "[TOOL_CALLS]")
+    vocab = [m for m in markers if has_token is not None and has_token(m)]
+    parser = choose_parser(parser_name, source, vocab, reads)
+    keep = parser.keep_special_tokens or any(_dropped_as_special(tokenizer, m) for m in parser.markers if m in vocab)
+    return ToolSetup(parser, reads, keep)
+
+
+def _dropped_as_special(tokenizer: Any, marker: str) -> bool:
+    ids = tokenizer.encode(marker, add_special_tokens=False)
+    return len(ids) == 1 and tokenizer.decode(ids, skip_special_tokens=True) == ""
 
 
 def history_messages(messages: list[ChatMessage], texts: list[str], parser: ToolParser) -> list[dict[str, Any]]:
