@@ -84,17 +84,17 @@ def test_a_harmless_value_of_an_unhonoured_field_is_accepted(base_url: str) -> N
     assert r.json()["usage"]["completion_tokens"] >= 1
 
 
-def test_strict_types_stop_count_and_tool_history_are_refused(base_url: str) -> None:
+def test_strict_types_stop_count_and_malformed_tool_history_are_refused(base_url: str) -> None:
     assert error(post(base_url, {"prompt": "Hi", "stream": "yes"}), 400)["param"] == "stream"
     assert error(post(base_url, {"prompt": "Hi", "stop": ["a", "b", "c", "d", "e"]}), 400)["param"] == "stop"
     messages = [
         {"role": "user", "content": "weather?"},
         {"role": "assistant", "content": None,
          "tool_calls": [{"id": "1", "type": "function", "function": {"name": "w", "arguments": "{}"}}]},
-        {"role": "tool", "tool_call_id": "1", "content": "sunny"},
+        {"role": "tool", "tool_call_id": "2", "content": "sunny"},
     ]
     e = error(post(base_url, {"messages": messages}, "/v1/chat/completions"), 400)
-    assert e["param"] == "messages[1]" and "tool" in e["message"]
+    assert e["param"] == "messages[2].tool_call_id" and "answers no tool call" in e["message"]
 
 
 def test_max_model_len_past_the_models_context_is_refused_before_allocating() -> None:

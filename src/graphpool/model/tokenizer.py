@@ -42,19 +42,32 @@ class Tokenizer:
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return str(self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens))
 
+    def chat_template_source(self, chat_template: str | None = None, tools: bool = False) -> str | None:
+        """The Jinja source `apply_chat_template` renders with (the tool-use one of a model that has several
+        when `tools`); None when there is none."""
+        if not (chat_template or self.hf.chat_template):
+            return None
+        return str(self.hf.get_chat_template(chat_template, tools=[{}] if tools else None))
+
+    def has_token(self, text: str) -> bool:
+        """Whether `text` is one entry of the vocabulary (a marker token such as `<tool_call>`)."""
+        return text in self.hf.get_vocab()
+
     def token_strs(self, ids: Sequence[int]) -> list[str]:
         """Each id's vocabulary entry (byte-level spelling, as vLLM's /tokenize returns them)."""
         return [str(t) for t in self.hf.convert_ids_to_tokens(list(ids))]
 
     def apply_chat_template(
-        self, messages: Sequence[Mapping[str, str]], chat_template: str | None = None,
+        self, messages: Sequence[Mapping[str, Any]], chat_template: str | None = None,
         add_generation_prompt: bool = True, add_special_tokens: bool = False,
+        tools: list[dict[str, Any]] | None = None,
     ) -> list[int]:
-        """The conversation as token ids; `chat_template` (a Jinja source) replaces the model's own."""
+        """The conversation as token ids; `chat_template` (a Jinja source) replaces the model's own; `tools`
+        (OpenAI function tools) go to the template as its `tools` variable."""
         if not (chat_template or self.hf.chat_template):
             raise ValueError("this model's tokenizer has no chat template; use raw text prompts")
         text = self.hf.apply_chat_template(list(messages), chat_template=chat_template, tokenize=False,
-                                           add_generation_prompt=add_generation_prompt)
+                                           add_generation_prompt=add_generation_prompt, tools=tools)
         # NOTE: the rendered template already holds its special tokens; by default add none of our own.
         return self.encode(text, add_special_tokens=add_special_tokens)
 

@@ -39,6 +39,7 @@ ENGINE_STOP_TIMEOUT_S = 5.0
 def build_app(
     engine: AsyncEngine, metrics: ServerMetrics, served_model_name: str | None = None,
     max_request_bytes: int | None = None, chat_template: str | None = None, api_keys: Sequence[str] = (),
+    tool_call_parser: str = "auto",
 ) -> FastAPI:
     """An app serving ``engine`` (an AsyncEngine around an LLMEngine); the lifespan starts and stops its loop.
 
@@ -46,6 +47,8 @@ def build_app(
     A request body past ``max_request_bytes`` (None: the default) is refused with a 413 before it is parsed.
     ``chat_template``: a Jinja source that replaces the model's own (chat completions and /tokenize).
     ``api_keys``: when any, every /v1/* route needs one of them as a Bearer token (else a 401).
+    ``tool_call_parser``: the format tool calls are read in (server/tool_parsers.py; `auto`: from the chat
+    template and the vocabulary); an unknown name is a ValueError.
     """
     if max_request_bytes is None:
         max_request_bytes = DEFAULT_MAX_REQUEST_BYTES
@@ -53,7 +56,7 @@ def build_app(
         raise ValueError(f"max_request_bytes must be >= 1, got {max_request_bytes}")
     model_name = served_model_name or engine.engine.model_name
     builder = PromptBuilder(engine.engine.tokenizer, engine.engine.max_model_len, [model_name], chat_template,
-                            getattr(engine.engine, "grammars", None))
+                            tool_call_parser, getattr(engine.engine, "grammars", None))
     serving = OpenAIServing(engine, builder, metrics, model_name)
     created = int(time.time())
 

@@ -8,6 +8,8 @@ from typing import Any
 
 from graphpool.engine.outputs import RequestOutput
 from graphpool.server.logprobs import LogprobFormatter
+from graphpool.server.tool_stream import ToolCallStream, finish_reason, message
+from graphpool.server.tools import ToolPlan
 
 
 def sse(data: dict[str, Any] | str) -> str:
@@ -19,8 +21,11 @@ class Choices:
     """One response's choices: choice i is the (i // n)-th prompt's (i % n)-th sequence."""
 
     def __init__(self, chat: bool, header: dict[str, Any], n: int, logprobs: LogprobFormatter | None,
-                 include_usage: bool = False) -> None:
+                 include_usage: bool = False, tools: ToolPlan | None = None) -> None:
         self.chat, self.header, self.n, self.logprobs = chat, header, n, logprobs
+        # NOTE: with tools to parse, each chat choice's text goes through its own tool-call stream
+        self.tools = tools if tools is not None and tools.mode != "none" else None
+        self._tool_streams: dict[int, ToolCallStream] = {}
         self.obj = "chat.completion.chunk" if chat else "text_completion"
         self.extra: dict[str, Any] = {"usage": None} if include_usage else {}
         self._offsets: dict[int, int] = {}  # streamed completions: each choice's text offset so far
@@ -28,11 +33,11 @@ class Choices:
     # ---- collected ----
     def response(self, lasts: list[RequestOutput], echoes: list[str | None]) -> dict[str, Any]:
         if self.chat:
-            choices = [
-                {"index": i, "message": {"role": "assistant", "content": last.text},
-                 "logprobs": self._logprobs(i, last.logprobs), "finish_reason": last.finish_reason}
-                for i, last in enumerate(lasts)
-            ]
+            choices = []
+            for i, last in enumerate(lasts):
+                msg = message(self.tools, last.text)
+                choices.append({"index": i, "message": msg, "logprobs": self._logprobs(i, last.logprobs),
+                                "finish_reason": finish_reason(last.finish_reason, "tool_calls" in msg)})
             return {**self.header, "object": "chat.completion", "choices": choices, "usage": self.usage(lasts)}
         choices = [
             {"index": i, "text": (echo or "") + last.text, "logprobs": self._logprobs(i, last.logprobs),
@@ -58,6 +63,32 @@ class Choices:
             choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
         else:
             choice = {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}
+        return sse({**self.header, "object": self.obj, "choices": [choice], **self.extra})
+
+    def chat_chunks(self, index: int, out: RequestOutput) -> list[str]:
+        """A chat choice's chunks for one output: its content and tool calls (through the tool-call stream when
+        tools are parsed), the logprobs of its new tokens on the first, then its finish chunk when it ended."""
+        if self.tools is None:
+            chunks = [self.chunk(index, out.delta_text, out=out)] if out.delta_text or out.new_token_ids else []
+            return chunks + ([self.chunk(index, None, out.finish_reason)] if out.finished else [])
+        stream = self._tool_streams.setdefault(index, ToolCallStream(self.tools))
+        deltas = [stream.feed(out.delta_text)] + ([stream.finish()] if out.finished else [])
+        chunks = []
+        logprobs = self._logprobs(index, out.new_logprobs) if out.new_token_ids else None
+        for delta in deltas:
+            if delta or logprobs is not None:
+                body: dict[str, Any] = {"content": delta.content} if delta.content else {}
+                if delta.calls:
+                    body["tool_calls"] = delta.calls
+                chunks.append(self._chat_chunk(index, body, logprobs, None))
+                logprobs = None
+        if out.finished:
+            chunks.append(self._chat_chunk(index, {}, None, finish_reason(out.finish_reason, stream.called)))
+        return chunks
+
+    def _chat_chunk(self, index: int, delta: dict[str, Any], logprobs: dict[str, Any] | None,
+                    finish: str | None) -> str:
+        choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         return sse({**self.header, "object": self.obj, "choices": [choice], **self.extra})
 
     def usage_chunk(self, lasts: list[RequestOutput]) -> str:

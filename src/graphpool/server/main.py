@@ -44,7 +44,10 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
 
 
 def add_api_args(parser: argparse.ArgumentParser) -> None:
-    """`serve MODEL` (as `vllm serve MODEL`; --model still works), API keys and the chat template."""
+    """`serve MODEL` (as `vllm serve MODEL`; --model still works), API keys, the chat template and the
+    tool-call parser."""
+    from graphpool.server.tool_parsers import PARSER_NAMES
+
     parser.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
                         help="the model to serve, as --model takes it (give one of the two)")
     group = parser.add_argument_group("API")
@@ -54,6 +57,10 @@ def add_api_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--chat-template", default=None, metavar="PATH_OR_STRING",
                        help="a Jinja chat template (a file, or the template itself) that replaces the model's "
                        "own, for /v1/chat/completions and /tokenize with messages")
+    group.add_argument("--tool-call-parser", default="auto", choices=PARSER_NAMES,
+                       help="the format the model writes tool calls in: hermes (Qwen2/Qwen3, Hermes, and the "
+                       "fallback prompt), llama3_json, mistral; auto (default): from the chat template and the "
+                       "vocabulary")
 
 
 def resolve_api_args(args: argparse.Namespace) -> str | None:
@@ -173,6 +180,7 @@ def make_server(
     max_request_bytes: int | None = None,
     chat_template: str | None = None,
     api_keys: Sequence[str] = (),
+    tool_call_parser: str = "auto",
 ):
     """A GracefulServer (uvicorn.Server) for ``engine`` (an LLMEngine); ``server.run()`` blocks;
     ``begin_shutdown()`` (or SIGTERM) drains and stops it, ``should_exit`` stops it without draining.
@@ -187,7 +195,8 @@ def make_server(
     # NOTE: a test's stand-in engine may have no start-up times
     metrics = ServerMetrics(disabled_kernels=disabled_kernels, startup=getattr(engine, "startup", None))
     async_engine = AsyncEngine(engine, observer=metrics)
-    app = build_app(async_engine, metrics, served_model_name, max_request_bytes, chat_template, api_keys)
+    app = build_app(async_engine, metrics, served_model_name, max_request_bytes, chat_template, api_keys,
+                    tool_call_parser)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False)
     return GracefulServer(config, async_engine, shutdown_timeout, on_ready)
 
@@ -202,6 +211,7 @@ def serve_in_thread(
     max_request_bytes: int | None = None,
     chat_template: str | None = None,
     api_keys: Sequence[str] = (),
+    tool_call_parser: str = "auto",
 ) -> Iterator[tuple[str, Any]]:
     """Serves ``engine`` from a background thread on a free port; yields (base URL, GracefulServer).
 
@@ -210,8 +220,13 @@ def serve_in_thread(
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind((host, 0))
     port = sock.getsockname()[1]
-    server = make_server(engine, host, port, served_model_name, log_level, shutdown_timeout,
-                         max_request_bytes=max_request_bytes, chat_template=chat_template, api_keys=api_keys)
+    try:
+        server = make_server(engine, host, port, served_model_name, log_level, shutdown_timeout,
+                             max_request_bytes=max_request_bytes, chat_template=chat_template, api_keys=api_keys,
+                             tool_call_parser=tool_call_parser)
+    except BaseException:
+        sock.close()
+        raise
     thread = threading.Thread(
         target=server.run, kwargs={"sockets": [sock]}, name="graphpool-http", daemon=True
     )
@@ -269,7 +284,7 @@ def serve(args: argparse.Namespace, config: Any = None) -> int:
     server = make_server(
         engine, args.host, args.port, args.served_model_name, args.log_level, args.shutdown_timeout, ready,
         config.disabled_kernels, args.max_request_bytes, getattr(args, "chat_template_source", None),
-        getattr(args, "api_keys", None) or (),
+        getattr(args, "api_keys", None) or (), getattr(args, "tool_call_parser", "auto"),
     )
     try:
         server.run(sockets=[sock])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -21,9 +22,13 @@ from graphpool.server.protocol import (
     ChatCompletionRequest,
     ChatMessage,
     CompletionRequest,
+    FunctionTool,
     refuse_unhonoured,
 )
 from graphpool.server.structured import guided_decoding
+from graphpool.server.tool_parsers import ToolParser
+from graphpool.server.tool_prompt import fallback_messages, history_messages, tool_setup
+from graphpool.server.tools import ToolPlan, forced_call_guided, plan_tools
 
 if TYPE_CHECKING:
     from graphpool.engine.grammar import Grammars
@@ -41,12 +46,16 @@ class PromptBuilder:
     """Checks a request against the model (name, context length) and builds the engine's input."""
 
     def __init__(self, tokenizer: Any, max_model_len: int, served_model_names: list[str],
-                 chat_template: str | None = None, grammars: Grammars | None = None) -> None:
+                 chat_template: str | None = None, tool_call_parser: str = "auto",
+                 grammars: Grammars | None = None) -> None:
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.served_model_names = served_model_names
         self.chat_template = chat_template  # --chat-template's source; None: the model's own
         self.grammars = grammars  # the engine's compiled-grammar cache; None: output constraints are refused
+        tools = tool_setup(tokenizer, chat_template, tool_call_parser)
+        self.parser: ToolParser = tools.parser
+        self.template_reads_tools, self.keep_special_tokens = tools.template_reads_tools, tools.keep_special_tokens
 
     # ---- per endpoint ----
     def completion(self, req: CompletionRequest) -> list[EngineInput]:
@@ -79,29 +88,36 @@ class PromptBuilder:
                               req.n or 1)
         return inputs
 
-    def chat(self, req: ChatCompletionRequest) -> list[EngineInput]:
-        """`n` inputs of the conversation, one per choice."""
+    def chat(self, req: ChatCompletionRequest) -> tuple[list[EngineInput], ToolPlan]:
+        """`n` inputs of the conversation, one per choice, and the plan its output is read with."""
         self._common_checks(req)
         _check_logprobs(req.top_logprobs, "top_logprobs")
         if req.top_logprobs and not req.logprobs:
             raise APIError("top_logprobs needs logprobs: true", param="top_logprobs")
-        if req.tools:
-            raise APIError("tools are not supported by this server", param="tools")
+        plan = plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls, self.parser)
         guided = self.guided(req)
-        ids = self.render_chat(self.chat_messages(req.messages))
+        if plan.mode == "forced":
+            if guided is not None:
+                raise APIError("a tool_choice that forces a call takes no other output constraint",
+                               param="tool_choice")
+            guided = self._compiled(forced_call_guided(plan), "tool_choice")
+        ids = self.render_chat(self.chat_messages(req.messages, req.tools), tools=plan.prompt_tools)
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         if max_tokens is None:  # NOTE: OpenAI's chat default: as many tokens as the context leaves
             max_tokens = max(self.max_model_len - len(ids), 1)
         params = self._params(req, len(ids), max_tokens, guided)
-        return fan_out(EngineInput(prompt=ids, prompt_text="", num_prompt_tokens=len(ids), params=params), req.n or 1)
+        if plan.mode != "none" and self.keep_special_tokens:
+            params = replace(params, skip_special_tokens=False)  # the call marker is a special token
+        inp = EngineInput(prompt=ids, prompt_text="", num_prompt_tokens=len(ids), params=params)
+        return fan_out(inp, req.n or 1), plan
 
     # ---- pieces ----
     def guided(self, req: CompletionRequest | ChatCompletionRequest) -> GuidedDecoding | None:
         """The request's output constraint, compiled (and cached) now, before the request is admitted."""
         found = guided_decoding(req)
-        if found is None:
-            return None
-        guided, param = found
+        return None if found is None else self._compiled(*found)
+
+    def _compiled(self, guided: GuidedDecoding, param: str) -> GuidedDecoding:
         if self.grammars is None:
             raise APIError(f"{param}: this server's engine has no grammar support", param=param)
         try:
@@ -110,13 +126,20 @@ class PromptBuilder:
             raise APIError(f"{param}: {e}", param=param) from None
         return guided
 
-    def chat_messages(self, messages: list[ChatMessage]) -> list[dict[str, str]]:
-        """The messages as the chat template takes them (text only, valid Unicode, not too long)."""
-        out = [message_dict(m, i) for i, m in enumerate(messages)]
-        for i, m in enumerate(out):
-            _check_text(m["content"], f"messages[{i}].content")
-        self.check_text_length(sum(len(m["content"]) for m in out), "messages")
-        return out
+    def chat_messages(self, messages: list[ChatMessage],
+                      tools: list[FunctionTool] | None = None) -> list[dict[str, Any]]:
+        """The messages as the chat template takes them (text, valid Unicode, not too long; tool-call history
+        checked), with `tools` counted in the length."""
+        texts = [message_text(m, i) for i, m in enumerate(messages)]
+        for i, text in enumerate(texts):
+            _check_text(text, f"messages[{i}].content")
+            for j, call in enumerate(messages[i].tool_calls or ()):
+                _check_text(call.function.arguments, f"messages[{i}].tool_calls[{j}].function.arguments")
+        tools_text = json.dumps([t.model_dump(exclude_none=True) for t in tools or ()], ensure_ascii=False)
+        _check_text(tools_text, "tools")
+        args = sum(len(c.function.arguments) for m in messages for c in m.tool_calls or ())
+        self.check_text_length(sum(map(len, texts)) + args + len(tools_text), "messages")
+        return history_messages(messages, texts, self.parser)
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model not in self.served_model_names:
@@ -218,14 +241,20 @@ class PromptBuilder:
     def _decode(self, ids: list[int]) -> str:
         return self.need_tokenizer().decode(ids) if self.tokenizer is not None else ""
 
-    def render_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True,
-                    add_special_tokens: bool = False) -> list[int]:
-        """The conversation through the chat template (--chat-template's, else the model's), as LLM.chat does."""
+    def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                    add_special_tokens: bool = False, tools: list[dict[str, Any]] | None = None) -> list[int]:
+        """The conversation through the chat template (--chat-template's, else the model's), as LLM.chat does;
+        `tools` through the template, or the fallback system prompt when the template reads no tools."""
         tok = self.need_tokenizer()
+        extra: dict[str, Any] = {}
+        if self.template_reads_tools:
+            extra = {"tools": tools} if tools else {}
+        else:
+            messages = fallback_messages(messages, tools, self.parser)
         try:
             return list(tok.apply_chat_template(messages, chat_template=self.chat_template,
                                                 add_generation_prompt=add_generation_prompt,
-                                                add_special_tokens=add_special_tokens))
+                                                add_special_tokens=add_special_tokens, **extra))
         except (ValueError, jinja2.TemplateError) as e:
             raise APIError(f"cannot apply the chat template: {e}", param="messages") from None
 
@@ -275,11 +304,8 @@ def _check_text(text: str, param: str) -> None:
         raise APIError(str(e), param=e.param) from None
 
 
-def message_dict(m: ChatMessage, index: int) -> dict[str, str]:
-    if m.role == "tool" or m.tool_calls:
-        what = "tool messages" if m.role == "tool" else "tool_calls"
-        raise APIError(f"messages[{index}]: {what} are not supported by this server (it has no tool calling)",
-                       param=f"messages[{index}]")
+def message_text(m: ChatMessage, index: int) -> str:
+    """A message's content as text (text parts joined; none: empty)."""
     if m.content is None:
         content = ""
     elif isinstance(m.content, str):
@@ -294,4 +320,4 @@ def message_dict(m: ChatMessage, index: int) -> dict[str, str]:
                 )
             parts.append(part["text"])
         content = "".join(parts)
-    return {"role": m.role, "content": content}
+    return content

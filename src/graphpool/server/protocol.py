@@ -53,7 +53,7 @@ UNHONOURED_FIELDS: dict[str, Any] = {
     "spaces_between_special_tokens": True, "prompt_logprobs": None, "guided_whitespace_pattern": None,
     "use_beam_search": False,
     "length_penalty": 1.0, "truncate_prompt_tokens": None, "bad_words": None, "allowed_token_ids": None,
-    "logits_processors": None, "parallel_tool_calls": None, "functions": None, "function_call": None,
+    "logits_processors": None, "functions": None, "function_call": None,
     "prediction": None, "audio": None, "modalities": None, "add_generation_prompt": True,
     "continue_final_message": False, "chat_template": None, "chat_template_kwargs": None,
 }
@@ -118,14 +118,51 @@ class CompletionRequest(_SamplingFields):
     suffix: str | None = None
 
 
+# OpenAI's rule for function names (tools[i].function.name, tool_choice, tool_calls in the history).
+FUNCTION_NAME_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
+
+
+class FunctionDefinition(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=FUNCTION_NAME_PATTERN)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON Schema of the arguments object
+    strict: StrictBool | None = None
+
+
+class FunctionTool(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class CalledFunction(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=FUNCTION_NAME_PATTERN)
+    arguments: str  # JSON text of an object, as OpenAI sends it
+
+
+class MessageToolCall(BaseModel):
+    """A call an earlier assistant turn made (a message's `tool_calls[j]`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(min_length=1)
+    type: Literal["function"]
+    function: CalledFunction
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
-    tool_calls: list[dict[str, Any]] | None = None  # refused: this server has no tool calling
-    tool_call_id: str | None = None
+    tool_calls: list[MessageToolCall] | None = None  # assistant messages only
+    tool_call_id: str | None = None  # tool messages only
 
 
 class ChatCompletionRequest(_SamplingFields):
@@ -134,5 +171,6 @@ class ChatCompletionRequest(_SamplingFields):
     max_completion_tokens: int | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: Any = None
+    tools: list[FunctionTool] | None = None
+    tool_choice: Any = None  # checked by server/tools.py: a string or a named function, with its own 400s
+    parallel_tool_calls: StrictBool | None = None

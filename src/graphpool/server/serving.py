@@ -19,6 +19,7 @@ from graphpool.server.logprobs import LogprobFormatter
 from graphpool.server.metrics import ServerMetrics
 from graphpool.server.prompts import EngineInput, PromptBuilder
 from graphpool.server.protocol import APIError, ChatCompletionRequest, CompletionRequest, error_body
+from graphpool.server.tools import ToolPlan
 
 DISCONNECT_POLL_S = 0.1
 
@@ -116,8 +117,8 @@ class OpenAIServing:
 
     async def chat(self, req: ChatCompletionRequest, raw: Request) -> Response:
         timer = _Timer(self.metrics)
-        inputs = await asyncio.to_thread(self.builder.chat, req)
-        return await self._serve(req, inputs, raw, timer, chat=True)
+        inputs, tools = await asyncio.to_thread(self.builder.chat, req)
+        return await self._serve(req, inputs, raw, timer, chat=True, tools=tools)
 
     async def _add(self, request_id: str, inputs: list[EngineInput], chat: bool, n: int) -> list[RequestStream]:
         streams: list[RequestStream] = []
@@ -144,6 +145,7 @@ class OpenAIServing:
         raw: Request,
         timer: _Timer,
         chat: bool,
+        tools: ToolPlan | None = None,
     ) -> Response:
         request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         n = req.n or 1
@@ -155,12 +157,12 @@ class OpenAIServing:
         logprobs = self.logprobs if inputs[0].params.logprobs is not None else None
         if req.stream:
             include_usage = req.stream_options is not None and req.stream_options.include_usage
-            choices = Choices(chat, header, n, logprobs, include_usage)
+            choices = Choices(chat, header, n, logprobs, include_usage, tools)
             return AbortingStreamingResponse(self._stream_body(streams, choices, timer, echoes), self.engine, streams)
         lasts = await self._collect(streams, raw, timer)
         if lasts is None:  # client disconnected; nobody reads this
             return Response(status_code=499)
-        return JSONResponse(Choices(chat, header, n, logprobs).response(lasts, echoes))
+        return JSONResponse(Choices(chat, header, n, logprobs, tools=tools).response(lasts, echoes))
 
     async def _collect(self, streams: list[RequestStream], raw: Request, timer: _Timer) -> list[Any] | None:
         async def collect() -> list[Any]:
@@ -199,6 +201,11 @@ class OpenAIServing:
         try:
             async for index, out in merged(streams):
                 timer.on_output(len(out.token_ids), out.finished)
+                if choices.chat:
+                    for chunk in choices.chat_chunks(index, out):
+                        yield chunk
+                    lasts[index] = out
+                    continue
                 # NOTE: a chunk per step that made tokens, text or not (a tokenizer-less model makes no text).
                 if out.delta_text or out.new_token_ids:
                     yield choices.chunk(index, out.delta_text, out=out)

@@ -13,7 +13,14 @@ from starlette.responses import Response
 
 from graphpool.server.parsing import body_schema, read_json, validate
 from graphpool.server.prompts import PromptBuilder
-from graphpool.server.protocol import UNHONOURED_FIELDS, APIError, ChatMessage, refuse_unhonoured
+from graphpool.server.protocol import (
+    UNHONOURED_FIELDS,
+    APIError,
+    ChatMessage,
+    FunctionTool,
+    refuse_unhonoured,
+)
+from graphpool.server.tools import plan_tools
 
 
 class TokenizeCompletionRequest(BaseModel):
@@ -27,7 +34,7 @@ class TokenizeCompletionRequest(BaseModel):
 
 class TokenizeChatRequest(BaseModel):
     """Other fields land in ``model_extra``: those this server cannot honour are refused by name (it renders
-    only its own template, with no tools)."""
+    only its own template); `tools` and `tool_choice` render as in a chat completion."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -36,9 +43,8 @@ class TokenizeChatRequest(BaseModel):
     add_generation_prompt: StrictBool = True
     add_special_tokens: StrictBool = False  # NOTE: vLLM's default for chat: the template holds them
     return_token_strs: StrictBool = False
-
-
-_UNHONOURED_CHAT = {**UNHONOURED_FIELDS, "tools": None}
+    tools: list[FunctionTool] | None = None
+    tool_choice: Any = None  # "none": the tools stay out of the prompt, as in a chat completion
 
 
 class DetokenizeRequest(BaseModel):
@@ -87,8 +93,9 @@ def add_utility_routes(app: FastAPI, builder: PromptBuilder, version: str, max_r
 def _token_ids(builder: PromptBuilder, req: TokenizeChatRequest | TokenizeCompletionRequest) -> list[int]:
     if isinstance(req, TokenizeCompletionRequest):
         return builder.encode(req.prompt, add_special_tokens=req.add_special_tokens)
-    refuse_unhonoured(req.model_extra, _UNHONOURED_CHAT)
-    messages = builder.chat_messages(req.messages)
+    refuse_unhonoured(req.model_extra, UNHONOURED_FIELDS)
+    plan = plan_tools(req.tools, req.tool_choice, None, builder.parser)
+    messages = builder.chat_messages(req.messages, req.tools)
     return builder.render_chat(messages, add_generation_prompt=req.add_generation_prompt,
-                               add_special_tokens=req.add_special_tokens)
+                               add_special_tokens=req.add_special_tokens, tools=plan.prompt_tools)
 
