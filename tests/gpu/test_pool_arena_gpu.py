@@ -257,4 +257,6 @@ def test_default_model_arena_decodes_as_per_graph_token_for_token(default_gguf) 
                                        for k, s in stats.items() if s is not None})
     assert got["arena"] == got["per_graph"]
     assert arena.hits + arena.padded_hits > 0 and arena.resident_sizes == per.resident_sizes
-    assert 0 < arena.arena_bytes == arena.resident_bytes < per.resident_bytes / 2  # graphs hold nothing own
+    # NOTE: the graphs hold nothing of their own; with the LM head outside them per_graph's pools are small too
+    # (each rounded up to its allocator segments), so the shared arena is below their sum, not a fixed share
+    assert 0 < arena.arena_bytes == arena.resident_bytes < per.resident_bytes
