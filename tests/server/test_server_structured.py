@@ -56,15 +56,17 @@ def _texts(r: Any, chat: bool, stream: bool) -> tuple[list[str], list[str | None
     return [texts[i] for i in sorted(texts)], [reasons[i] for i in sorted(reasons)]
 
 
-def _chat(served: tuple[openai.OpenAI, str], stream: bool = False, **kw: Any) -> tuple[list[str], list[Any]]:
+def _chat(served: tuple[openai.OpenAI, str], stream: bool = False, max_tokens: int = 96,
+          **kw: Any) -> tuple[list[str], list[Any]]:
     client, model = served
-    r = client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=96, stream=stream, **kw)
+    r = client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=max_tokens, stream=stream, **kw)
     return _texts(r, True, stream)
 
 
-def _complete(served: tuple[openai.OpenAI, str], stream: bool = False, **kw: Any) -> tuple[list[str], list[Any]]:
+def _complete(served: tuple[openai.OpenAI, str], stream: bool = False, max_tokens: int = 96,
+              **kw: Any) -> tuple[list[str], list[Any]]:
     client, model = served
-    r = client.completions.create(model=model, prompt=PROMPT, max_tokens=96, stream=stream, **kw)
+    r = client.completions.create(model=model, prompt=PROMPT, max_tokens=max_tokens, stream=stream, **kw)
     return _texts(r, False, stream)
 
 
@@ -120,9 +122,10 @@ def test_completions_take_response_format_and_json_object_flag(served) -> None:
     assert reasons == ["stop"]
     jsonschema.validate(json.loads(texts[0]), SCHEMA)
     # "text" is no constraint: the output equals an unconstrained request's
-    free = _complete(served, temperature=0)
-    assert _complete(served, temperature=0, extra_body={"response_format": {"type": "text"}}) == free
-    assert _chat(served, temperature=0, response_format={"type": "text"}) == _chat(served, temperature=0)
+    free = _complete(served, max_tokens=16, temperature=0)
+    assert _complete(served, max_tokens=16, temperature=0, extra_body={"response_format": {"type": "text"}}) == free
+    text = _chat(served, max_tokens=16, temperature=0, response_format={"type": "text"})
+    assert text == _chat(served, max_tokens=16, temperature=0)
 
 
 def _refused(served: tuple[openai.OpenAI, str], chat: bool, **extra: Any) -> dict[str, Any]:
