@@ -6,7 +6,6 @@ holding a guided row is never launched ahead while giving the synchronous engine
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 import pytest
@@ -16,22 +15,11 @@ from graphpool.engine.config import EngineConfig
 from graphpool.engine.engine import LLMEngine
 from graphpool.engine.guided import GuidedDecoding
 from graphpool.pool.testing import EagerCapturer
+from guided_cases import GUIDES, check
 
 pytest.importorskip("xgrammar")
-jsonschema = pytest.importorskip("jsonschema")
+pytest.importorskip("jsonschema")
 
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "maxLength": 12},
-        "age": {"type": "integer", "minimum": 0, "maximum": 120},
-        "city": {"type": "string", "enum": ["Paris", "London", "Rome"]},
-    },
-    "required": ["name", "age", "city"],
-}
-REGEX = r"[0-9]{3}-[a-z]{2,4}"
-CHOICES = ["Paris", "London", "Rome"]
-GRAMMAR = 'root ::= ("yes" | "no") ", " ("sure" | "never")'
 PROMPT = "Describe a person as JSON with a name, an age and a city:"
 LADDER = {"graph_max_batch_size": 16, "graph_split_batch_size": 4, "graph_grow_step_size": 4}
 
@@ -41,22 +29,6 @@ def _engine(loaded: Any, capturer: EagerCapturer | None = None, **kwargs: Any) -
     return LLMEngine(EngineConfig(**settings | kwargs), loaded=loaded, capturer=capturer)
 
 
-def check(guided: GuidedDecoding, text: str) -> None:
-    """`text` follows `guided`."""
-    if guided.kind == "json_schema":
-        jsonschema.validate(json.loads(text), json.loads(guided.spec))
-    elif guided.kind == "json_object":
-        assert isinstance(json.loads(text), dict), text
-    elif guided.kind == "regex":
-        assert re.fullmatch(guided.spec, text), text
-    elif guided.kind == "choice":
-        assert text in guided.choices, text
-    else:
-        assert re.fullmatch(r"(yes|no), (sure|never)", text), text
-
-
-GUIDES = [GuidedDecoding("json_schema", json.dumps(SCHEMA)), GuidedDecoding("regex", REGEX),
-          GuidedDecoding("choice", json.dumps(CHOICES)), GuidedDecoding("grammar", GRAMMAR)]
 
 
 def _batch() -> list[SamplingParams]:

@@ -5,8 +5,6 @@ engine without async scheduling."""
 
 from __future__ import annotations
 
-import json
-import re
 import time
 from typing import Any
 
@@ -15,40 +13,13 @@ from gpu_helpers import report, require
 
 from graphpool.engine.config import EngineConfig
 from graphpool.engine.engine import LLMEngine
-from graphpool.engine.guided import GuidedDecoding
 from graphpool.engine.sampling_params import SamplingParams
 from graphpool.model.loader import load_model
+from guided_cases import GUIDES, check
 
 MAX_MODEL_LEN = 512
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "maxLength": 12},
-        "age": {"type": "integer", "minimum": 0, "maximum": 120},
-        "city": {"type": "string", "enum": ["Paris", "London", "Rome"]},
-    },
-    "required": ["name", "age", "city"],
-}
-GUIDES = [
-    GuidedDecoding("json_schema", json.dumps(SCHEMA)),
-    GuidedDecoding("regex", r"[0-9]{3}-[a-z]{2,4}"),
-    GuidedDecoding("choice", json.dumps(["Paris", "London", "Rome"])),
-    GuidedDecoding("grammar", 'root ::= ("yes" | "no") ", " ("sure" | "never")'),
-]
 PROMPTS = ["Describe a person as JSON with a name, an age and a city:", "The capital of France is",
            "Here is a JSON object with a name and an age:", "Answer yes or no:"]
-
-
-def _check(guided: GuidedDecoding, text: str) -> None:
-    jsonschema = require("jsonschema")
-    if guided.kind == "json_schema":
-        jsonschema.validate(json.loads(text), SCHEMA)
-    elif guided.kind == "regex":
-        assert re.fullmatch(guided.spec, text), text
-    elif guided.kind == "choice":
-        assert text in guided.choices, text
-    else:
-        assert re.fullmatch(r"(yes|no), (sure|never)", text), text
 
 
 def _work() -> list[tuple[str, SamplingParams]]:
@@ -86,7 +57,7 @@ def test_guided_decode_steps_replay_graphs_and_step_synchronously() -> None:
         if params.guided is not None:
             _, text, reason = out[f"r{i}"]
             assert reason == "stop", (params.guided, text)
-            _check(params.guided, text)
+            check(params.guided, text)
     report("guided_gpu decode steps with guided rows (all replayed)", len(guided_steps))
     report("guided_gpu chained steps after the guided requests ended", engine._async.chained_steps)
     assert len(guided_steps) > 10 and all(guided_steps)

@@ -15,6 +15,7 @@ import torch
 from gpu_helpers import report, require
 
 from graphpool import LLM, SamplingParams
+from graphpool.bench.common import capture_graph
 from graphpool.bench.decode import DecodeSetup, build_random_model
 from graphpool.model.loader import model_config
 from graphpool.model.moe_ops import gathers
@@ -75,19 +76,6 @@ def test_float32_greedy_through_graphs_equals_eager_and_transformers(moe_folder,
         assert g == r, (i, "graphs vs transformers", g, r)
 
 
-def _capture(step: Any) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = step()
-    return graph, out
-
-
 @pytest.mark.parametrize("preset", ["qwen3-moe-tiny", "qwen3-30b-a3b?layers=2"])
 def test_bfloat16_graph_replays_the_eager_step(preset: str) -> None:
     cfg = model_config(f"random:{preset}")
@@ -99,7 +87,7 @@ def test_bfloat16_graph_replays_the_eager_step(preset: str) -> None:
         step = setup.step_fn()
         with torch.inference_mode():
             eager = step(inputs).float()
-            graph, out = _capture(lambda inputs=inputs, step=step: step(inputs))
+            graph, out, _ = capture_graph(lambda inputs=inputs, step=step: step(inputs))
             graph.replay()
             torch.cuda.synchronize()
             got = out.float()

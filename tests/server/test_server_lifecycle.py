@@ -21,24 +21,12 @@ import httpx
 import pytest
 import torch
 
+from char_tokenizer import CharTokenizer
 from graphpool.engine.outputs import EngineStats, RequestOutput
 from graphpool.engine.sampling_params import SamplingParams
 from graphpool.server.async_engine import AsyncEngine, ShuttingDownError
 from graphpool.server.lifecycle import PortInUseError, bind_socket, seconds_since_process_start
 from graphpool.server.main import serve_in_thread
-
-
-class CharTokenizer:
-    eos_token_ids = ()
-
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return [ord(c) for c in text]
-
-    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
-        return "".join(chr(i) for i in ids)
-
-    def apply_chat_template(self, messages: list[dict[str, str]], **_: object) -> list[int]:
-        return self.encode("".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>")
 
 
 @dataclass

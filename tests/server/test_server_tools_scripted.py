@@ -13,6 +13,7 @@ import openai
 import pytest
 import torch
 
+from char_tokenizer import CharTokenizer
 from graphpool.engine.outputs import EngineStats, RequestOutput
 from graphpool.engine.sampling_params import SamplingParams
 from graphpool.server.main import serve_in_thread
@@ -22,19 +23,6 @@ WEATHER = {"type": "function", "function": {
     "name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
 TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
 PER_STEP = 3  # characters a step: markers straddle steps
-
-
-class CharTokenizer:
-    eos_token_ids = ()
-
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return [ord(c) for c in text]
-
-    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
-        return "".join(chr(i) for i in ids)
-
-    def apply_chat_template(self, messages: list[dict[str, Any]], **_: object) -> list[int]:
-        return self.encode("".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>")
 
 
 @dataclass

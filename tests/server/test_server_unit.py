@@ -14,22 +14,12 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
+from char_tokenizer import CharTokenizer
 from graphpool.engine.sampling_params import SamplingParams
 from graphpool.pool.stats import FallbackReason, PoolStats
 from graphpool.server.app import build_app
 from graphpool.server.async_engine import IDLE_WAIT_S, AsyncEngine
 from graphpool.server.metrics import ServerMetrics
-
-
-class CharTokenizer:
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return [ord(c) for c in text]
-
-    def decode(self, ids: list[int]) -> str:
-        return "".join(chr(i) for i in ids)
-
-    def apply_chat_template(self, messages: list[dict[str, str]], **_: object) -> list[int]:
-        return self.encode("".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>")
 
 
 @dataclass
