@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from graphpool.model.gemma2_config import gemma_layer_types
+
 __all__ = ["gemma3_fields"]
 
 
@@ -18,18 +20,10 @@ def gemma3_fields(cfg: Mapping[str, Any], head_dim: int) -> dict[str, Any]:
         raise ValueError(f"attn_logit_softcapping={cfg['attn_logit_softcapping']} is not supported for Gemma 3 (its "
                          "checkpoints have none, and transformers' Gemma 3 attention does not apply it)")
     final_cap = cfg.get("final_logit_softcapping")
-    if cfg.get("use_bidirectional_attention"):
-        raise ValueError("use_bidirectional_attention=True is not supported (graphpool's attention is causal)")
-    act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "gelu_pytorch_tanh"
-    if act != "gelu_pytorch_tanh":
-        raise ValueError(f"Gemma 3 hidden_activation {act!r} is not supported (gelu_pytorch_tanh is)")
     layers = int(cfg["num_hidden_layers"])
-    types = cfg.get("layer_types")
-    if not types:
-        pattern = int(cfg.get("sliding_window_pattern") or cfg.get("_sliding_window_pattern") or 6)
-        types = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(layers)]
-    if len(types) != layers or set(types) - {"full_attention", "sliding_attention"}:
-        raise ValueError(f"layer_types must be {layers} of full_attention / sliding_attention, got {types}")
+    pattern = int(cfg.get("sliding_window_pattern") or cfg.get("_sliding_window_pattern") or 6)
+    types = gemma_layer_types(cfg, "Gemma 3", ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
+                                               for i in range(layers)])
     params = cfg.get("rope_parameters") or {}
     if "full_attention" in params:  # transformers 5.x: one rotary per layer type
         full, local = dict(params["full_attention"]), dict(params.get("sliding_attention") or {})
