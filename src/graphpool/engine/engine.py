@@ -11,6 +11,7 @@ import torch
 from graphpool.engine.async_scheduling import AsyncDecode
 from graphpool.engine.config import EngineConfig
 from graphpool.engine.cpu_threads import apply_cpu_threads
+from graphpool.engine.generation_defaults import load_sampling_defaults
 from graphpool.engine.grammar import Grammars
 from graphpool.engine.kv_cache import BlockManager
 from graphpool.engine.outputs import (
@@ -65,6 +66,9 @@ class LLMEngine:
         N - 1 more processes hold the other shards (engine/tp_leader.py); `close()` stops them."""
         clock = StartupClock()
         self.config = config
+        # NOTE: before loading: a bad generation_config.json stops the start-up at once
+        self.sampling_defaults = load_sampling_defaults(config.generation_config, config.model, config.revision,
+                                                        config.download_dir)
         self.device = config.torch_device
         self.cpu_threads = apply_cpu_threads(config) if self.device.type == "cpu" else None
         self.dtype = config.torch_dtype

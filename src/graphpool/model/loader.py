@@ -87,6 +87,17 @@ def model_config(name_or_path: str | Path | None = None, *, revision: str | None
     return hf_folder_config(path)
 
 
+def generation_config_path(name_or_path: str | Path | None = None, *, revision: str | None = None,
+                           download_dir: str | None = None) -> Path | None:
+    """The generation_config.json of a Hugging Face folder or hub snapshot `load_model` accepts; None for the
+    others (GGUF files, the embedded default, random presets) and for a folder without one."""
+    source = model_source(name_or_path, revision=revision, download_dir=download_dir)
+    if isinstance(source, ModelConfig) or source[0] != "hf":
+        return None
+    path = source[1] / "generation_config.json"
+    return path if path.is_file() else None
+
+
 @torch.no_grad()
 def load_model(
     name_or_path: str | Path | None = None,
