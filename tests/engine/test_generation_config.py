@@ -71,6 +71,14 @@ def test_none_ignores_the_file(folder: Path) -> None:
     assert seen == [SamplingParams()] and llm.engine.sampling_defaults == SamplingDefaults()
 
 
+def test_an_engine_over_a_loaded_model_reads_no_file(folder: Path) -> None:
+    """Benchmarks and tests build engines over a model loaded elsewhere, under any label."""
+    llm = LLM(str(folder), **SETTINGS)
+    loaded = (llm.engine.model, llm.engine.model_config, llm.engine.tokenizer)
+    engine = LLMEngine(EngineConfig(model=str(folder), **SETTINGS), loaded=loaded)
+    assert llm.engine.sampling_defaults.values == FROM_FILE and engine.sampling_defaults == SamplingDefaults()
+
+
 def test_start_up_logs_the_files_defaults_once(folder: Path, caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.INFO, logger="graphpool.engine.generation_defaults"):
         LLM(str(folder), **SETTINGS)
