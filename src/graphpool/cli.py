@@ -57,7 +57,7 @@ def run_generate(args: argparse.Namespace) -> int:
         config = engine_config_from_args(args)
         given = {k: v for k, v in (("temperature", args.temperature), ("top_p", args.top_p), ("top_k", args.top_k))
                  if v is not None}
-        # checked before the model loads; the model's sampling defaults fill what was not given once it has
+        # checked before the model loads; its sampling defaults fill the fields not given once it is loaded
         params = SamplingParams(**{"temperature": 0.0, **given}, max_tokens=args.max_tokens, stop=args.stop,
                                 ignore_eos=args.ignore_eos)
     except ValueError as exc:
