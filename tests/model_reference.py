@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -190,3 +191,21 @@ def prefill_logits_match(model: LlamaModel, hf: torch.nn.Module, vocab_size: int
         ref = hf(ids[None]).logits[0].float()
     torch.testing.assert_close(ours, ref, atol=1e-4, rtol=1e-4)
     return ids
+
+
+def save_tiny_hf_folder(folder: Path, generation_config: dict[str, Any] | None = None, *,
+                        tokenizer: bool = False) -> Path:
+    """`tiny_hf_model("llama", tied=True)` saved as a Hugging Face folder; with `tokenizer`, the embedded default
+    model's tokenizer and chat template beside it (and the model's vocabulary widened to theirs); with
+    `generation_config`, that generation_config.json in place of the one transformers writes."""
+    import json
+
+    from graphpool.model.gguf_loader import default_gguf_path
+    from graphpool.model.tokenizer import tokenizer_from_gguf
+
+    tiny_hf_model("llama", tied=True, **({"vocab_size": 49152} if tokenizer else {})).save_pretrained(folder)
+    if tokenizer:
+        tokenizer_from_gguf(default_gguf_path(), None, ()).hf.save_pretrained(folder)
+    if generation_config is not None:
+        (folder / "generation_config.json").write_text(json.dumps(generation_config))
+    return folder

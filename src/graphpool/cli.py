@@ -35,9 +35,11 @@ def add_generate_parser(sub: argparse._SubParsersAction) -> None:
                                    "one-line summary of the graph pool.")
     p.add_argument("--prompt", action="append", required=True, help="a prompt (repeat for a batch)")
     p.add_argument("--max-tokens", type=int, default=64, help="most new tokens per prompt (64)")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (the default)")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
+    # NOTE: None when not given: the model's generation_config.json may set them (--generation-config auto)
+    p.add_argument("--temperature", type=float, default=None,
+                   help="0 = greedy (the default, unless the model's generation_config.json sets one)")
+    p.add_argument("--top-p", type=float, default=None, help="1 = off (the default, or the model's)")
+    p.add_argument("--top-k", type=int, default=None, help="0 = off (the default, or the model's)")
     p.add_argument("--stop", action="append", help="a stop string (repeatable)")
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-text token")
     p.add_argument("--chat", action="store_true", help="wrap each prompt as a user message in the chat template")
@@ -53,8 +55,11 @@ def run_generate(args: argparse.Namespace) -> int:
 
     try:
         config = engine_config_from_args(args)
-        params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                                max_tokens=args.max_tokens, stop=args.stop, ignore_eos=args.ignore_eos)
+        given = {k: v for k, v in (("temperature", args.temperature), ("top_p", args.top_p), ("top_k", args.top_k))
+                 if v is not None}
+        # checked before the model loads; its sampling defaults fill the fields not given once it is loaded
+        params = SamplingParams(**{"temperature": 0.0, **given}, max_tokens=args.max_tokens, stop=args.stop,
+                                ignore_eos=args.ignore_eos)
     except ValueError as exc:
         print(f"graphpool generate: {exc}", file=sys.stderr)
         return 2
@@ -69,6 +74,10 @@ def run_generate(args: argparse.Namespace) -> int:
         llm = LLM.from_config(config)
         threads = f"; torch threads {llm.engine.cpu_threads}" if llm.engine.cpu_threads is not None else ""
         print(f"loaded: {llm.engine.startup.describe()}{threads}", file=sys.stderr)
+        defaults = llm.engine.sampling_defaults
+        if defaults.describe() is not None:
+            print(defaults.describe(), file=sys.stderr)
+        params = defaults.apply(params, explicit=given)
         if args.chat:
             outputs = llm.chat([[{"role": "user", "content": p}] for p in args.prompt], params,
                                use_tqdm=not args.no_progress)

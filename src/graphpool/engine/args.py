@@ -17,6 +17,7 @@ _ENGINE_FLAGS: dict[str, str] = {}
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
     """Model, KV cache and graph pool flags, shared by `generate`, `serve` and `bench`."""
+    from graphpool.engine.generation_defaults import GENERATION_CONFIG_MODES
     from graphpool.pool.config import DEFAULT_MAX_GRAPH_POOL_SIZE
 
     def add(flag: str, field: str, **kwargs: Any) -> None:
@@ -30,6 +31,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     add("--revision", "revision", help="hub id revision: a branch, tag or commit (default: main)")
     add("--download-dir", "download_dir", help="hub cache folder (default: huggingface_hub's, under HF_HOME; "
         "HF_HUB_OFFLINE=1 reads only the cache)")
+    add("--generation-config", "generation_config", choices=list(GENERATION_CONFIG_MODES),
+        help="auto (default): the model's generation_config.json gives the sampling defaults (temperature, top_p, "
+             "top_k, min_p, repetition_penalty; do_sample false: greedy) of requests that do not set them; none: "
+             "graphpool's own")
     add("--device", "device", help="auto (default), cpu, cuda, cuda:N")
     add("--dtype", "dtype", choices=["auto", "float32", "bfloat16", "float16"],
         help="auto: bfloat16 on CUDA, float32 on CPU")

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from graphpool.engine.generation_defaults import GENERATION_CONFIG_MODES
 from graphpool.kernels.switches import check_switches
 from graphpool.model.loader import DEFAULT_MODEL
 from graphpool.pool import FallbackReason, graphs_off
@@ -69,6 +70,7 @@ class EngineConfig:
     model: str = DEFAULT_MODEL
     revision: str | None = None  # of a hub id (a branch, tag or commit); None -> main
     download_dir: str | None = None  # hub cache folder; None -> huggingface_hub's (HF_HOME, HF_HUB_CACHE)
+    generation_config: str = "auto"  # engine/generation_defaults.py; "none": graphpool's own sampling defaults
     device: str = "auto"
     dtype: str = "auto"  # auto: bfloat16 on CUDA, float32 on CPU
     max_num_seqs: int = 256
@@ -126,6 +128,8 @@ class EngineConfig:
             if getattr(self, name) is not None and (not isinstance(getattr(self, name), str) or not getattr(self, name)):
                 raise ValueError(f"{name} must be a non-empty string or None, got {getattr(self, name)!r}")
         resolve_device(self.device)
+        if self.generation_config not in GENERATION_CONFIG_MODES:
+            raise ValueError(f"generation_config must be one of {GENERATION_CONFIG_MODES}, got {self.generation_config!r}")
         if self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
         if self.attn_backend not in _ATTN_BACKENDS:

@@ -11,6 +11,7 @@ import torch
 from graphpool.engine.async_scheduling import AsyncDecode
 from graphpool.engine.config import EngineConfig
 from graphpool.engine.cpu_threads import apply_cpu_threads
+from graphpool.engine.generation_defaults import SamplingDefaults, load_sampling_defaults
 from graphpool.engine.grammar import Grammars
 from graphpool.engine.kv_cache import BlockManager
 from graphpool.engine.outputs import (
@@ -57,7 +58,8 @@ class LLMEngine:
                  capturer: Capturer | None = None) -> None:
         """`loaded`: a `load_model(...)` result to reuse (same device and dtype as the config, its operations
         as built: `disabled_kernels` applies to a model the engine loads; tests and benchmarks build several
-        engines over one model). `capturer`: the pool's graph capturer (default:
+        engines over one model, under labels; no generation_config.json is read then: graphpool's own sampling
+        defaults). `capturer`: the pool's graph capturer (default:
         CUDA graphs on a GPU, none on the CPU); tests pass `graphpool.pool.testing.EagerCapturer()` to run the
         graph path (padding, static buffers, replay) on the CPU.
 
@@ -65,6 +67,9 @@ class LLMEngine:
         N - 1 more processes hold the other shards (engine/tp_leader.py); `close()` stops them."""
         clock = StartupClock()
         self.config = config
+        # NOTE: before loading: a bad generation_config.json stops the start-up at once
+        self.sampling_defaults = SamplingDefaults() if loaded is not None else load_sampling_defaults(
+            config.generation_config, config.model, config.revision, config.download_dir)
         self.device = config.torch_device
         self.cpu_threads = apply_cpu_threads(config) if self.device.type == "cpu" else None
         self.dtype = config.torch_dtype

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from graphpool.engine.config import DEFAULT_MODEL, EngineConfig
@@ -68,7 +68,8 @@ class LLM:
         """One result per prompt, in input order. Text prompts are tokenized as the model's tokenizer does
         by default (no chat template); a list of ints is one token-id prompt; vLLM's {"prompt": text} and
         {"prompt_token_ids": ids} dicts are taken too. `sampling_params` (or `params`, graphpool's older
-        name): one SamplingParams for all prompts, or a list of one per prompt; None: the defaults."""
+        name): one SamplingParams for all prompts, or a list of one per prompt; None: the defaults
+        (`get_default_sampling_params()`: the model's generation_config.json's sampling fields, if any)."""
         if isinstance(prompts, (str, Mapping)) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
         items: list[Any] = [_prompt_input(p) for p in prompts]  # type: ignore[union-attr]
@@ -98,6 +99,11 @@ class LLM:
         texts = [self.engine.tokenizer.decode(ids, skip_special_tokens=False) for ids in token_ids]
         return self._run(texts, token_ids, _one_of(sampling_params, params), use_tqdm)
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """What `generate` and `chat` use when given no SamplingParams: graphpool's defaults, under the model's
+        generation_config.json sampling fields (`generation_config="auto"`, the default)."""
+        return self.engine.sampling_defaults.params()
+
     def graph_stats(self) -> PoolStats | None:
         return self.engine.graph_stats()
 
@@ -113,7 +119,7 @@ class LLM:
 
     def _run(self, prompts: list[Any], token_ids: list[list[int]], params: Params,
              use_tqdm: bool) -> list[CompletionOutput]:
-        per_prompt = _per_prompt(params, len(token_ids))
+        per_prompt = _per_prompt(params, len(token_ids), self.get_default_sampling_params)
         ids: list[str] = []
         try:
             for tokens, sp in zip(token_ids, per_prompt, strict=True):
@@ -172,10 +178,10 @@ def _one_of(sampling_params: Params, params: Params) -> Params:
     return sampling_params if sampling_params is not None else params
 
 
-def _per_prompt(params: Params, n: int) -> list[SamplingParams]:
+def _per_prompt(params: Params, n: int, defaults: Callable[[], SamplingParams]) -> list[SamplingParams]:
     """One SamplingParams per prompt: the defaults, one for all, or a list of exactly one each."""
     if params is None:
-        return [SamplingParams()] * n
+        return [defaults()] * n
     if isinstance(params, SamplingParams):
         return [params] * n
     listed = list(params)

@@ -22,7 +22,7 @@ from graphpool.model.gguf_loader import (
 )
 from graphpool.model.hub import hub_snapshot, parse_hub_id
 from graphpool.model.llama import AttnBackend, LlamaModel
-from graphpool.model.presets import PRESETS
+from graphpool.model.presets import PRESETS, first_layers
 from graphpool.model.tokenizer import Tokenizer, tokenizer_from_folder, tokenizer_from_gguf_metadata
 from graphpool.model.weights import WeightLoader, init_random_weights
 
@@ -57,7 +57,7 @@ def model_source(name_or_path: str | Path | None, *, revision: str | None = None
         key, _, value = option.partition("=")
         if key != "layers" or not value.isdigit() or int(value) < 1:
             raise ValueError(f"unknown model {name!r}: a random preset takes only '?layers=N' (N >= 1)")
-        return dataclasses.replace(PRESETS[preset], num_layers=int(value))
+        return first_layers(PRESETS[preset], int(value))
     if name == DEFAULT_MODEL:
         return ("gguf", default_gguf_path())
     path = Path(name).expanduser()
@@ -85,6 +85,17 @@ def model_config(name_or_path: str | Path | None = None, *, revision: str | None
     if kind == "gguf":
         return gguf_config(open_gguf(path))
     return hf_folder_config(path)
+
+
+def generation_config_path(name_or_path: str | Path | None = None, *, revision: str | None = None,
+                           download_dir: str | None = None) -> Path | None:
+    """The generation_config.json of a Hugging Face folder or hub snapshot `load_model` accepts; None for the
+    others (GGUF files, the embedded default, random presets) and for a folder without one."""
+    source = model_source(name_or_path, revision=revision, download_dir=download_dir)
+    if isinstance(source, ModelConfig) or source[0] != "hf":
+        return None
+    path = source[1] / "generation_config.json"
+    return path if path.is_file() else None
 
 
 @torch.no_grad()

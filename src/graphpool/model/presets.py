@@ -3,8 +3,47 @@ small mixture-of-experts shape for quick runs."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from graphpool.model.config import ModelConfig, RopeScaling
 from graphpool.model.moe_config import MoeConfig
+
+# The newer families from their published config.json fields (those graphpool reads), through the same reading
+# as a Hugging Face folder, so a family's derived fields (layer types, soft caps, rotary bases) come out alike.
+_HF_CONFIGS: dict[str, dict[str, object]] = {
+    # Qwen/Qwen3-8B: 8.2B parameters (6.95B without the embeddings)
+    "qwen3-8b": {
+        "model_type": "qwen3", "vocab_size": 151936, "hidden_size": 4096, "intermediate_size": 12288,
+        "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+        "rms_norm_eps": 1e-6, "rope_theta": 1000000, "max_position_embeddings": 40960,
+        "tie_word_embeddings": False, "use_sliding_window": False, "bos_token_id": 151643, "eos_token_id": 151645,
+    },
+    # google/gemma-2-2b: 2.61B parameters; layers alternate a 4096-token window and full attention
+    "gemma2-2b": {
+        "model_type": "gemma2", "vocab_size": 256000, "hidden_size": 2304, "intermediate_size": 9216,
+        "num_hidden_layers": 26, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
+        "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "max_position_embeddings": 8192,
+        "query_pre_attn_scalar": 256, "sliding_window": 4096, "attn_logit_softcapping": 50.0,
+        "final_logit_softcapping": 30.0, "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": True,
+        "bos_token_id": 2, "eos_token_id": 1,
+    },
+    # google/gemma-3-1b-it (text only): 1B parameters; five 512-token window layers to one full attention layer
+    "gemma3-1b": {
+        "model_type": "gemma3_text", "vocab_size": 262144, "hidden_size": 1152, "intermediate_size": 6912,
+        "num_hidden_layers": 26, "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 256,
+        "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0, "rope_scaling": None,
+        "max_position_embeddings": 32768, "query_pre_attn_scalar": 256, "sliding_window": 512,
+        "sliding_window_pattern": 6, "final_logit_softcapping": None, "attn_logit_softcapping": None,
+        "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": True, "bos_token_id": 2, "eos_token_id": 1,
+    },
+    # microsoft/Phi-3-mini-4k-instruct: 3.8B parameters; a 2047-token sliding window
+    "phi3-mini-4k": {
+        "model_type": "phi3", "vocab_size": 32064, "hidden_size": 3072, "intermediate_size": 8192,
+        "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32, "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0, "rope_scaling": None, "max_position_embeddings": 4096, "sliding_window": 2047,
+        "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 32000,
+    },
+}
 
 PRESETS: dict[str, ModelConfig] = {
     # HuggingFaceTB/SmolLM2-135M(-Instruct)
@@ -113,6 +152,13 @@ PRESETS: dict[str, ModelConfig] = {
                       mlp_only_layers=(1,)),
     ),
 }
+PRESETS.update({name: ModelConfig.from_hf_config(cfg) for name, cfg in _HF_CONFIGS.items()})
+
+
+def first_layers(config: ModelConfig, num_layers: int) -> ModelConfig:
+    """The config's first `num_layers` layers, the same shapes otherwise (per-layer index lists cut to them)."""
+    local = tuple(i for i in config.local_layers if i < num_layers)
+    return dataclasses.replace(config, num_layers=num_layers, local_layers=local)
 
 
 def get_preset(name: str) -> ModelConfig:

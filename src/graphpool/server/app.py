@@ -55,8 +55,10 @@ def build_app(
     if max_request_bytes < 1:
         raise ValueError(f"max_request_bytes must be >= 1, got {max_request_bytes}")
     model_name = served_model_name or engine.engine.model_name
+    # NOTE: a test's stand-in engine may have no grammars and no sampling defaults
     builder = PromptBuilder(engine.engine.tokenizer, engine.engine.max_model_len, [model_name], chat_template,
-                            tool_call_parser, getattr(engine.engine, "grammars", None))
+                            tool_call_parser, getattr(engine.engine, "grammars", None),
+                            getattr(engine.engine, "sampling_defaults", None))
     serving = OpenAIServing(engine, builder, metrics, model_name)
     created = int(time.time())
 

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import jinja2
 
+from graphpool.engine.generation_defaults import SamplingDefaults
 from graphpool.engine.guided import GuidedDecoding
 from graphpool.engine.sampling_params import (
     MAX_LOGPROBS,
@@ -47,8 +48,9 @@ class PromptBuilder:
 
     def __init__(self, tokenizer: Any, max_model_len: int, served_model_names: list[str],
                  chat_template: str | None = None, tool_call_parser: str = "auto",
-                 grammars: Grammars | None = None) -> None:
+                 grammars: Grammars | None = None, defaults: SamplingDefaults | None = None) -> None:
         self.tokenizer = tokenizer
+        self.defaults = defaults or SamplingDefaults()  # for fields a request leaves unset (the model's, or ours)
         self.max_model_len = max_model_len
         self.served_model_names = served_model_names
         self.chat_template = chat_template  # --chat-template's source; None: the model's own
@@ -191,10 +193,12 @@ class PromptBuilder:
         for s in stop or ():
             _check_text(s, "stop")
         try:
+            # NOTE: top_k -1 is vLLM's "off", as explicit as any other value
+            sampling = self.defaults.resolve(temperature=req.temperature, top_p=req.top_p, min_p=req.min_p,
+                                             top_k=None if req.top_k is None else max(req.top_k, 0),
+                                             repetition_penalty=req.repetition_penalty)
             return SamplingParams(
-                temperature=1.0 if req.temperature is None else req.temperature,
-                top_p=1.0 if req.top_p is None else req.top_p,
-                top_k=0 if req.top_k is None or req.top_k < 0 else req.top_k,
+                **sampling,
                 max_tokens=max_tokens,
                 seed=req.seed,
                 stop=stop,
@@ -202,9 +206,7 @@ class PromptBuilder:
                 ignore_eos=req.ignore_eos,
                 presence_penalty=req.presence_penalty or 0.0,
                 frequency_penalty=req.frequency_penalty or 0.0,
-                repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
                 min_tokens=req.min_tokens or 0,
-                min_p=req.min_p or 0.0,
                 include_stop_str_in_output=req.include_stop_str_in_output,
                 skip_special_tokens=req.skip_special_tokens,
                 logprobs=_engine_logprobs(req),
