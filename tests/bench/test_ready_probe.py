@@ -4,10 +4,11 @@ start-up phases the server logged."""
 from __future__ import annotations
 
 import ready_probe
+from graphpool.bench.serve.server import free_port
 
 
 def test_one_run_times_a_real_start_and_reads_its_phases() -> None:
-    ready, phases = ready_probe.one_run(8137, ["--max-model-len", "256"], timeout_s=300)
+    ready, phases = ready_probe.one_run(free_port(), ["--max-model-len", "256"], timeout_s=300)
     m = ready_probe.PHASES.search(phases)
     assert m is not None, phases
     logged = float(m.group(1))
