@@ -99,7 +99,7 @@ class ModelRunner:
         self.prefill_warmup = prefill_warmup_lengths(self.graph_prefill_max_tokens, config.token_budget,
                                                      config.max_model_len) if self.device.type == "cuda" else ()
         self.last_prefill_replayed = False  # whether the latest prefill replayed a decode graph
-        self.last_prompt_scores: PromptScores | None = None  # the latest prefill's or mixed step's, if asked
+        self.prompt_scores: list[PromptScores] = []  # the latest prefill's or mixed step's prompt logprobs
 
     def _graph_rows(self, rows: int) -> int:
         """The pool's batch size of a step of `rows` rows (per microbatch)."""
@@ -121,11 +121,10 @@ class ModelRunner:
         A chunk from position 0 runs the model's prefill attention (SDPA within the chunk). A chunk after a
         cached prefix (a prefix-cache hit or an earlier chunk) must also attend to the prefix's K/V, which the
         model's prefill attention does not read: it runs as decode-attention rows instead, one row per token
-        over the paged cache (`_paged_prefill`). Chunks with a prompt-logprobs span leave their scores in
-        `last_prompt_scores` (engine/prompt_logprobs.py).
+        over the paged cache (`_paged_prefill`). Prompt-logprobs spans leave scores in `prompt_scores`.
         """
         self.last_prefill_replayed = False
-        self.last_prompt_scores = None
+        self.prompt_scores = []
         tokens = sum(c.end - c.start for c in chunks)
         if 0 < tokens <= self.graph_prefill_max_tokens:
             # NOTE: under tensor parallel this goes to the other ranks as a decode step with its decision
@@ -139,35 +138,20 @@ class ModelRunner:
         resumed = [i for i, c in enumerate(chunks) if c.start > 0]
         if not resumed:
             # NOTE: the common step: the last rows come out in chunk order, gathered by one index_select
-            rows, scored = self._fresh_prefill(chunks)
-            self._score([scored], chunks)
+            rows = self._fresh_prefill(chunks)
             return self.model.compute_logits(rows) if rows.shape[0] else torch.empty((0, 0), device=self.device)
         hidden: dict[int, torch.Tensor] = {}
-        fresh_scored = None
         if fresh:
             fresh_last = [i for i in fresh if chunks[i].is_last]
-            rows, fresh_scored = self._fresh_prefill([chunks[i] for i in fresh])
-            hidden.update(zip(fresh_last, rows.unbind(0), strict=True))
-        paged, paged_scored = self._paged_prefill([chunks[i] for i in resumed], resumed)
-        hidden.update(paged)
-        # NOTE: the scored rows come fresh chunks first, then resumed ones
-        self._score([fresh_scored, paged_scored], [chunks[i] for i in fresh + resumed])
+            hidden.update(zip(fresh_last, self._fresh_prefill([chunks[i] for i in fresh]).unbind(0), strict=True))
+        hidden.update(self._paged_prefill([chunks[i] for i in resumed], resumed))
         last = [hidden[i] for i, c in enumerate(chunks) if c.is_last]
         if not last:
             return torch.empty((0, 0), device=self.device)
         return self.model.compute_logits(torch.stack(last))
 
-    def _score(self, hidden: list[torch.Tensor | None], chunks: list[PrefillChunk]) -> None:
-        """Prompt logprobs from the hidden rows of the chunks' spans (in `chunks` order), through the LM head
-        (a collective under tensor parallel: every rank scores the same rows)."""
-        parts = [h for h in hidden if h is not None and h.shape[0]]
-        if parts:
-            self.last_prompt_scores = score_rows(torch.cat(parts), chunks, self.model.config.vocab_size,
-                                                 self.model.compute_logits)
-
-    def _fresh_prefill(self, chunks: list[PrefillChunk]) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Chunks from position 0 -> the hidden rows of their last tokens [chunks that are last, hidden], and
-        of their prompt-logprobs spans' positions (None when no chunk has one)."""
+    def _fresh_prefill(self, chunks: list[PrefillChunk]) -> torch.Tensor:
+        """Chunks from position 0 -> the hidden rows of their last tokens [chunks that are last, hidden]."""
         ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
@@ -182,16 +166,21 @@ class ModelRunner:
                                                                        scored)
         meta = AttentionMetadata(is_prefill=True, positions=pos_t, slot_mapping=slots_t, seq_lens=seq_lens)
         out = self.model(ids_t, meta, self.kv_caches)
-        return out.index_select(0, last_t), out.index_select(0, scored_t) if scored else None
+        if scored:
+            self._score(out.index_select(0, scored_t), chunks)
+        return out.index_select(0, last_t)
 
-    def _paged_prefill(self, chunks: list[PrefillChunk],
-                       index: list[int]) -> tuple[dict[int, torch.Tensor], torch.Tensor | None]:
+    def _score(self, hidden: torch.Tensor, chunks: list[PrefillChunk]) -> None:
+        """Prompt logprobs from the hidden rows of the chunks' spans, through the LM head (a collective under
+        tensor parallel: every rank scores the same rows)."""
+        self.prompt_scores.append(score_rows(hidden, chunks, self.model.config.vocab_size, self.model.compute_logits))
+
+    def _paged_prefill(self, chunks: list[PrefillChunk], index: list[int]) -> dict[int, torch.Tensor]:
         """Token p of a chunk is a decode row with context p + 1 over its request's block table: the model
         writes a layer's K/V for all rows before that layer's attention, so a row sees the prefix and the
         chunk's earlier tokens, i.e. exactly causal attention. NOTE: the torch attention gathers every row's
         context (rows x bound positions), so its rows run in pieces of at most _PAGED_POSITIONS positions; a
-        later piece reads what an earlier one wrote. Returns chunk index -> its last row's hidden row (chunks
-        that are last), and the hidden rows of the prompt-logprobs spans (None when no chunk has one)."""
+        later piece reads what an earlier one wrote."""
         bm = self.block_manager
         ids, positions, slots, owner = self._token_rows(chunks)
         max_ctx = max(c.end for c in chunks)
@@ -222,9 +211,11 @@ class ModelRunner:
             hidden = self.model(ids_t, meta, self.kv_caches)
             out.update({wanted[r]: hidden[r - lo] for r in range(lo, hi) if r in wanted})
             if scored:
-                rows = [r - lo for r in scored if lo <= r < hi]
-                scored_parts.append(hidden.index_select(0, to_device(rows, torch.int64, self.device)))
-        return out, torch.cat(scored_parts) if scored else None
+                rows = to_device([r - lo for r in scored if lo <= r < hi], torch.int64, self.device)
+                scored_parts.append(hidden.index_select(0, rows))
+        if scored:
+            self._score(torch.cat(scored_parts), chunks)
+        return out
 
     def _token_rows(self, chunks: list[PrefillChunk]) -> tuple[list[int], list[int], list[int], list[int]]:
         """The chunks' tokens as decode rows: input id, position, KV slot and owning chunk of each."""
@@ -253,7 +244,7 @@ class ModelRunner:
     def mixed(self, seqs: list[Sequence], slots: list[int],
               chunks: list[PrefillChunk]) -> tuple[torch.Tensor, torch.Tensor, bool]:
         """A decode step that carries prompt chunks (`_rows_step`; the pool decides as for any decode step)."""
-        self.last_prompt_scores = None
+        self.prompt_scores = []
         return self._rows_step(seqs, slots, chunks)
 
     def _rows_step(self, seqs: list[Sequence], slots: list[int], chunks: list[PrefillChunk],
@@ -271,8 +262,8 @@ class ModelRunner:
                                          slots + chunk_slots, np.concatenate(tables), decision)
         scored = span_rows(chunks, len(seqs))
         if scored:  # NOTE: every row's logits are here already: the spans' rows need no LM head of their own
-            self.last_prompt_scores = score_rows(logits.index_select(0, to_device(scored, torch.int64, self.device)),
-                                                 chunks, logits.shape[1], None)
+            rows = logits.index_select(0, to_device(scored, torch.int64, self.device))
+            self.prompt_scores.append(score_rows(rows, chunks, logits.shape[1], None))
         wanted = list(range(len(seqs))) + _last_rows(chunks, len(seqs))
         if not wanted:
             return torch.empty((0, 0), device=self.device), torch.empty(0, dtype=torch.int64, device=self.device), graph
