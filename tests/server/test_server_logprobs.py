@@ -112,7 +112,6 @@ def test_refusals_name_the_field(served: Served) -> None:
         ("/v1/chat/completions", {**chat, "top_logprobs": 2}, "top_logprobs"),
         ("/v1/chat/completions", {**chat, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
         ("/v1/completions", {"prompt": "hi", "logprobs": 21}, "logprobs"),
-        ("/v1/completions", {"prompt": "hi", "logprobs": 1, "echo": True}, "echo"),
         ("/v1/completions", {"prompt": "hi", "n": 2, "best_of": 3}, "best_of"),
         ("/v1/completions", {"prompt": "hi", "best_of": 2}, "best_of"),
     ]

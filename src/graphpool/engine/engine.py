@@ -258,8 +258,13 @@ class LLMEngine:
         if profile:
             events[1].record()
         clock.forward_ends()
+        # NOTE: prompt logprobs are copied in the step's one sync (synchronously when it has none)
+        pin = self.device.type == "cuda" and bool(seqs)
+        scores = [s.start_copy(pin) for s in self.runner.prompt_scores] if batch.chunks else []
         # NOTE: the one host sync of a step (none for a step of prompt chunks that are not their last)
         next_tokens, token_logprobs = self.sampler.sample_to_host(logits, seqs, greedy) if seqs else ([], {})
+        for s in scores:
+            s.add_to_sequences()
         # the KV of every scheduled token is written now: its full blocks become prefix-cache entries
         for chunk in batch.chunks:
             self.block_manager.commit(chunk.seq, chunk.end)

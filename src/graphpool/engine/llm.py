@@ -8,7 +8,14 @@ from typing import Any
 
 from graphpool.engine.config import DEFAULT_MODEL, EngineConfig
 from graphpool.engine.engine import LLMEngine
-from graphpool.engine.llm_outputs import CompletionOutput, RequestOutput, SequenceOutput
+from graphpool.engine.llm_outputs import (
+    CompletionOutput,
+    Logprob,
+    RequestOutput,
+    SequenceOutput,
+    prompt_logprob_dicts,
+    token_texts,
+)
 from graphpool.engine.sampling_params import SamplingParams, check_text
 from graphpool.pool import PoolStats
 
@@ -16,7 +23,7 @@ Messages = Sequence[Mapping[str, str]]
 Params = SamplingParams | Sequence[SamplingParams] | None
 Prompt = str | list[int] | Mapping[str, Any]  # a Mapping: vLLM's {"prompt": text} or {"prompt_token_ids": ids}
 
-__all__ = ["LLM", "CompletionOutput", "RequestOutput", "SequenceOutput"]
+__all__ = ["LLM", "CompletionOutput", "Logprob", "RequestOutput", "SequenceOutput"]
 
 
 class LLM:
@@ -120,6 +127,7 @@ class LLM:
     def _run(self, prompts: list[Any], token_ids: list[list[int]], params: Params,
              use_tqdm: bool) -> list[CompletionOutput]:
         per_prompt = _per_prompt(params, len(token_ids), self.get_default_sampling_params)
+        text = token_texts(self.engine.tokenizer)
         ids: list[str] = []
         try:
             for tokens, sp in zip(token_ids, per_prompt, strict=True):
@@ -150,8 +158,11 @@ class LLM:
                 for out in outputs:
                     if out.finished and out.request_id in index:
                         i = index[out.request_id]
+                        k = per_prompt[i].prompt_logprobs
+                        prompt_lps = None if k is None or out.prompt_logprobs is None else prompt_logprob_dicts(
+                            out.prompt_logprobs, k, text)
                         results[i] = CompletionOutput(prompts[i], out.prompt_token_ids, out.text, out.token_ids,
-                                                      out.finish_reason, out.request_id, out.logprobs)
+                                                      out.finish_reason, out.request_id, out.logprobs, prompt_lps)
                         remaining -= 1
                         if bar is not None:
                             bar.update(1)

@@ -18,11 +18,13 @@ from graphpool.engine.host_copy import to_device
 @dataclass(frozen=True)
 class TokenLogprob:
     """The sampled token's logprob and the `logprobs` most likely tokens at its position (most likely
-    first, as (token id, logprob))."""
+    first, as (token id, logprob)); `rank`: the token's 1-based rank in the vocabulary by logprob (ties count
+    ahead), given for prompt tokens (engine/prompt_logprobs.py) and None for sampled ones."""
 
     token_id: int
     logprob: float
     top: tuple[tuple[int, float], ...]
+    rank: int | None = None
 
 
 @dataclass

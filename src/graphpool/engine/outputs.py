@@ -23,6 +23,8 @@ class RequestOutput:
     finish_reason: FinishReason | None
     logprobs: list[TokenLogprob] | None = None  # one per token of token_ids, when params.logprobs is set
     new_logprobs: list[TokenLogprob] | None = None  # ... of new_token_ids
+    # one per prompt token after the first (which has none), when params.prompt_logprobs is set
+    prompt_logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass(frozen=True)
@@ -115,4 +117,6 @@ def make_output(seq: Sequence, new_token_ids: list[int]) -> RequestOutput:
         finish_reason=seq.finish_reason,  # type: ignore[arg-type]
         logprobs=list(seq.logprobs) if seq.params.logprobs is not None else None,
         new_logprobs=seq.logprobs[-len(new_token_ids):] if seq.params.logprobs is not None else None,
+        # NOTE: the sequence's own list, complete before its first output and not changed after it
+        prompt_logprobs=seq.prompt_logprobs if seq.params.prompt_logprobs is not None else None,
     )

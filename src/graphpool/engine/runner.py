@@ -18,6 +18,7 @@ from graphpool.engine.decode_step import (
 )
 from graphpool.engine.host_copy import tensor_to_device, to_device
 from graphpool.engine.kv_cache import BlockManager, KVCache
+from graphpool.engine.prompt_logprobs import PromptScores, score_rows, span_rows
 from graphpool.engine.scheduler import PrefillChunk
 from graphpool.engine.sequence import Sequence
 from graphpool.engine.tp_messages import StepAnnouncer
@@ -98,6 +99,7 @@ class ModelRunner:
         self.prefill_warmup = prefill_warmup_lengths(self.graph_prefill_max_tokens, config.token_budget,
                                                      config.max_model_len) if self.device.type == "cuda" else ()
         self.last_prefill_replayed = False  # whether the latest prefill replayed a decode graph
+        self.prompt_scores: list[PromptScores] = []  # the latest prefill's or mixed step's prompt logprobs
 
     def _graph_rows(self, rows: int) -> int:
         """The pool's batch size of a step of `rows` rows (per microbatch)."""
@@ -119,9 +121,10 @@ class ModelRunner:
         A chunk from position 0 runs the model's prefill attention (SDPA within the chunk). A chunk after a
         cached prefix (a prefix-cache hit or an earlier chunk) must also attend to the prefix's K/V, which the
         model's prefill attention does not read: it runs as decode-attention rows instead, one row per token
-        over the paged cache (`_paged_prefill`).
+        over the paged cache (`_paged_prefill`). Prompt-logprobs spans leave scores in `prompt_scores`.
         """
         self.last_prefill_replayed = False
+        self.prompt_scores = []
         tokens = sum(c.end - c.start for c in chunks)
         if 0 < tokens <= self.graph_prefill_max_tokens:
             # NOTE: under tensor parallel this goes to the other ranks as a decode step with its decision
@@ -158,10 +161,19 @@ class ModelRunner:
             positions.extend(range(c.end))
             slots.extend(self.block_manager.slots(c.seq.request_id, 0, c.end))
             seq_lens.append(c.end)
-        ids_t, pos_t, slots_t, last_t = self._ints_to_device(ids, positions, slots, _last_rows(chunks, 0))
+        scored = span_rows(chunks, 0)
+        ids_t, pos_t, slots_t, last_t, scored_t = self._ints_to_device(ids, positions, slots, _last_rows(chunks, 0),
+                                                                       scored)
         meta = AttentionMetadata(is_prefill=True, positions=pos_t, slot_mapping=slots_t, seq_lens=seq_lens)
         out = self.model(ids_t, meta, self.kv_caches)
+        if scored:
+            self._score(out.index_select(0, scored_t), chunks)
         return out.index_select(0, last_t)
+
+    def _score(self, hidden: torch.Tensor, chunks: list[PrefillChunk]) -> None:
+        """Prompt logprobs from the hidden rows of the chunks' spans, through the LM head (a collective under
+        tensor parallel: every rank scores the same rows)."""
+        self.prompt_scores.append(score_rows(hidden, chunks, self.model.config.vocab_size, self.model.compute_logits))
 
     def _paged_prefill(self, chunks: list[PrefillChunk], index: list[int]) -> dict[int, torch.Tensor]:
         """Token p of a chunk is a decode row with context p + 1 over its request's block table: the model
@@ -184,6 +196,7 @@ class ModelRunner:
         last_row = {k: i for i, k in enumerate(owner)}  # the last row of each chunk
         wanted = {last_row[k]: index[k] for k, c in enumerate(chunks) if c.is_last}
         out: dict[int, torch.Tensor] = {}
+        scored, scored_parts = span_rows(chunks, 0), []
         for lo in range(0, len(ids), piece):
             hi = min(lo + piece, len(ids))
             ids_t, pos_t, slots_t = self._ints_to_device(ids[lo:hi], positions[lo:hi], slots[lo:hi])
@@ -197,6 +210,11 @@ class ModelRunner:
             )
             hidden = self.model(ids_t, meta, self.kv_caches)
             out.update({wanted[r]: hidden[r - lo] for r in range(lo, hi) if r in wanted})
+            if scored:
+                rows = to_device([r - lo for r in scored if lo <= r < hi], torch.int64, self.device)
+                scored_parts.append(hidden.index_select(0, rows))
+        if scored:
+            self._score(torch.cat(scored_parts), chunks)
         return out
 
     def _token_rows(self, chunks: list[PrefillChunk]) -> tuple[list[int], list[int], list[int], list[int]]:
@@ -226,6 +244,7 @@ class ModelRunner:
     def mixed(self, seqs: list[Sequence], slots: list[int],
               chunks: list[PrefillChunk]) -> tuple[torch.Tensor, torch.Tensor, bool]:
         """A decode step that carries prompt chunks (`_rows_step`; the pool decides as for any decode step)."""
+        self.prompt_scores = []
         return self._rows_step(seqs, slots, chunks)
 
     def _rows_step(self, seqs: list[Sequence], slots: list[int], chunks: list[PrefillChunk],
@@ -241,6 +260,10 @@ class ModelRunner:
         logits, greedy, graph = self.decode_rows([s.last_token for s in seqs] + ids,
                                          [s.num_tokens for s in seqs] + [p + 1 for p in positions],
                                          slots + chunk_slots, np.concatenate(tables), decision)
+        scored = span_rows(chunks, len(seqs))
+        if scored:  # NOTE: every row's logits are here already: the spans' rows need no LM head of their own
+            rows = logits.index_select(0, to_device(scored, torch.int64, self.device))
+            self.prompt_scores.append(score_rows(rows, chunks, logits.shape[1], None))
         wanted = list(range(len(seqs))) + _last_rows(chunks, len(seqs))
         if not wanted:
             return torch.empty((0, 0), device=self.device), torch.empty(0, dtype=torch.int64, device=self.device), graph

@@ -46,6 +46,11 @@ class SamplingParams:
     most likely tokens with theirs, from the model's raw logits (before penalties and temperature; see
     engine/logprobs.py).
 
+    `prompt_logprobs` (None = off, else 0..20): the logprob of every prompt token after the first, its rank and
+    that many of the most likely tokens at its position, from the same raw logits (engine/prompt_logprobs.py).
+    Such a request does not reuse cached prefix blocks until its prompt's logprobs are complete (a cached
+    position's logits are never computed).
+
     `guided` (None = off): a `GuidedDecoding` constraint (JSON schema, any JSON object, regex, choice, EBNF
     grammar) the output follows, token by token; the request stops when the grammar ends. It cannot be
     combined with `ignore_eos` or `min_tokens` (the grammar decides where the output ends).
@@ -67,6 +72,7 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
     guided: GuidedDecoding | None = None
     has_penalties: bool = field(init=False, repr=False, compare=False, default=False)
 
@@ -109,9 +115,10 @@ class SamplingParams:
         if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
             raise InvalidParam("min_tokens", f"min_tokens must be an int in [0, max_tokens={self.max_tokens}], "
                                f"got {self.min_tokens!r}")
-        if self.logprobs is not None and not (_is_int(self.logprobs) and 0 <= self.logprobs <= MAX_LOGPROBS):
-            raise InvalidParam("logprobs", f"logprobs must be None or an int in [0, {MAX_LOGPROBS}], "
-                               f"got {self.logprobs!r}")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and not (_is_int(value) and 0 <= value <= MAX_LOGPROBS):
+                raise InvalidParam(name, f"{name} must be None or an int in [0, {MAX_LOGPROBS}], got {value!r}")
         _number(self.min_p, "min_p")
         if not 0 <= self.min_p <= 1:
             raise InvalidParam("min_p", f"min_p must be in [0, 1] (0 is off), got {self.min_p}")

@@ -7,6 +7,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from graphpool.engine.kv_cache import BlockManager
+from graphpool.engine.prompt_logprobs import PromptSpan, prompt_span, wants_prompt_logprobs
 from graphpool.engine.sequence import Sequence, Status
 
 
@@ -17,6 +18,7 @@ class PrefillChunk:
     seq: Sequence
     start: int
     end: int
+    prompt_logprobs: PromptSpan | None = None  # positions whose rows score prompt tokens (prompt logprobs)
 
     @property
     def is_last(self) -> bool:
@@ -102,8 +104,12 @@ class Scheduler:
         if not self.waiting or len(self.running) >= self.max_num_seqs:
             return False
         seq = self.waiting[0]
-        return self.block_manager.can_allocate(seq.num_tokens, reserve=len(self.running),
-                                               cached=self.block_manager.match_prefix(seq))
+        return self.block_manager.can_allocate(seq.num_tokens, reserve=len(self.running), cached=self._cached(seq))
+
+    def _cached(self, seq: Sequence) -> list[int]:
+        """The cached prefix blocks `seq` reuses: none while it needs prompt logprobs (a cached position's
+        logits are never computed)."""
+        return [] if wants_prompt_logprobs(seq) else self.block_manager.match_prefix(seq)
 
     def _schedule_mixed(self) -> ScheduledBatch | None:
         decode = self._schedule_decode()
@@ -126,7 +132,8 @@ class Scheduler:
         def add_chunk(seq: Sequence) -> None:
             nonlocal budget
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)
-            chunks.append(PrefillChunk(seq, seq.num_computed_tokens, seq.num_computed_tokens + n))
+            start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
+            chunks.append(PrefillChunk(seq, start, end, prompt_span(seq, start, end)))
             seq.num_computed_tokens += n
             budget -= n
 
@@ -137,7 +144,7 @@ class Scheduler:
                 add_chunk(seq)
         while self.waiting and len(self.running) < self.max_num_seqs and budget > 0:
             seq = self.waiting[0]
-            cached = bm.match_prefix(seq)
+            cached = self._cached(seq)
             num_cached = len(cached) * bm.block_size
             if chunks and seq.num_tokens - num_cached > budget:
                 break

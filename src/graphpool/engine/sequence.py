@@ -44,6 +44,8 @@ class Sequence:
         self.block_keys: list[bytes] = []  # prefix-cache keys of its full blocks (see engine.prefix_cache)
         self.penalty_row: int | None = None  # the sampler's token-count row, for requests with penalties
         self.logprobs: list[TokenLogprob] = []  # one per output token when params.logprobs is set
+        # one per prompt token after the first when params.prompt_logprobs is set (complete once prefilled)
+        self.prompt_logprobs: list[TokenLogprob] = []
         self.guide: Guide | None = None  # the grammar state of a request with params.guided
         # detokenizer state (see engine.detokenize)
         self.text = ""

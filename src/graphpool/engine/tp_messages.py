@@ -21,6 +21,7 @@ from typing import Protocol
 import numpy as np
 
 from graphpool.engine.kv_cache import BlockManager
+from graphpool.engine.prompt_logprobs import PromptSpan
 from graphpool.engine.scheduler import PrefillChunk
 from graphpool.pool.lockstep import Decision
 
@@ -37,7 +38,8 @@ class StepAnnouncer(Protocol):
 
 @dataclass(frozen=True)
 class SeqView:
-    """What the runner reads of a sequence in a prefill: its id and its tokens up to the chunk's end."""
+    """What the runner reads of a sequence in a prefill: its id and its tokens up to the chunk's end (and the
+    one after it, which a prompt-logprobs span's last row scores)."""
 
     request_id: str
     token_ids: list[int]
@@ -49,6 +51,7 @@ class ChunkView:
     start: int
     end: int
     is_last: bool
+    prompt_logprobs: PromptSpan | None = None  # every rank scores the same rows (the LM head is a collective)
 
 
 class BlockTableView:
@@ -71,6 +74,6 @@ class BlockTableView:
 
 
 def prefill_message(chunks: list[PrefillChunk], block_manager: BlockManager) -> tuple[object, ...]:
-    views = [ChunkView(SeqView(c.seq.request_id, c.seq.token_ids[:c.end]), c.start, c.end, c.is_last)
-             for c in chunks]
+    views = [ChunkView(SeqView(c.seq.request_id, c.seq.token_ids[:c.end + 1]), c.start, c.end, c.is_last,
+                       c.prompt_logprobs) for c in chunks]
     return ("prefill", views, {c.seq.request_id: block_manager.row(c.seq.request_id) for c in chunks})

@@ -1,5 +1,6 @@
 """A response's choices in OpenAI's shapes, collected or as stream chunks: text or message, finish reason,
-logprobs when asked, and the usage (a prompt counted once however many choices it has)."""
+logprobs when asked (the echoed prompt's first), vLLM's prompt_logprobs, and the usage (a prompt counted
+once however many choices it has)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import json
 from typing import Any
 
 from graphpool.engine.outputs import RequestOutput
-from graphpool.server.logprobs import LogprobFormatter
+from graphpool.server.logprobs import LogprobFormatter, PromptAsk
 from graphpool.server.tool_stream import ToolCallStream, finish_reason, message
 from graphpool.server.tools import ToolPlan
 
@@ -21,8 +22,13 @@ class Choices:
     """One response's choices: choice i is the (i // n)-th prompt's (i % n)-th sequence."""
 
     def __init__(self, chat: bool, header: dict[str, Any], n: int, logprobs: LogprobFormatter | None,
-                 include_usage: bool = False, tools: ToolPlan | None = None) -> None:
+                 include_usage: bool = False, tools: ToolPlan | None = None, prompt: PromptAsk | None = None,
+                 formatter: LogprobFormatter | None = None) -> None:
+        """`logprobs`: the generated tokens' formatter when they are asked; `prompt`: what is asked of the
+        prompt's logprobs, with their `formatter`."""
         self.chat, self.header, self.n, self.logprobs = chat, header, n, logprobs
+        self.prompt, self.formatter = (prompt, formatter) if prompt is not None and formatter is not None else (
+            None, None)
         # NOTE: with tools to parse, each chat choice's text goes through its own tool-call stream
         self.tools = tools if tools is not None and tools.mode != "none" else None
         self._tool_streams: dict[int, ToolCallStream] = {}
@@ -38,13 +44,37 @@ class Choices:
                 msg = message(self.tools, last.text)
                 choices.append({"index": i, "message": msg, "logprobs": self._logprobs(i, last.logprobs),
                                 "finish_reason": finish_reason(last.finish_reason, "tool_calls" in msg)})
-            return {**self.header, "object": "chat.completion", "choices": choices, "usage": self.usage(lasts)}
-        choices = [
-            {"index": i, "text": (echo or "") + last.text, "logprobs": self._logprobs(i, last.logprobs),
-             "finish_reason": last.finish_reason}
-            for i, (echo, last) in enumerate(zip(echoes, lasts, strict=True))
-        ]
+            # NOTE: vLLM gives a chat response's prompt_logprobs once, beside its choices (one prompt)
+            field = self._prompt_field(lasts[0]) if self._asks_field else {}
+            return {**self.header, "object": "chat.completion", "choices": choices, "usage": self.usage(lasts),
+                    **field}
+        choices = []
+        for i, (echo, last) in enumerate(zip(echoes, lasts, strict=True)):
+            head = self._echo_logprobs(i, last)
+            choice = {"index": i, "text": (echo or "") + last.text,
+                      "logprobs": _joined(head, self._logprobs(i, last.logprobs)), "finish_reason": last.finish_reason}
+            choices.append({**choice, **self._prompt_field(last)} if self._asks_field else choice)
         return {**self.header, "object": "text_completion", "choices": choices, "usage": self.usage(lasts)}
+
+    @property
+    def _asks_field(self) -> bool:
+        return self.prompt is not None and self.prompt.field is not None
+
+    def _prompt_field(self, out: RequestOutput) -> dict[str, Any]:
+        """vLLM's `prompt_logprobs` of a request (null when it ended before its prompt ran)."""
+        assert self.prompt is not None and self.prompt.field is not None and self.formatter is not None
+        lps = out.prompt_logprobs
+        return {"prompt_logprobs": None if lps is None else self.formatter.prompt_field(lps, self.prompt.field)}
+
+    def _echo_logprobs(self, index: int, out: RequestOutput) -> dict[str, Any] | None:
+        """The echoed prompt's logprobs lists (echo with logprobs), from text offset 0; the choice's generated
+        tokens continue after them. None when not asked, or when the request ended before its prompt ran."""
+        if self.prompt is None or self.prompt.echo is None or out.prompt_logprobs is None:
+            return None
+        assert self.formatter is not None
+        body = self.formatter.echo_completion(out.prompt_token_ids, out.prompt_logprobs, self.prompt.echo)
+        self._offsets[index] = body["text_offset"][-1] + len(body["tokens"][-1])
+        return body
 
     def usage(self, lasts: list[RequestOutput]) -> dict[str, int]:
         prompt = sum(len(out.prompt_token_ids) for out in lasts[:: self.n])
@@ -52,6 +82,16 @@ class Choices:
         return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
     # ---- streamed ----
+    def echo_chunk(self, index: int, text: str, out: RequestOutput) -> str:
+        """A completion choice's echoed prompt, with the prompt's logprobs from its first output."""
+        choice = {"index": index, "text": text, "logprobs": self._echo_logprobs(index, out), "finish_reason": None}
+        return sse({**self.header, "object": self.obj, "choices": [choice], **self.extra})
+
+    @property
+    def echo_waits(self) -> bool:
+        """Whether an echo chunk waits for its choice's first output (which holds the prompt's logprobs)."""
+        return self.prompt is not None and self.prompt.echo is not None
+
     def chunk(self, index: int, text: str | None, finish_reason: str | None = None, role: bool = False,
               out: RequestOutput | None = None) -> str:
         """One choice's chunk: `text` (None: none), the logprobs of `out`'s new tokens when asked."""
@@ -103,3 +143,10 @@ class Choices:
         if logprobs:
             self._offsets[index] = body["text_offset"][-1] + len(body["tokens"][-1])
         return body
+
+
+def _joined(head: dict[str, Any] | None, tail: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The completions API's logprobs lists of the echoed prompt followed by those of the generated tokens."""
+    if head is None or tail is None:
+        return tail if head is None else head
+    return {key: head[key] + tail[key] for key in head}

@@ -11,12 +11,12 @@ import jinja2
 from graphpool.engine.generation_defaults import SamplingDefaults
 from graphpool.engine.guided import GuidedDecoding
 from graphpool.engine.sampling_params import (
-    MAX_LOGPROBS,
     InvalidParam,
     SamplingParams,
     check_text,
     child_seed,
 )
+from graphpool.server.logprobs import check_logprobs, prompt_ask
 from graphpool.server.protocol import (
     MAX_STOP_SEQUENCES,
     APIError,
@@ -63,10 +63,7 @@ class PromptBuilder:
     def completion(self, req: CompletionRequest) -> list[EngineInput]:
         """`n` inputs per prompt (`prompt` may be a list of strings or of token-id lists), in choice order."""
         self._common_checks(req)
-        _check_logprobs(req.logprobs, "logprobs")
-        if req.logprobs is not None and req.echo:
-            raise APIError("echo with logprobs (the prompt's logprobs) is not supported by this server",
-                           param="echo")
+        check_logprobs(req.logprobs, "logprobs")
         if req.best_of is not None and req.best_of != (req.n or 1):
             raise APIError(f"best_of must equal n (got best_of={req.best_of}, n={req.n or 1}): this server returns "
                            "every sequence it generates and does not rank them", param="best_of")
@@ -93,7 +90,7 @@ class PromptBuilder:
     def chat(self, req: ChatCompletionRequest) -> tuple[list[EngineInput], ToolPlan]:
         """`n` inputs of the conversation, one per choice, and the plan its output is read with."""
         self._common_checks(req)
-        _check_logprobs(req.top_logprobs, "top_logprobs")
+        check_logprobs(req.top_logprobs, "top_logprobs")
         if req.top_logprobs and not req.logprobs:
             raise APIError("top_logprobs needs logprobs: true", param="top_logprobs")
         plan = plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls, self.parser)
@@ -156,6 +153,7 @@ class PromptBuilder:
         if req.logit_bias:
             raise APIError("logit_bias is not supported by this server", param="logit_bias")
         refuse_unhonoured(req.model_extra)
+        prompt_ask(req)  # NOTE: checked before any tokenizing
         if isinstance(req.stop, list) and len(req.stop) > MAX_STOP_SEQUENCES:
             raise APIError(f"stop takes at most {MAX_STOP_SEQUENCES} sequences, got {len(req.stop)}", param="stop")
 
@@ -210,6 +208,7 @@ class PromptBuilder:
                 include_stop_str_in_output=req.include_stop_str_in_output,
                 skip_special_tokens=req.skip_special_tokens,
                 logprobs=_engine_logprobs(req),
+                prompt_logprobs=prompt_ask(req).engine_k,
                 guided=guided,
             )
         except InvalidParam as e:
@@ -285,11 +284,6 @@ def fan_out(inp: EngineInput, n: int) -> list[EngineInput]:
     seed = inp.params.seed
     return [inp if seed is None else replace(inp, params=replace(inp.params, seed=child_seed(seed, i)))
             for i in range(n)]
-
-
-def _check_logprobs(value: int | None, param: str) -> None:
-    if value is not None and not 0 <= value <= MAX_LOGPROBS:
-        raise APIError(f"{param} must be in [0, {MAX_LOGPROBS}], got {value}", param=param)
 
 
 def _engine_logprobs(req: CompletionRequest | ChatCompletionRequest) -> int | None:

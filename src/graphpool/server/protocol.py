@@ -50,7 +50,7 @@ class StreamOptions(BaseModel):
 # Fields of OpenAI's API or vLLM's extensions that change the output and that this server does not honour,
 # each with the value that changes nothing (sent with that value, the field is accepted).
 UNHONOURED_FIELDS: dict[str, Any] = {
-    "spaces_between_special_tokens": True, "prompt_logprobs": None, "guided_whitespace_pattern": None,
+    "spaces_between_special_tokens": True, "guided_whitespace_pattern": None,
     "use_beam_search": False,
     "length_penalty": 1.0, "truncate_prompt_tokens": None, "bad_words": None, "allowed_token_ids": None,
     "logits_processors": None, "functions": None, "function_call": None,
@@ -100,6 +100,7 @@ class _SamplingFields(BaseModel):
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
     include_stop_str_in_output: StrictBool = False
     skip_special_tokens: StrictBool = True
+    prompt_logprobs: int | None = None  # the prompt tokens' logprobs with this many top tokens (server/logprobs.py)
     # Structured output (server/structured.py): OpenAI's response_format, or one of vLLM's guided fields.
     response_format: dict[str, Any] | None = None
     guided_json: dict[str, Any] | str | None = None

@@ -15,7 +15,7 @@ from starlette.types import Receive, Scope, Send
 
 from graphpool.server.async_engine import AsyncEngine, EngineDeadError, RequestStream
 from graphpool.server.choices import Choices, sse
-from graphpool.server.logprobs import LogprobFormatter
+from graphpool.server.logprobs import LogprobFormatter, prompt_ask
 from graphpool.server.metrics import ServerMetrics
 from graphpool.server.prompts import EngineInput, PromptBuilder
 from graphpool.server.protocol import APIError, ChatCompletionRequest, CompletionRequest, error_body
@@ -155,14 +155,16 @@ class OpenAIServing:
         echo = isinstance(req, CompletionRequest) and req.echo
         echoes = [inp.prompt_text if echo else None for inp in inputs]
         logprobs = self.logprobs if inputs[0].params.logprobs is not None else None
+        prompt = prompt_ask(req)
         if req.stream:
             include_usage = req.stream_options is not None and req.stream_options.include_usage
-            choices = Choices(chat, header, n, logprobs, include_usage, tools)
+            choices = Choices(chat, header, n, logprobs, include_usage, tools, prompt, self.logprobs)
             return AbortingStreamingResponse(self._stream_body(streams, choices, timer, echoes), self.engine, streams)
         lasts = await self._collect(streams, raw, timer)
         if lasts is None:  # client disconnected; nobody reads this
             return Response(status_code=499)
-        return JSONResponse(Choices(chat, header, n, logprobs, tools=tools).response(lasts, echoes))
+        return JSONResponse(Choices(chat, header, n, logprobs, tools=tools, prompt=prompt,
+                                    formatter=self.logprobs).response(lasts, echoes))
 
     async def _collect(self, streams: list[RequestStream], raw: Request, timer: _Timer) -> list[Any] | None:
         async def collect() -> list[Any]:
@@ -194,13 +196,19 @@ class OpenAIServing:
         if choices.chat:
             for index in range(len(streams)):
                 yield choices.chunk(index, None, role=True)
+        # NOTE: with the prompt's logprobs asked, a choice's echo goes out with its first output, which has them
+        waiting: dict[int, str] = {}
         for index, echo in enumerate(echoes):
-            if echo:
+            if echo is not None and choices.echo_waits:
+                waiting[index] = echo
+            elif echo:
                 yield choices.chunk(index, echo)
         lasts: list[Any] = [None] * len(streams)
         try:
             async for index, out in merged(streams):
                 timer.on_output(len(out.token_ids), out.finished)
+                if index in waiting:
+                    yield choices.echo_chunk(index, waiting.pop(index), out)
                 if choices.chat:
                     for chunk in choices.chat_chunks(index, out):
                         yield chunk
