@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from graphpool.engine.async_scheduling import AsyncDecode
 from graphpool.engine.config import EngineConfig
 from graphpool.engine.cpu_threads import apply_cpu_threads
+from graphpool.engine.engine_load import load_for_engine
 from graphpool.engine.generation_defaults import SamplingDefaults, load_sampling_defaults
 from graphpool.engine.grammar import Grammars
 from graphpool.engine.kv_cache import BlockManager
@@ -32,16 +33,14 @@ from graphpool.engine.scheduler import ScheduledBatch, Scheduler
 from graphpool.engine.sequence import Sequence
 from graphpool.engine.startup import StartupClock, StartupTimes
 from graphpool.engine.timeline import StepClock, StepTimeline
-from graphpool.engine.tp_rank import capture_sync, load_shard, num_kv_blocks
-from graphpool.model.config import ModelConfig
+from graphpool.engine.tp_rank import LoadedModel, capture_sync, num_kv_blocks
 from graphpool.model.tp_group import SINGLE
 from graphpool.pool import FallbackReason, PoolStats
 from graphpool.pool.capture import Capturer
 
 if TYPE_CHECKING:
-    from graphpool.engine.tp_leader import TPLeader
+    pass
 
-LoadedModel = tuple[Any, ModelConfig, Any]  # (model, config, tokenizer or None), as load_model returns
 __all__ = ["EngineStats", "LLMEngine", "RequestOutput", "StartupTimes", "StepInfo"]
 log = logging.getLogger(__name__)
 
@@ -73,26 +72,7 @@ class LLMEngine:
         self.device = config.torch_device
         self.cpu_threads = apply_cpu_threads(config) if self.device.type == "cpu" else None
         self.dtype = config.torch_dtype
-        backend = config.resolved_attn_backend
-        self._tp: TPLeader | None = None
-        if config.tensor_parallel_size > 1:
-            from graphpool.engine.tp_leader import TPLeader
-
-            if loaded is not None:
-                raise ValueError("tensor_parallel_size > 1 loads the model on every rank: `loaded` cannot be used")
-            self._tp = TPLeader(config, capturer)
-            try:
-                loaded = load_shard(config, self._tp.tp)
-                self._tp.wait_for("loaded")
-            except BaseException:
-                self._tp.close()
-                raise
-        if loaded is None:
-            from graphpool.model.loader import load_model
-
-            loaded = load_model(config.model, self.device, self.dtype, backend, seed=config.seed,
-                                max_positions=config.max_model_len, disabled_kernels=config.disabled_kernels,
-                                revision=config.revision, download_dir=config.download_dir)
+        self._tp, loaded = load_for_engine(config, loaded, capturer)
         self.model, self.model_config, self.tokenizer = loaded
         if getattr(self.model, "max_positions", config.max_model_len) < config.max_model_len:
             raise ValueError(f"the loaded model's rotary cache covers {self.model.max_positions} positions, "

@@ -30,24 +30,29 @@ def join_group(config: EngineConfig, rank: int, init_method: str) -> TPGroup:
     device = torch.device(config.rank_device(rank))
     extra: dict[str, Any] = {"device_id": device} if device.type == "cuda" else {}
     # NOTE: NVLink multicast (NVLS) off unless asked for: on shared multi-GPU hosts a program using it can put
-    # the GPUs out of service (the device machines' rule); NCCL's ring/tree all-reduce needs none of it
+    # the GPUs out of service; NCCL's ring/tree all-reduce needs none of it
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method=init_method, rank=rank,
                             world_size=config.tensor_parallel_size, **extra)
     return TPGroup(rank, config.tensor_parallel_size)
 
 
-def load_shard(config: EngineConfig, tp: TPGroup) -> tuple[Any, ModelConfig, Any]:
-    """The model, loaded whole on this rank's device (every rank the same weights: random ones from the same
-    seed) and cut down to its shard; (model, full architecture, tokenizer)."""
+LoadedModel = tuple[Any, ModelConfig, Any]  # (model, config, tokenizer or None), as load_model returns
+
+
+def load_model_for(config: EngineConfig, device: torch.device) -> LoadedModel:
+    """The config's whole model on `device` (random weights from the config's seed)."""
     from graphpool.model.loader import load_model
 
-    device = torch.device(config.rank_device(tp.rank))
-    model, model_config, tokenizer = load_model(config.model, device, config.torch_dtype,
-                                                config.resolved_attn_backend, seed=config.seed,
-                                                max_positions=config.max_model_len,
-                                                disabled_kernels=config.disabled_kernels, revision=config.revision,
-                                                download_dir=config.download_dir)  # type: ignore[arg-type]
+    return load_model(config.model, device, config.torch_dtype, config.resolved_attn_backend,  # type: ignore[arg-type]
+                      seed=config.seed, max_positions=config.max_model_len, disabled_kernels=config.disabled_kernels,
+                      revision=config.revision, download_dir=config.download_dir)
+
+
+def load_shard(config: EngineConfig, tp: TPGroup) -> LoadedModel:
+    """The model, loaded whole on this rank's device (every rank the same weights: random ones from the same
+    seed) and cut down to its shard; (model, full architecture, tokenizer)."""
+    model, model_config, tokenizer = load_model_for(config, torch.device(config.rank_device(tp.rank)))
     return shard_model(model, tp), model_config, tokenizer
 
 
