@@ -241,7 +241,8 @@ def default_budget(layout: LayoutResult) -> float:
 
 def markdown(layouts: Sequence[LayoutResult], budget: BudgetResult, cfg: MemoryBenchConfig,
              replay: dict[str, dict[int, float]] | None = None, overhead_mib: float = 0.0) -> str:
-    out = [f"Model {cfg.model} (random weights), the engine's decode step (logits + argmax) at context "
+    out = [f"Model {cfg.model} (random weights), the engine's decode step as its pool captures it (up to the final "
+           f"norm; the LM head runs after the replay) at context "
            f"{cfg.context_len}, ladder of {layouts[0].ladder_size} sizes up to {cfg.max_batch_size}. MiB, driver "
            "view (`mem_get_info`), split by the caching allocator's view of the graph's mempool. The capture "
            f"stream's cuBLAS workspaces ({overhead_mib:.0f} MiB, once per process) are outside every number.\n\n"]
@@ -265,7 +266,8 @@ def markdown(layouts: Sequence[LayoutResult], budget: BudgetResult, cfg: MemoryB
         sizes = sorted(next(iter(replay.values())))
         rows = [[s, *[replay[lay][s] for lay in replay], common.ratio(replay["arena"][s], replay["per_graph"][s])]
                 for s in sizes]
-        out.append("\nReplay through `GraphPool.run`, median ms (layouts interleaved):\n\n")
+        out.append("\nThe engine's step (a replay through `GraphPool.run`, then the LM head), median ms (layouts "
+                   "interleaved):\n\n")
         out.append(md_table(["bs", *replay, "arena / per_graph"], rows))
     out.append(f"\nByte budget ({budget.layout}, capture on miss, then {cfg.sweep_steps} random batch sizes):\n\n")
     out.append(md_table(
