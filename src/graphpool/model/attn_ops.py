@@ -19,7 +19,13 @@ try:
 except ImportError:  # torch < 2.10
     varlen_attn = None
 
-from graphpool.kernels.decode_attention import check_softcap, check_window, effective_len_bound, soft_cap, window_mask
+from graphpool.kernels.decode_attention import (
+    check_softcap,
+    check_window,
+    effective_len_bound,
+    soft_cap,
+    window_mask,
+)
 
 # NOTE: no cuDNN: it plans every new sequence length on the host (docs/benchmarks.md); math is the fallback.
 _PREFILL_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
