@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_kernels_decode_attention import make_case, run_in_triton_interpreter
 
 from graphpool.kernels.decode_attention import paged_decode_attention_ref
 from graphpool.model import attn_ops
 from graphpool.model.attn_ops import paged_decode_attention_torch, prefill_attention
-from test_kernels_decode_attention import make_case, run_in_triton_interpreter
 
 
 def naive_window(q, k_cache, v_cache, block_tables, context_lens, scale, window, softcap=0.0) -> torch.Tensor:
