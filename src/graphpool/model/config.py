@@ -11,10 +11,10 @@ from typing import Any
 from graphpool.model.gemma2_config import gemma2_fields
 from graphpool.model.gemma3_config import gemma3_fields
 from graphpool.model.moe_config import MOE_REFUSED, MoeConfig, moe_fields
-from graphpool.model.window_config import qwen_sliding_layers
+from graphpool.model.window_config import check_sliding, qwen_sliding_layers
 
 # NOTE: model_type -> (q/k/v bias, decoder family). Qwen2 differs from Llama only by its q/k/v bias; Mistral
-# is Llama-shaped up to its sliding window; Phi-3 only fuses q/k/v and gate/up in its checkpoint (our layout).
+# is Llama with a sliding window; Phi-3 only fuses q/k/v and gate/up in its checkpoint (our layout).
 _HF_MODEL_TYPES = {
     "llama": (False, "llama"),
     "qwen2": (True, "llama"),
@@ -113,12 +113,7 @@ class ModelConfig:
             value = getattr(self, name)
             if value is not None and not (value > 0 and math.isfinite(value)):
                 raise ValueError(f"ModelConfig.{name} must be a positive number (or None), got {value!r}")
-        if self.sliding_window is not None and (isinstance(self.sliding_window, bool) or self.sliding_window <= 0):
-            raise ValueError(f"ModelConfig.sliding_window must be a positive int (or None), got {self.sliding_window!r}")
-        if self.sliding_layers is not None and (self.sliding_window is None or not self.sliding_layers or any(
-                not 0 <= i < self.num_layers for i in self.sliding_layers)):
-            raise ValueError(f"sliding_layers must be layer indices below {self.num_layers}, with a sliding_window; got "
-                             f"{self.sliding_layers} (window {self.sliding_window})")
+        check_sliding(self.sliding_window, self.sliding_layers, self.num_layers)
         if any(not 0 <= i < self.num_layers for i in self.local_layers):
             raise ValueError(f"local_layers must be layer indices below {self.num_layers}, got {self.local_layers}")
         for name in (

@@ -5,10 +5,20 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["qwen_sliding_layers", "sliding_layers_of"]
+__all__ = ["check_sliding", "qwen_sliding_layers", "sliding_layers_of"]
 
 # transformers' default of Qwen2's and Qwen3's max_window_layers (the layers below it attend to everything)
 _QWEN_MAX_WINDOW_LAYERS = 28
+
+
+def check_sliding(window: int | None, layers: tuple[int, ...] | None, num_layers: int) -> None:
+    """`ModelConfig`'s check of sliding_window (a positive int or None) and sliding_layers (None, or layer
+    indices, with a window)."""
+    if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window <= 0):
+        raise ValueError(f"ModelConfig.sliding_window must be a positive int (or None), got {window!r}")
+    if layers is not None and (window is None or not layers or any(not 0 <= i < num_layers for i in layers)):
+        raise ValueError(f"sliding_layers must be layer indices below {num_layers}, with a sliding_window; got "
+                         f"{layers} (window {window})")
 
 
 def sliding_layers_of(types: Sequence[str]) -> tuple[int, ...] | None:
