@@ -50,8 +50,8 @@ def test_config_reads_the_family(saved: tuple[str, Path, torch.nn.Module]) -> No
         assert cfg.family == "gemma3" and model_class(cfg) is Gemma3Model and cfg.tie_word_embeddings
         assert cfg.local_layers == (0, 1) and cfg.local_rope_theta == 1e4 and cfg.rope_theta == 1e6
         assert cfg.rope_freq_factors == (8.0,) * 16 and cfg.query_pre_attn_scalar == 24 and cfg.sliding_window == 128
-        with pytest.raises(ValueError, match="sliding window of 128"):
-            load_model(folder, max_positions=129)
+        assert cfg.sliding_layers == (0, 1)
+        assert [layer.self_attn.window for layer in load_model(folder, max_positions=256)[0].layers] == [128, 128, 0]
         with pytest.raises(ValueError, match="tensor parallel does not support Gemma 3"):
             check_shardable(cfg, 2)
     elif kind == "gemma2":
@@ -59,8 +59,8 @@ def test_config_reads_the_family(saved: tuple[str, Path, torch.nn.Module]) -> No
         assert (cfg.attn_logit_softcapping, cfg.final_logit_softcapping) == (2.0, 3.0)
         assert cfg.query_pre_attn_scalar == 24 and cfg.sliding_window == 128 and cfg.rope_theta == 1e4
         assert cfg.local_rope_theta is None and cfg.head_dim == 32
-        with pytest.raises(ValueError, match="sliding window of 128"):
-            load_model(folder, max_positions=129)
+        assert cfg.sliding_layers == (0, 2)
+        assert [layer.self_attn.window for layer in load_model(folder, max_positions=256)[0].layers] == [128, 0, 128]
         with pytest.raises(ValueError, match="tensor parallel does not support Gemma 2"):
             check_shardable(cfg, 2)
     else:

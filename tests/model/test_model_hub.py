@@ -98,8 +98,9 @@ def test_generate_with_a_hub_id_offline_and_a_missing_one(hub_cache: Path, tmp_p
     assert len(errors) == 1 and "not in the Hugging Face cache" in errors[0]
 
 
-def test_mistral_sliding_window_caps_the_context(tmp_path: Path) -> None:
-    """A Mistral window is not implemented: up to it outputs equal the model's, past it max_model_len is refused."""
+def test_mistral_context_runs_past_its_window(tmp_path: Path) -> None:
+    """A Mistral window leaves the context whole: max_model_len defaults to max_position_embeddings, past
+    which it is refused."""
     from transformers import MistralConfig, MistralForCausalLM
 
     torch.manual_seed(0)
@@ -109,9 +110,10 @@ def test_mistral_sliding_window_caps_the_context(tmp_path: Path) -> None:
     hf.save_pretrained(tmp_path)
     assert model_config(tmp_path).sliding_window == 64
     model, _, _ = load_model(tmp_path)
-    assert model.max_positions == 64
-    with pytest.raises(ValueError, match="sliding window of 64 tokens"):
-        load_model(tmp_path, max_positions=128)
+    assert model.max_positions == 256
+    assert [layer.self_attn.window for layer in model.layers] == [64, 64]
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        load_model(tmp_path, max_positions=257)
 
 
 def test_generation_config_eos_ids_join_the_models(tmp_path: Path) -> None:

@@ -39,7 +39,8 @@ def test_gemma3_preset_keeps_its_layer_pattern_when_cut() -> None:
     # every sixth layer attends globally, the others over the sliding window
     assert [i for i in range(full.num_layers) if i not in full.local_layers] == [5, 11, 17, 23]
     cut = model_source("random:gemma3-1b?layers=7")
-    assert cut.num_layers == 7 and cut.local_layers == (0, 1, 2, 3, 4, 6)
+    assert cut.num_layers == 7 and cut.local_layers == cut.sliding_layers == (0, 1, 2, 3, 4, 6)
+    assert model_source("random:gemma3-1b?layers=1").sliding_layers == (0,)
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED))

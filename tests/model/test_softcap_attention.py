@@ -39,7 +39,7 @@ def naive_causal(q, k, v, lens, scale, softcap) -> torch.Tensor:
 @pytest.mark.parametrize(("hq", "hkv"), [(4, 2), (3, 3)])
 def test_softcap_prefill_equals_float64(tile: int | None, hq: int, hkv: int, monkeypatch: pytest.MonkeyPatch) -> None:
     if tile is not None:
-        monkeypatch.setattr(attn_ops, "_SOFTCAP_TILE_SCORES", tile * hq * 40)
+        monkeypatch.setattr(attn_ops, "_TILE_SCORES", tile * hq * 40)
     lens = [40, 1, 13]
     q, k, v = _qkv(lens, hq, hkv, 16)
     out = prefill_attention(q, k, v, lens, 0.25, softcap=2.0)

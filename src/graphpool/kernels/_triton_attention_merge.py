@@ -10,13 +10,13 @@ from graphpool.kernels.pdl import pdl_trigger
 
 
 @triton.jit
-def _merge_one_head(po_ptr, plse_ptr, out_ptr, b, h, n_valid,
+def _merge_one_head(po_ptr, plse_ptr, out_ptr, b, h, first_valid, n_valid,
                     stride_pob, stride_poh, stride_pos, stride_lb, stride_lh, stride_ob, stride_oh,
                     HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
-    """out[b, h] from the first n_valid splits' partial outputs and log-sum-exps (one query head)."""
+    """out[b, h] from splits [first_valid, n_valid)'s partial outputs and log-sum-exps (one query head)."""
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
-    s_mask = offs_s < n_valid
+    s_mask = (offs_s >= first_valid) & (offs_s < n_valid)
     d_mask = offs_d < HEAD_DIM
     lse = tl.load(plse_ptr + b * stride_lb + h * stride_lh + offs_s, mask=s_mask, other=float("-inf"))
     m = tl.max(lse, 0)
@@ -35,7 +35,7 @@ def _merge_one_head(po_ptr, plse_ptr, out_ptr, b, h, n_valid,
 @triton.jit
 def _decode_merge_kernel(
     po_ptr, plse_ptr, lens_ptr, out_ptr,
-    split_len, num_splits,
+    split_len, num_splits, window,
     stride_pob, stride_poh, stride_pos,
     stride_lb, stride_lh,
     stride_ob, stride_oh,
@@ -46,6 +46,8 @@ def _decode_merge_kernel(
     h = tl.program_id(1)
     ctx = tl.load(lens_ptr + b)
     n_valid = tl.minimum(tl.cdiv(ctx, split_len), num_splits)
-    _merge_one_head(po_ptr, plse_ptr, out_ptr, b, h, n_valid, stride_pob, stride_poh, stride_pos, stride_lb,
+    # NOTE: the splits wholly before a sliding window's first position wrote nothing
+    first_valid = tl.where(window > 0, tl.maximum(ctx - window, 0) // split_len, 0)
+    _merge_one_head(po_ptr, plse_ptr, out_ptr, b, h, first_valid, n_valid, stride_pob, stride_poh, stride_pos, stride_lb,
                     stride_lh, stride_ob, stride_oh, HEAD_DIM, BLOCK_S, BLOCK_D)
 

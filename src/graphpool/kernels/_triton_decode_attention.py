@@ -8,7 +8,10 @@ length bound, the SM count), so the grid is fixed at capture time; it ignores th
 batch-invariant. Splits that start past a sequence's length exit at once and the merge reads only the splits
 that hold tokens. With a single split the first kernel writes the output directly (bitwise what the merge of
 one split gives). A soft cap (``softcap`` > 0, Gemma 2) bends each score inside the split kernel, before its
-online softmax, so the merge is unchanged: it only combines the splits' log-sum-exps of capped scores.
+online softmax, so the merge is unchanged: it only combines the splits' log-sum-exps of capped scores. A
+sliding window (``window`` > 0, a runtime int: one compiled kernel for every window) moves each row's first
+token to ``ctx - window``: tiles before it are never loaded, splits wholly before it exit at once like those
+past the end, and the merge reads only the splits between.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import triton.language as tl
 
 from graphpool.kernels._triton_attention_merge import _decode_merge_kernel
 from graphpool.kernels.attention_grid import BLOCK_N, choose_num_stages, choose_split_len, device_num_sms
-from graphpool.kernels.decode_attention import _check_inputs, check_softcap, effective_len_bound
+from graphpool.kernels.decode_attention import _check_inputs, check_softcap, check_window, effective_len_bound
 from graphpool.kernels.pdl import pdl_on, pdl_trigger
 
 LOG2E = math.log2(math.e)
@@ -105,7 +108,7 @@ def _store_partial(po_ptr, plse_ptr, acc, m_i, l_i, b, heads, split, stride_pob,
 @triton.jit
 def _decode_split_kernel(
     q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, out_ptr, po_ptr, plse_ptr,
-    qk_scale, cap_log2, split_len,
+    qk_scale, cap_log2, split_len, window,
     stride_qb, stride_qh, stride_qd,
     stride_kb, stride_ko, stride_kh, stride_kd,
     stride_vb, stride_vo, stride_vh, stride_vd,
@@ -122,8 +125,10 @@ def _decode_split_kernel(
     kvh = tl.program_id(1)
     split = tl.program_id(2)
     ctx = tl.load(lens_ptr + b)
-    start = split * split_len
-    end = tl.minimum(start + split_len, ctx)
+    # NOTE: the window's first position (0 without one); the tiles before it are skipped, not masked
+    first = tl.where(window > 0, tl.maximum(ctx - window, 0), 0)
+    end = tl.minimum(split * split_len + split_len, ctx)
+    start = tl.maximum(split * split_len, first)
 
     offs_g = tl.arange(0, BLOCK_G)
     offs_d = tl.arange(0, BLOCK_D)
@@ -132,8 +137,8 @@ def _decode_split_kernel(
     g_mask = offs_g < GROUP
     d_mask = offs_d < HEAD_DIM
     if not DIRECT:  # noqa: SIM102 (a constexpr test, resolved at compile time)
-        # NOTE: an empty split writes nothing; the merge never reads it.
-        if start >= ctx:
+        # NOTE: an empty split (past the end or before the window) writes nothing; the merge never reads it.
+        if start >= end:
             return
     q = _load_q(q_ptr, b, heads, offs_d, stride_qb, stride_qh, stride_qd, g_mask[:, None] & d_mask[None, :])
     acc, m_i, l_i = _attend_split(
@@ -165,6 +170,7 @@ def paged_decode_attention_triton(
     max_len_bound: int,
     *,
     softcap: float = 0.0,
+    window: int = 0,
     out: torch.Tensor | None = None,
     split_len: int | None = None,
     block_n: int = BLOCK_N,
@@ -176,9 +182,11 @@ def paged_decode_attention_triton(
     """Launch the split + merge kernels. The keyword knobs override the defaults (tests, benchmarks).
     `num_stages` None: `choose_num_stages`'s depth, or triton's default when `attn_stages` (the switch) is
     False. `pdl` (the switch): both kernels let a PDL-launched GEMV after them start early. `softcap` > 0
-    compiles the soft-capping variant of the split kernel (0: the plain one, unchanged)."""
+    compiles the soft-capping variant of the split kernel (0: the plain one, unchanged). `window` > 0: a
+    sliding window of that many positions (0: the whole context)."""
     _check_inputs(q, k_cache, v_cache, block_tables, context_lens)
     check_softcap(softcap)
+    check_window(window)
     bs, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     group = num_heads // num_kv_heads
@@ -216,7 +224,7 @@ def paged_decode_attention_triton(
     pdl = pdl_on(q.device, pdl)
     _decode_split_kernel[grid](
         q, k_cache, v_cache, block_tables, context_lens, out, part_out, part_lse,
-        scale / softcap if softcap else scale * LOG2E, softcap * LOG2E, split_len,
+        scale / softcap if softcap else scale * LOG2E, softcap * LOG2E, split_len, window,
         q.stride(0), q.stride(1), q.stride(2),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), k_cache.stride(3),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), v_cache.stride(3),
@@ -233,7 +241,7 @@ def paged_decode_attention_triton(
     if not direct:
         _decode_merge_kernel[(bs, num_heads)](
             part_out, part_lse, context_lens, out,
-            split_len, num_splits,
+            split_len, num_splits, window,
             part_out.stride(0), part_out.stride(1), part_out.stride(2),
             part_lse.stride(0), part_lse.stride(1),
             out.stride(0), out.stride(1),

@@ -13,6 +13,10 @@ tokens beyond the bound are ignored. ``max_len_bound <= 0`` means "the whole blo
 
 ``softcap`` > 0 soft-caps the scaled scores before the softmax (Gemma 2's ``attn_logit_softcapping``):
 ``s = softcap * tanh(s / softcap)``; 0 leaves them as they are.
+
+``window`` > 0 is a sliding window: the query at position ``p = context_lens[b] - 1`` attends to the keys at
+positions ``max(0, p - window + 1) .. p`` only (``window`` keys with the current one, transformers'
+``kv_idx > q_idx - sliding_window``); 0 attends to the whole context.
 """
 
 from __future__ import annotations
@@ -38,6 +42,19 @@ def soft_cap(scores: torch.Tensor, softcap: float) -> torch.Tensor:
 def check_softcap(softcap: float) -> None:
     if not (softcap >= 0 and softcap != float("inf")):
         raise ValueError(f"softcap must be a finite number >= 0 (0: off), got {softcap}")
+
+
+def check_window(window: int) -> None:
+    if not isinstance(window, int) or isinstance(window, bool) or window < 0:
+        raise ValueError(f"window must be an int >= 0 (0: the whole context), got {window!r}")
+
+
+def window_mask(pos: torch.Tensor, context_lens: torch.Tensor, window: int) -> torch.Tensor:
+    """[bs, L] bool: positions `pos` [L] a row's query (at context_lens - 1) attends to: in its context and, with
+    `window` > 0, within the last `window` positions."""
+    lens = context_lens[:, None].long()
+    valid = pos[None, :] < lens
+    return valid & (pos[None, :] >= lens - window) if window else valid
 
 
 def _check_inputs(
@@ -84,10 +101,12 @@ def paged_decode_attention_ref(
     scale: float,
     max_len_bound: int,
     softcap: float = 0.0,
+    window: int = 0,
 ) -> torch.Tensor:
     """Plain-torch paged decode attention (gather + masked softmax in fp32). Returns ``[bs, Hq, D]`` in q's dtype."""
     _check_inputs(q, k_cache, v_cache, block_tables, context_lens)
     check_softcap(softcap)
+    check_window(window)
     bs, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     group = num_heads // num_kv_heads
@@ -102,7 +121,7 @@ def paged_decode_attention_ref(
     qf = q.float().view(bs, num_kv_heads, group, head_dim)  # [bs, Hkv, G, D]
     scores = soft_cap(torch.einsum("bhgd,blhd->bhgl", qf, k.float()) * scale, softcap)  # [bs, Hkv, G, L]
     pos = torch.arange(bound, device=q.device)
-    valid = pos[None, :] < context_lens[:, None].long()  # [bs, L]
+    valid = window_mask(pos, context_lens, window)  # [bs, L]
     scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
     # NOTE: a row with context_len <= 0 has no valid key; it yields zeros instead of NaN.
     probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)
@@ -120,6 +139,7 @@ def paged_decode_attention(
     max_len_bound: int,
     *,
     softcap: float = 0.0,
+    window: int = 0,
     out: torch.Tensor | None = None,
     pdl: bool = True,
     attn_stages: bool = True,
@@ -129,16 +149,16 @@ def paged_decode_attention(
     q ``[bs, Hq, D]`` (bf16/fp16/fp32), caches ``[num_blocks, block_size, Hkv, D]``, block_tables
     ``[bs, max_blocks]`` int32, context_lens ``[bs]`` int32 (including the current token, already written).
     Returns ``[bs, Hq, D]`` in q's dtype (written into ``out`` when given). `softcap`: the scores' soft cap
-    (0: off). `pdl`, `attn_stages`: the kernel switches of those names.
+    (0: off). `window`: the sliding window (0: the whole context). `pdl`, `attn_stages`: the kernel switches of those names.
     """
     impl = triton_impl("_triton_decode_attention") if q.is_cuda else None
     if impl is not None:
         return impl.paged_decode_attention_triton(
-            q, k_cache, v_cache, block_tables, context_lens, scale, max_len_bound, softcap=softcap, out=out,
-            pdl=pdl, attn_stages=attn_stages,
+            q, k_cache, v_cache, block_tables, context_lens, scale, max_len_bound, softcap=softcap,
+            window=window, out=out, pdl=pdl, attn_stages=attn_stages,
         )
     result = paged_decode_attention_ref(q, k_cache, v_cache, block_tables, context_lens, scale, max_len_bound,
-                                        softcap)
+                                        softcap, window)
     if out is None:
         return result
     out.copy_(result)

@@ -19,7 +19,13 @@ try:
 except ImportError:  # torch < 2.10
     varlen_attn = None
 
-from graphpool.kernels.decode_attention import check_softcap, effective_len_bound, soft_cap
+from graphpool.kernels.decode_attention import (
+    check_softcap,
+    check_window,
+    effective_len_bound,
+    soft_cap,
+    window_mask,
+)
 
 # NOTE: no cuDNN: it plans every new sequence length on the host (docs/benchmarks.md); math is the fallback.
 _PREFILL_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
@@ -29,23 +35,27 @@ _VARLEN_PARAMS = frozenset(inspect.signature(varlen_attn).parameters) if varlen_
 
 
 def prefill_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: list[int], scale: float, softcap: float = 0.0
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: list[int], scale: float, softcap: float = 0.0,
+    window: int = 0,
 ) -> torch.Tensor:
     """Causal attention within each contiguous sequence. q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq, D].
 
     On CUDA in fp16/bf16: one varlen flash call for the whole batch (`torch.nn.attention.varlen`), GQA in
     the kernel. Elsewhere SDPA per sequence over views of one transposed copy of the batch (flash /
     memory-efficient kernels on the GPU, so memory is linear in the sequence length). `softcap` > 0 (Gemma 2's
-    soft-capped scores, which neither SDPA nor varlen take): `softcap_prefill_attention`.
+    soft-capped scores, which neither SDPA nor varlen take): `tiled_prefill_attention`. `window` > 0: a
+    sliding window, the query at position p attending to positions max(0, p - window + 1) .. p only: varlen's
+    window_size where it takes one, else `tiled_prefill_attention` (its tiles skip the keys before the window).
     """
     total = sum(seq_lens)
     if total != q.shape[0]:
         raise ValueError(f"prefill seq_lens sum to {total}, but the batch has {q.shape[0]} tokens")
     check_softcap(softcap)
-    if softcap:
-        return softcap_prefill_attention(q, k, v, seq_lens, scale, softcap)
+    check_window(window)
+    if softcap or (window and not (_varlen_usable(q, scale) and "window_size" in _VARLEN_PARAMS)):
+        return tiled_prefill_attention(q, k, v, seq_lens, scale, softcap, window)
     if _varlen_usable(q, scale):
-        return varlen_prefill_attention(q, k, v, seq_lens, scale)
+        return varlen_prefill_attention(q, k, v, seq_lens, scale, window)
     return sdpa_prefill_attention(q, k, v, seq_lens, scale)
 
 
@@ -74,15 +84,17 @@ def sdpa_prefill_attention(
     return o[0].transpose(0, 1)
 
 
-# NOTE: bounds one score tile of softcap_prefill_attention (fp32: 256 MiB), whatever the prompt's length
-_SOFTCAP_TILE_SCORES = 1 << 26
+# NOTE: bounds one score tile of tiled_prefill_attention (fp32: 256 MiB), whatever the prompt's length
+_TILE_SCORES = 1 << 26
 
 
-def softcap_prefill_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: list[int], scale: float, softcap: float
+def tiled_prefill_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: list[int], scale: float, softcap: float = 0.0,
+    window: int = 0,
 ) -> torch.Tensor:
-    """`prefill_attention` with soft-capped scores, in plain matmuls (every device): per sequence, tiles of
-    query rows against the keys up to their last row, scores and softmax in float32."""
+    """`prefill_attention` in plain matmuls (every device), for soft-capped scores or a sliding window: per
+    sequence, tiles of query rows against the keys from their first row's window start (0 without a window)
+    up to their last row, scores and softmax in float32."""
     _, num_heads, dim = q.shape
     kv_heads = k.shape[1]
     group = num_heads // kv_heads
@@ -92,28 +104,38 @@ def softcap_prefill_attention(
         qs = q[start:start + n].view(n, kv_heads, group, dim).permute(1, 2, 0, 3)  # [Hkv, G, n, D]
         ks = k[start:start + n].transpose(0, 1).unsqueeze(1)  # [Hkv, 1, n, D]
         vs = v[start:start + n].transpose(0, 1).unsqueeze(1)
-        rows = max(1, _SOFTCAP_TILE_SCORES // (num_heads * n))
+        # NOTE: with a window, rows <= window keeps a tile's keys under 2 * window, its scores bounded too
+        rows = max(1, _TILE_SCORES // (num_heads * (min(n, 2 * window) if window else n)))
+        rows = min(rows, window) if window else rows
         for lo in range(0, n, rows):
             hi = min(n, lo + rows)
-            scores = soft_cap(torch.matmul(qs[:, :, lo:hi], ks[:, :, :hi].transpose(-1, -2)).float() * scale, softcap)
-            causal = torch.arange(hi, device=q.device)[None, :] > torch.arange(lo, hi, device=q.device)[:, None]
-            probs = torch.softmax(scores.masked_fill_(causal, float("-inf")), dim=-1).to(v.dtype)
-            o = torch.matmul(probs, vs[:, :, :hi])  # [Hkv, G, rows, D]
+            first = max(0, lo - window + 1) if window else 0  # the tile's keys: [first, hi)
+            scores = soft_cap(torch.matmul(qs[:, :, lo:hi], ks[:, :, first:hi].transpose(-1, -2)).float() * scale,
+                              softcap)
+            key = torch.arange(first, hi, device=q.device)[None, :]
+            query = torch.arange(lo, hi, device=q.device)[:, None]
+            hidden = (key > query) | (key <= query - window) if window else key > query
+            probs = torch.softmax(scores.masked_fill_(hidden, float("-inf")), dim=-1).to(v.dtype)
+            o = torch.matmul(probs, vs[:, :, first:hi])  # [Hkv, G, rows, D]
             out[start + lo:start + hi] = o.permute(2, 0, 1, 3).reshape(hi - lo, num_heads, dim)
         start += n
     return out
 
 
 def varlen_prefill_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: list[int], scale: float
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: list[int], scale: float, window: int = 0
 ) -> torch.Tensor:
-    """`prefill_attention` as one `varlen_attn` call (CUDA, fp16/bf16; torch >= 2.10)."""
+    """`prefill_attention` as one `varlen_attn` call (CUDA, fp16/bf16; torch >= 2.10); `window` > 0 needs the
+    signature with window_size."""
     if varlen_attn is None:
         raise RuntimeError(f"torch {torch.__version__} has no torch.nn.attention.varlen")
     group = q.shape[1] // k.shape[1]
     kwargs: dict[str, object] = {}
     if "window_size" in _VARLEN_PARAMS:
-        kwargs["window_size"] = (-1, 0)  # causal, in the later signature
+        # causal, in the later signature; flash's (left, right) count keys besides the query's own
+        kwargs["window_size"] = (window - 1 if window else -1, 0)
+    elif window:
+        raise ValueError(f"torch {torch.__version__}'s varlen_attn has no window_size")
     else:
         kwargs["is_causal"] = True  # the 2.10 signature
     if "scale" in _VARLEN_PARAMS:
@@ -168,9 +190,10 @@ def paged_decode_attention_torch(
     scale: float,
     max_len_bound: int,
     softcap: float = 0.0,
+    window: int = 0,
 ) -> torch.Tensor:
     """One query token per sequence over its paged context. q [bs, Hq, D] -> [bs, Hq, D]; `softcap` > 0
-    soft-caps the scaled scores (0: off).
+    soft-caps the scaled scores (0: off); `window` > 0 attends to the last `window` positions only (0: all).
 
     On CUDA, graph-capturable: reads ceil(max_len_bound / block_size) blocks of every row and masks positions
     >= context_lens; no host sync, shapes depend only on host ints. On the CPU (no graphs, reading
@@ -186,14 +209,15 @@ def paged_decode_attention_torch(
     bound = effective_len_bound(max_len_bound, block_tables.shape[1], block_size)
     if q.device.type != "cpu":
         return _padded_attention(q, k_cache, v_cache, block_tables, context_lens, scale, -(-bound // block_size),
-                                 softcap)
+                                 softcap, window)
     order, groups = cpu_row_groups(context_lens.tolist(), block_size, bound)
     if len(groups) == 1:
-        return _padded_attention(q, k_cache, v_cache, block_tables, context_lens, scale, groups[0][2], softcap)
+        return _padded_attention(q, k_cache, v_cache, block_tables, context_lens, scale, groups[0][2], softcap,
+                                 window)
     perm = torch.tensor(order, device=q.device)
     q, block_tables, context_lens = q[perm], block_tables[perm], context_lens[perm]
-    parts = [_padded_attention(q[a:b], k_cache, v_cache, block_tables[a:b], context_lens[a:b], scale, nb, softcap)
-             for a, b, nb in groups]
+    parts = [_padded_attention(q[a:b], k_cache, v_cache, block_tables[a:b], context_lens[a:b], scale, nb, softcap,
+                               window) for a, b, nb in groups]
     out = torch.empty_like(q)
     out[perm] = torch.cat(parts)
     return out
@@ -220,9 +244,10 @@ def cpu_row_groups(lens: list[int], block_size: int, bound: int) -> tuple[list[i
 
 def _padded_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-    context_lens: torch.Tensor, scale: float, num_blocks: int, softcap: float = 0.0,
+    context_lens: torch.Tensor, scale: float, num_blocks: int, softcap: float = 0.0, window: int = 0,
 ) -> torch.Tensor:
-    """The first `num_blocks` blocks of every row, positions >= context_lens masked."""
+    """The first `num_blocks` blocks of every row, positions >= context_lens (and, with a window, before
+    context_lens - window) masked."""
     bs, num_heads, dim = q.shape
     _, block_size, kv_heads, _ = k_cache.shape
     length = num_blocks * block_size
@@ -233,7 +258,7 @@ def _padded_attention(
     qg = q.view(bs, kv_heads, num_heads // kv_heads, dim)  # [bs, kv_heads, group, D]
     scores = soft_cap(torch.matmul(qg, k.transpose(-1, -2)).float() * scale, softcap)  # [bs, kv_heads, group, length]
     pos = torch.arange(length, device=q.device)
-    valid = pos.unsqueeze(0) < context_lens.unsqueeze(1)  # [bs, length]
+    valid = window_mask(pos, context_lens, window)  # [bs, length]
     scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
     probs = torch.softmax(scores, dim=-1).to(v.dtype)
     return torch.matmul(probs, v).view(bs, num_heads, dim)

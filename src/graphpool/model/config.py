@@ -11,9 +11,10 @@ from typing import Any
 from graphpool.model.gemma2_config import gemma2_fields
 from graphpool.model.gemma3_config import gemma3_fields
 from graphpool.model.moe_config import MOE_REFUSED, MoeConfig, moe_fields
+from graphpool.model.window_config import check_sliding, qwen_sliding_layers
 
 # NOTE: model_type -> (q/k/v bias, decoder family). Qwen2 differs from Llama only by its q/k/v bias; Mistral
-# is Llama-shaped up to its sliding window; Phi-3 only fuses q/k/v and gate/up in its checkpoint (our layout).
+# is Llama with a sliding window; Phi-3 only fuses q/k/v and gate/up in its checkpoint (our layout).
 _HF_MODEL_TYPES = {
     "llama": (False, "llama"),
     "qwen2": (True, "llama"),
@@ -82,9 +83,10 @@ class ModelConfig:
     # per-frequency divisors of the rotary inverse frequencies [head_dim // 2] (a GGUF `rope_freqs` tensor:
     # how llama.cpp stores Llama-3 scaling); exclusive with rope_scaling
     rope_freq_factors: tuple[float, ...] | None = None
-    # attention over the last N tokens only (Mistral; Qwen2 with use_sliding_window): graphpool attends over
-    # the whole context, so it equals such a model only up to N tokens and refuses a longer max_model_len
+    # attention over the last N positions only (Mistral, Phi-3, the Gemmas' local layers, Qwen2/3 with
+    # use_sliding_window), in the layers of sliding_layers (None: every layer)
     sliding_window: int | None = None
+    sliding_layers: tuple[int, ...] | None = None
     # the decoder's module classes (one of FAMILIES): the same weights mean a different network per family
     family: str = "llama"
     # Gemma 2 and 3: attention scaled by query_pre_attn_scalar ** -0.5 (not head_dim's). Gemma 3's sliding-window
@@ -111,6 +113,7 @@ class ModelConfig:
             value = getattr(self, name)
             if value is not None and not (value > 0 and math.isfinite(value)):
                 raise ValueError(f"ModelConfig.{name} must be a positive number (or None), got {value!r}")
+        check_sliding(self.sliding_window, self.sliding_layers, self.num_layers)
         if any(not 0 <= i < self.num_layers for i in self.local_layers):
             raise ValueError(f"local_layers must be layer indices below {self.num_layers}, got {self.local_layers}")
         for name in (
@@ -145,6 +148,12 @@ class ModelConfig:
         for tid in ids:
             if not 0 <= tid < self.vocab_size:
                 raise ValueError(f"special token id {tid} outside the vocabulary [0, {self.vocab_size})")
+
+    def layer_window(self, index: int) -> int:
+        """Layer `index`'s sliding window in positions, 0 where it attends to the whole context."""
+        if self.sliding_window is None or (self.sliding_layers is not None and index not in self.sliding_layers):
+            return 0
+        return self.sliding_window
 
     @property
     def q_size(self) -> int:
@@ -227,9 +236,9 @@ class ModelConfig:
         rotary_fraction = float(rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0)))
         if rotary_fraction != 1.0:
             raise ValueError(f"partial_rotary_factor {rotary_fraction} is not supported (rotary over whole heads only)")
-        window = cfg.get("sliding_window")
-        if model_type in ("qwen2", "qwen3", "qwen3_moe") and not cfg.get("use_sliding_window", False):
-            window = None
+        window, sliding_layers = cfg.get("sliding_window"), None
+        if model_type in ("qwen2", "qwen3", "qwen3_moe"):
+            window, sliding_layers = qwen_sliding_layers(cfg)
         fields: dict[str, Any] = dict(
             vocab_size=int(cfg["vocab_size"]),
             hidden_size=hidden,
@@ -247,6 +256,7 @@ class ModelConfig:
             eos_token_ids=eos_ids,
             attention_bias=attention_bias,
             sliding_window=None if window is None else int(window),
+            sliding_layers=sliding_layers,
             family=family,
         )
         return cls(**(fields | extra))

@@ -2,9 +2,8 @@
 (`attn_logit_softcapping`, in every attention path: prefill, the paged decode kernel and its torch op), a
 GeLU-tanh gated MLP, norms after attention and around the MLP, the embedding scaled by sqrt(hidden) and the
 final logits soft-capped (`LlamaModel.compute_logits`). Gemma's norms multiply by (1 + w): the loader stores
-1 + w (in float32), so the shared RMSNorm ops apply. Sliding windows are not implemented: `LlamaModel` refuses a context past
-the window, where every layer attends over the whole context as the model does. Gemma 3 (model/gemma3.py)
-builds on these classes."""
+1 + w (in float32), so the shared RMSNorm ops apply. Its sliding-window layers (every other one) get their
+window from `LlamaModel` (`ModelConfig.layer_window`). Gemma 3 (model/gemma3.py) builds on these classes."""
 
 from __future__ import annotations
 

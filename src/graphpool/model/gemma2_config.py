@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from graphpool.model.window_config import sliding_layers_of
+
 __all__ = ["gemma2_fields", "gemma_layer_types"]
 
 
@@ -24,8 +26,8 @@ def gemma_layer_types(cfg: Mapping[str, Any], name: str, default: list[str]) -> 
 
 
 def gemma2_fields(cfg: Mapping[str, Any], head_dim: int) -> dict[str, Any]:
-    """query_pre_attn_scalar, the two soft caps (attention scores, final logits), sliding_window (when any layer
-    slides: graphpool caps the context there) and tie_word_embeddings (tied unless it says not); the rotary is
+    """query_pre_attn_scalar, the two soft caps (attention scores, final logits), sliding_window and
+    sliding_layers (the sliding_attention layers) and tie_word_embeddings (tied unless it says not); the rotary is
     read as every family's. What graphpool cannot run is refused."""
     if cfg.get("attention_bias"):
         raise ValueError("attention_bias=True is not supported for Gemma 2 (its o_proj bias has no place here)")
@@ -33,7 +35,8 @@ def gemma2_fields(cfg: Mapping[str, Any], head_dim: int) -> dict[str, Any]:
     # transformers' default: sliding, full, sliding, full, ...
     types = gemma_layer_types(cfg, "Gemma 2", ["sliding_attention" if i % 2 == 0 else "full_attention"
                                                for i in range(layers)])
-    window = cfg.get("sliding_window") if "sliding_attention" in types else None
+    sliding = sliding_layers_of(types)
+    window = cfg.get("sliding_window") if sliding else None
     caps = {}
     for key in ("attn_logit_softcapping", "final_logit_softcapping"):
         value = cfg.get(key)
@@ -42,5 +45,6 @@ def gemma2_fields(cfg: Mapping[str, Any], head_dim: int) -> dict[str, Any]:
         **caps,
         "query_pre_attn_scalar": float(cfg.get("query_pre_attn_scalar") or head_dim),
         "sliding_window": None if window is None else int(window),
+        "sliding_layers": None if window is None else sliding,
         "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", True)),  # transformers' default for Gemma
     }

@@ -1,6 +1,6 @@
 """Gemma 3 (text): Gemma 2's layers (model/gemma2.py) with Qwen3's attention (per-head q/k norms) and the
-sliding-window layers' own rotary base; no soft caps. Sliding windows are not implemented: `LlamaModel` refuses
-a context past the window, where every layer attends over the whole context as the model does."""
+sliding-window layers' own rotary base; no soft caps. Those layers' windows are set by `LlamaModel`
+(`ModelConfig.layer_window`)."""
 
 from __future__ import annotations
 

@@ -13,8 +13,8 @@ __all__ = ["gemma3_fields"]
 def gemma3_fields(cfg: Mapping[str, Any], head_dim: int) -> dict[str, Any]:
     """rope_theta and rope_freq_factors (the global layers' rotary: Gemma's linear scaling divides every
     frequency by one factor), local_rope_theta and local_layers (the sliding-window layers, their own
-    unscaled rotary), query_pre_attn_scalar, sliding_window, final_logit_softcapping and tie_word_embeddings
-    (tied unless it says not); what graphpool cannot run is refused."""
+    unscaled rotary), query_pre_attn_scalar, sliding_window and sliding_layers (the local layers),
+    final_logit_softcapping and tie_word_embeddings (tied unless it says not); what graphpool cannot run is refused."""
     if cfg.get("attn_logit_softcapping") is not None:
         # NOTE: transformers' Gemma 3 attention does not apply it, so no behaviour to match
         raise ValueError(f"attn_logit_softcapping={cfg['attn_logit_softcapping']} is not supported for Gemma 3 (its "
@@ -44,6 +44,7 @@ def gemma3_fields(cfg: Mapping[str, Any], head_dim: int) -> dict[str, Any]:
         "local_layers": local_layers,
         "query_pre_attn_scalar": float(cfg.get("query_pre_attn_scalar") or head_dim),
         "sliding_window": None if window is None else int(window),
+        "sliding_layers": None if window is None else local_layers,
         "final_logit_softcapping": None if final_cap is None else float(final_cap),
         "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", True)),  # transformers' default for Gemma
     }

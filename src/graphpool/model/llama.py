@@ -39,7 +39,7 @@ class LlamaAttention(nn.Module):
         self.scale = (config.query_pre_attn_scalar or config.head_dim) ** -0.5
         # NOTE: Gemma 2's soft cap of the scores (0: off), passed only when on: ops without it serve the rest
         self.softcap = config.attn_logit_softcapping or 0.0
-        self._softcap_kw = {"softcap": self.softcap} if self.softcap else {}
+        self.set_window(0)
         self.qkv_proj = ColumnLinear(
             config.hidden_size,
             (config.q_size, config.kv_size, config.kv_size),
@@ -51,6 +51,14 @@ class LlamaAttention(nn.Module):
         self.o_proj = RowLinear(config.q_size, config.hidden_size, False, device, dtype, ops.linear)
         self.rotary = rotary
         self.ops = ops
+
+    def set_window(self, window: int) -> None:
+        """This layer's sliding window in positions (0: the whole context); the model sets it per layer."""
+        self.window = window
+        # NOTE: softcap and window passed only when on: ops without them serve the other families
+        self._attn_kw: dict[str, float | int] = {"softcap": self.softcap} if self.softcap else {}
+        if window:
+            self._attn_kw["window"] = window
 
     fuses_rope = True  # decode may fold the rotary and the KV write into the projection (not with q/k norms)
 
@@ -88,13 +96,13 @@ class LlamaAttention(nn.Module):
         if meta.is_prefill:
             if meta.seq_lens is None or new_kv is None:
                 raise ValueError("prefill AttentionMetadata needs seq_lens (and the step's k, v)")
-            o = prefill_attention(q, *new_kv, meta.seq_lens, self.scale, **self._softcap_kw)
+            o = prefill_attention(q, *new_kv, meta.seq_lens, self.scale, **self._attn_kw)  # type: ignore[arg-type]
         else:
             if meta.block_tables is None or meta.context_lens is None:
                 raise ValueError("decode AttentionMetadata needs block_tables and context_lens")
             o = self.ops.decode_attention(
                 q, k_cache, v_cache, meta.block_tables, meta.context_lens, self.scale, meta.max_len_bound,
-                **self._softcap_kw,
+                **self._attn_kw,
             )
         o = self.o_proj.partial(o.reshape(-1, self.num_heads * self.head_dim))
         return self.o_proj.tp.all_reduce(o) if reduce else o
@@ -183,8 +191,7 @@ class LlamaModel(nn.Module):
         self.dtype = dtype
         self.ops = ops if ops is not None else resolve_ops(attn_backend, device, disabled_kernels)
         self.attn_backend: AttnBackend = self.ops.backend
-        self.max_positions = max_positions or min(config.max_position_embeddings,
-                                                  config.sliding_window or config.max_position_embeddings)
+        self.max_positions = max_positions or config.max_position_embeddings
         if self.max_positions <= 0:
             raise ValueError(f"max_positions must be positive, got {self.max_positions}")
         # NOTE: before any allocation: the rotary cache and the KV sizing scale with this length.
@@ -193,12 +200,6 @@ class LlamaModel(nn.Module):
                 f"max_model_len={self.max_positions} is past this model's context of "
                 f"{config.max_position_embeddings} tokens (max_position_embeddings): set max_model_len <= "
                 f"{config.max_position_embeddings}"
-            )
-        if config.sliding_window is not None and self.max_positions > config.sliding_window:
-            raise ValueError(
-                f"max_model_len={self.max_positions} is past this model's sliding window of {config.sliding_window} "
-                f"tokens, which graphpool does not implement (it attends over the whole context): set max_model_len "
-                f"<= {config.sliding_window}, where its outputs equal the model's"
             )
         self.embed_tokens = nn.Embedding(
             config.vocab_size,
@@ -211,6 +212,8 @@ class LlamaModel(nn.Module):
         self.layers = nn.ModuleList(
             self.make_layer(i, config, self.rotary, self.ops, device, dtype) for i in range(config.num_layers)
         )
+        for i, layer in enumerate(self.layers):
+            layer.self_attn.set_window(config.layer_window(i))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, device, dtype)
         # NOTE: a tensor-parallel shard (model.parallel.shard_model) holds its rank's KV heads and vocab rows
         self.tp: TPGroup = SINGLE

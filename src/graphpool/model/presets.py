@@ -158,7 +158,12 @@ PRESETS.update({name: ModelConfig.from_hf_config(cfg) for name, cfg in _HF_CONFI
 def first_layers(config: ModelConfig, num_layers: int) -> ModelConfig:
     """The config's first `num_layers` layers, the same shapes otherwise (per-layer index lists cut to them)."""
     local = tuple(i for i in config.local_layers if i < num_layers)
-    return dataclasses.replace(config, num_layers=num_layers, local_layers=local)
+    window, sliding = config.sliding_window, config.sliding_layers
+    if sliding is not None:
+        sliding = tuple(i for i in sliding if i < num_layers) or None
+        window = window if sliding else None  # no sliding layer left: no window
+    return dataclasses.replace(config, num_layers=num_layers, local_layers=local, sliding_window=window,
+                               sliding_layers=sliding)
 
 
 def get_preset(name: str) -> ModelConfig:
