@@ -14,9 +14,8 @@ from typing import Any
 
 import pytest
 import torch
-from gpu_helpers import report, require
+from gpu_helpers import greedy_tokens, report, require
 
-from graphpool import LLM, SamplingParams
 from model_reference import hf_greedy, tiny_hf_model
 
 NEW_TOKENS = 24
@@ -45,14 +44,7 @@ def family(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
 
 
 def _generate(folder: Path, prompts: list[list[int]], **settings: Any) -> tuple[list[list[int]], Any]:
-    llm = LLM(str(folder), device="cuda", dtype="float32", max_model_len=MAX_MODEL_LEN, num_kv_blocks=128,
-              **settings)
-    try:
-        params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
-        outs = llm.generate(prompts, params, use_tqdm=False)
-        return [o.token_ids for o in outs], llm.graph_stats()
-    finally:
-        llm.close()
+    return greedy_tokens(str(folder), prompts, NEW_TOKENS, MAX_MODEL_LEN, **settings)
 
 
 @pytest.mark.parametrize("backend", ["triton", "torch"])

@@ -14,9 +14,8 @@ from typing import Any
 
 import pytest
 import torch
-from gpu_helpers import report, require
+from gpu_helpers import greedy_tokens, report, require
 
-from graphpool import LLM, SamplingParams
 from graphpool.kernels.decode_attention import paged_decode_attention, paged_decode_attention_ref
 from graphpool.model.attn_ops import prefill_attention, tiled_prefill_attention
 from model_reference import hf_greedy, tiny_hf_model
@@ -50,13 +49,7 @@ def family(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
 
 
 def _generate(folder: Path, prompts: list[list[int]], **settings: Any) -> tuple[list[list[int]], Any]:
-    llm = LLM(str(folder), device="cuda", dtype="float32", max_model_len=256, num_kv_blocks=128, **settings)
-    try:
-        params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
-        outs = llm.generate(prompts, params, use_tqdm=False)
-        return [o.token_ids for o in outs], llm.graph_stats()
-    finally:
-        llm.close()
+    return greedy_tokens(str(folder), prompts, NEW_TOKENS, 256, **settings)
 
 
 @pytest.mark.parametrize("backend", ["triton", "torch"])
