@@ -35,7 +35,7 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return save_tiny_hf_folder(tmp_path_factory.mktemp("genconf"), GENERATION_CONFIG, tokenizer=True)
 
 
-def _spy(engine: LLMEngine) -> list[SamplingParams]:
+def spy_requests(engine: LLMEngine) -> list[SamplingParams]:
     """The SamplingParams of every request the engine is given from now on."""
     seen: list[SamplingParams] = []
     original = engine.add_request
@@ -54,7 +54,7 @@ def _sampling(params: SamplingParams) -> dict[str, Any]:
 
 def test_file_defaults_reach_the_engine_and_explicit_params_win(folder: Path) -> None:
     llm = LLM(str(folder), **SETTINGS)
-    seen = _spy(llm.engine)
+    seen = spy_requests(llm.engine)
     llm.generate([[5, 6, 7]], use_tqdm=False)
     llm.chat([{"role": "user", "content": "Hi"}], use_tqdm=False)
     assert [_sampling(p) for p in seen] == [FROM_FILE, FROM_FILE]
@@ -66,7 +66,7 @@ def test_file_defaults_reach_the_engine_and_explicit_params_win(folder: Path) ->
 
 def test_none_ignores_the_file(folder: Path) -> None:
     llm = LLM(str(folder), generation_config="none", **SETTINGS)
-    seen = _spy(llm.engine)
+    seen = spy_requests(llm.engine)
     llm.generate([[5, 6, 7]], use_tqdm=False)
     assert seen == [SamplingParams()] and llm.engine.sampling_defaults == SamplingDefaults()
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
+from test_generation_config import spy_requests
 
 from graphpool import SamplingParams
 from graphpool.engine.config import EngineConfig
@@ -47,14 +48,7 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _serve(folder: Path, mode: str) -> Iterator[Served]:
     engine = LLMEngine(EngineConfig(model=str(folder), device="cpu", max_model_len=128, num_kv_blocks=32,
                                     max_num_seqs=4, generation_config=mode))
-    seen: list[SamplingParams] = []
-    original = engine.add_request
-
-    def add_request(request_id: str, prompt: Any, params: SamplingParams) -> None:
-        seen.append(params)
-        original(request_id, prompt, params)
-
-    engine.add_request = add_request  # type: ignore[method-assign]
+    seen = spy_requests(engine)
     with serve_in_thread(engine) as (url, _):
         yield Served(url, engine.model_name, seen)
 
