@@ -14,8 +14,8 @@ from graphpool.bench.memory import (
     bench_layout,
     capture_order,
     default_budget,
-    markdown,
 )
+from graphpool.bench.memory_results import markdown
 from graphpool.model.config import ModelConfig
 from graphpool.pool import PoolConfig
 from graphpool.pool.testing import EagerCapturer
@@ -68,5 +68,5 @@ def test_budget_run_never_holds_more_than_the_budget() -> None:
     assert res.warmup_captured >= 1 and res.captures > res.warmup_captured  # the sweep captured more on misses
     assert res.evictions > 0
     layouts = [bench_layout(setup, CFG, "per_graph", EagerCapturer(footprint=MIB, shared_outputs=False))]
-    text = markdown(layouts, res, CFG)
+    text = markdown(layouts, res, CFG, len(layouts[0].points))
     assert "| 19 |" in text and "per_graph" in text

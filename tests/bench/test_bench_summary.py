@@ -7,7 +7,7 @@ from test_bench_report import _run
 
 from graphpool.bench import common
 from graphpool.bench.latency import WorkingSet
-from graphpool.bench.memory import BudgetResult, LayoutResult
+from graphpool.bench.memory_results import BudgetResult, LayoutResult
 from graphpool.bench.step import StepBenchConfig, StepRow
 from graphpool.bench.trace.run import TraceBenchConfig
 from summary import BEGIN, END, main, summarize
