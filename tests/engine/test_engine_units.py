@@ -110,6 +110,12 @@ def test_engine_config_sizes_the_pool_for_warmup_all() -> None:
         EngineConfig(device="cpu", graph_warmup="1,2,4", max_graph_pool_size=2)
 
 
+def test_a_max_batch_size_below_the_split_gives_every_size_its_own_graph() -> None:
+    assert EngineConfig(device="cpu", graph_max_batch_size=8).pool_config.ladder().sizes == tuple(range(1, 9))
+    overlap = EngineConfig(device="cpu", graph_max_batch_size=8, enable_microbatch_overlap=True)
+    assert overlap.pool_config.ladder().sizes == (1, 2, 3, 4)
+
+
 def test_resolve_device_gives_an_indexed_cuda_device(monkeypatch: pytest.MonkeyPatch) -> None:
     from graphpool.engine.config import resolve_device
 

@@ -283,8 +283,10 @@ class EngineConfig:
         """The pool's ladder, whose sizes are per microbatch: with two, every graph_* size is halved (rounded
         up), so a graph still holds up to graph_max_batch_size rows in all."""
         n = self.num_microbatches
+        # A max below the split just means every size up to the max gets its own graph.
+        split = min(self.graph_split_batch_size, self.graph_max_batch_size)
         return dict(max_batch_size=-(-self.graph_max_batch_size // n),
-                    split_batch_size=-(-self.graph_split_batch_size // n),
+                    split_batch_size=-(-split // n),
                     grow_step=max(1, self.graph_grow_step_size // n))
 
     @cached_property

@@ -7,17 +7,11 @@ KV cache per layer: `[num_blocks, block_size, num_kv_heads, head_dim]`; flat slo
 from __future__ import annotations
 
 import functools
-import inspect
 from itertools import accumulate, pairwise
 
 import torch
 from torch.nn import functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
-
-try:
-    from torch.nn.attention.varlen import varlen_attn
-except ImportError:  # torch < 2.10
-    varlen_attn = None
 
 from graphpool.kernels.decode_attention import (
     check_softcap,
@@ -29,9 +23,10 @@ from graphpool.kernels.decode_attention import (
 
 # NOTE: no cuDNN: it plans every new sequence length on the host (docs/benchmarks.md); math is the fallback.
 _PREFILL_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
-# NOTE: varlen_attn's keywords changed between releases (2.10: is_causal; later scale and window_size, then
-# enable_gqa in 2.12): the call is built from the signature of the installed torch.
-_VARLEN_PARAMS = frozenset(inspect.signature(varlen_attn).parameters) if varlen_attn is not None else frozenset()
+# NOTE: the flash kernel itself, not torch.nn.attention.varlen: that wrapper is a custom op whose import and
+# first call pull in torch._dynamo and sympy (seconds of start-up) for an autograd path inference never takes.
+_FLASH = getattr(torch.ops.aten, "_flash_attention_forward", None)
+FLASH_PARAMS = frozenset(a.name for a in _FLASH.default._schema.arguments) if _FLASH is not None else frozenset()
 
 
 def prefill_attention(
@@ -40,19 +35,19 @@ def prefill_attention(
 ) -> torch.Tensor:
     """Causal attention within each contiguous sequence. q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq, D].
 
-    On CUDA in fp16/bf16: one varlen flash call for the whole batch (`torch.nn.attention.varlen`), GQA in
-    the kernel. Elsewhere SDPA per sequence over views of one transposed copy of the batch (flash /
+    On CUDA in fp16/bf16: one varlen flash call for the whole batch (aten's `_flash_attention_forward`), GQA
+    in the kernel. Elsewhere SDPA per sequence over views of one transposed copy of the batch (flash /
     memory-efficient kernels on the GPU, so memory is linear in the sequence length). `softcap` > 0 (Gemma 2's
     soft-capped scores, which neither SDPA nor varlen take): `tiled_prefill_attention`. `window` > 0: a
-    sliding window, the query at position p attending to positions max(0, p - window + 1) .. p only: varlen's
-    window_size where it takes one, else `tiled_prefill_attention` (its tiles skip the keys before the window).
+    sliding window, the query at position p attending to positions max(0, p - window + 1) .. p only: flash's
+    window sizes where it takes them, else `tiled_prefill_attention` (its tiles skip the keys before the window).
     """
     total = sum(seq_lens)
     if total != q.shape[0]:
         raise ValueError(f"prefill seq_lens sum to {total}, but the batch has {q.shape[0]} tokens")
     check_softcap(softcap)
     check_window(window)
-    if softcap or (window and not (_varlen_usable(q, scale) and "window_size" in _VARLEN_PARAMS)):
+    if softcap or (window and not (_varlen_usable(q, scale) and "window_size_left" in FLASH_PARAMS)):
         return tiled_prefill_attention(q, k, v, seq_lens, scale, softcap, window)
     if _varlen_usable(q, scale):
         return varlen_prefill_attention(q, k, v, seq_lens, scale, window)
@@ -125,39 +120,26 @@ def tiled_prefill_attention(
 def varlen_prefill_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: list[int], scale: float, window: int = 0
 ) -> torch.Tensor:
-    """`prefill_attention` as one `varlen_attn` call (CUDA, fp16/bf16; torch >= 2.10); `window` > 0 needs the
-    signature with window_size."""
-    if varlen_attn is None:
-        raise RuntimeError(f"torch {torch.__version__} has no torch.nn.attention.varlen")
-    group = q.shape[1] // k.shape[1]
-    kwargs: dict[str, object] = {}
-    if "window_size" in _VARLEN_PARAMS:
-        # causal, in the later signature; flash's (left, right) count keys besides the query's own
-        kwargs["window_size"] = (window - 1 if window else -1, 0)
-    elif window:
-        raise ValueError(f"torch {torch.__version__}'s varlen_attn has no window_size")
-    else:
-        kwargs["is_causal"] = True  # the 2.10 signature
-    if "scale" in _VARLEN_PARAMS:
-        kwargs["scale"] = scale
-    if group > 1:
-        if "enable_gqa" in _VARLEN_PARAMS:
-            kwargs["enable_gqa"] = True
-        else:
-            k = k.repeat_interleave(group, dim=1)
-            v = v.repeat_interleave(group, dim=1)
+    """`prefill_attention` as one varlen flash call for the whole batch (CUDA, fp16/bf16), GQA in the kernel;
+    `window` > 0 needs a torch whose flash kernel takes window sizes."""
+    if _FLASH is None:
+        raise RuntimeError(f"torch {torch.__version__} has no flash attention kernel")
+    kwargs: dict[str, object] = {"scale": scale}
+    if window:
+        if "window_size_left" not in FLASH_PARAMS:
+            raise ValueError(f"torch {torch.__version__}'s flash attention takes no window size")
+        # flash's (left, right) count keys besides the query's own; causal already makes right 0
+        kwargs.update(window_size_left=window - 1, window_size_right=0)
     cu = _cu_seqlens(tuple(seq_lens), q.device)
     longest = max(seq_lens)
-    return varlen_attn(q, k, v, cu, cu, longest, longest, **kwargs)
+    out, *_ = _FLASH(q, k, v, cu, cu, longest, longest, 0.0, True, False, **kwargs)
+    return out
 
 
 def _varlen_usable(q: torch.Tensor, scale: float) -> bool:
-    if varlen_attn is None or not q.is_cuda or q.dtype not in (torch.float16, torch.bfloat16):
+    if "scale" not in FLASH_PARAMS or not q.is_cuda or q.dtype not in (torch.float16, torch.bfloat16):
         return False
-    dim = q.shape[-1]
-    if dim % 8 or dim > 256 or ("scale" not in _VARLEN_PARAMS and scale != dim**-0.5):
-        return False
-    if "window_size" not in _VARLEN_PARAMS and "is_causal" not in _VARLEN_PARAMS:
+    if q.shape[-1] % 8 or q.shape[-1] > 256:
         return False
     return _sm80_or_newer(q.device.index if q.device.index is not None else torch.cuda.current_device())
 
