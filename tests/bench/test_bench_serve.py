@@ -15,6 +15,7 @@ import pytest
 
 from graphpool.bench.latency import RequestTimeline
 from graphpool.bench.serve.client import ClientRun, RequestResult, text_prompt
+from graphpool.bench.serve.clients import process_caps
 from graphpool.bench.serve.configs import CONFIG_NAMES, full_pool_sizes, ladder_size, serve_configs
 from graphpool.bench.serve.report import RunSummary, evaluate_targets, spread, summarize_run
 from graphpool.bench.serve.run import ServeBenchConfig, config_from_args
@@ -42,6 +43,13 @@ def test_arrival_schedule_is_seeded() -> None:
     assert len({r.output_len for r in a}) > 3  # mixed output lengths
     assert text_prompt(a[0], 0) == text_prompt(a[0], 0) != text_prompt(a[0], 1)
     assert len(text_prompt(a[0], 0).split()) == a[0].prompt_len
+
+
+def test_a_concurrency_cap_is_dealt_over_the_client_processes_without_growing() -> None:
+    assert process_caps(1, 4) == [1]  # single stream: one process
+    assert process_caps(6, 4) == [2, 2, 1, 1]
+    assert process_caps(8, 4) == [2, 2, 2, 2]
+    assert process_caps(None, 3) == [None, None, None]
 
 
 def test_configs_and_ladder() -> None:

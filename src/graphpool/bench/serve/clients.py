@@ -42,20 +42,31 @@ def _worker(index: int, args: tuple[Any, ...], ready: Any, start: Any, done: Any
     out.put((index, run))
 
 
+def process_caps(concurrency: int | None, processes: int) -> list[int | None]:
+    """Each client process's in-flight cap: ``concurrency`` split over at most that many processes (their caps
+    sum to it), or no cap."""
+    if not concurrency:
+        return [None] * processes
+    n = min(processes, concurrency)
+    return [concurrency // n + (i < concurrency % n) for i in range(n)]
+
+
 def run_trace_processes(url: str, model: str, trace: Sequence[TraceRequest], seed: int, token_ids: bool,
                         concurrency: int | None, label: str, processes: int, request_timeout_s: float = 600.0,
                         progress_every_s: float = 5.0, temperature: float = 0.0) -> ClientRun:
-    """`run_trace` with the requests dealt round-robin to ``processes`` client processes (1: in this one)."""
+    """`run_trace` with the requests dealt round-robin to ``processes`` client processes (1: in this one); a
+    ``concurrency`` cap is dealt out too, so that never more than it are in flight in all."""
     if processes < 1:
         raise ValueError(f"serve bench: --client-processes must be >= 1, got {processes}")
+    caps = process_caps(concurrency, processes)
+    processes = len(caps)
     if processes == 1:
         return asyncio.run(run_trace(url, model, trace, seed, token_ids, concurrency, label, request_timeout_s,
                                      progress_every_s, temperature=temperature))
     ctx = mp.get_context("spawn")
     ready, start, done, out = ctx.Barrier(processes + 1), ctx.Value("d", 0.0), ctx.Value("i", 0), ctx.Queue()
-    cap = -(-concurrency // processes) if concurrency else None
     procs = [ctx.Process(target=_worker, daemon=True, args=(
-        i, (url, model, list(trace[i::processes]), seed, token_ids, cap, label, request_timeout_s, temperature),
+        i, (url, model, list(trace[i::processes]), seed, token_ids, caps[i], label, request_timeout_s, temperature),
         ready, start, done, out)) for i in range(processes)]
     for p in procs:
         p.start()
