@@ -18,6 +18,8 @@ from graphpool.pool import GraphPool, PoolConfig
 
 # families of the agreement tests: tiny_hf_model's kinds (tied heads for the Gemmas, as their checkpoints)
 FAMILIES = ["llama", "qwen2", "mistral", "phi3", "qwen3", "gemma3", "gemma2"]
+# families whose tokens are routed to experts: check_agreement(routed=True)
+ROUTED = ["qwen3_moe"]
 # NOTE: two bf16 implementations round at different places (fused ops, accumulation order, where casts fall),
 # which moves the logits' error by a few percent either way (0.95-1.01 of transformers' on the CPU); a real
 # loss of precision, such as Gemma's 1 + w held in bf16 (1.08 and 1.14 of it), goes past this ratio
@@ -95,16 +97,30 @@ def decided(ref: torch.Tensor, margin: float) -> torch.Tensor:
     return top2[..., 0] - top2[..., 1] > margin
 
 
-def check_agreement(ours: torch.Tensor, theirs: torch.Tensor, ref: torch.Tensor) -> dict[str, float]:
+def position_rms_median(logits: torch.Tensor, ref: torch.Tensor) -> float:
+    """The median over positions of each position's logit error (root mean square over the vocabulary)."""
+    return (logits.float() - ref.float()).pow(2).mean(-1).sqrt().flatten().median().item()
+
+
+def check_agreement(ours: torch.Tensor, theirs: torch.Tensor, ref: torch.Tensor, routed: bool = False
+                    ) -> dict[str, float]:
     """Asserts that graphpool's bf16 logits `ours` are no further from the float32 `ref` than transformers'
-    bf16 logits `theirs` (RMS_RATIO, DECIDED_MARGIN, ARGMAX_SLACK); returns the figures for a report."""
+    bf16 logits `theirs` (RMS_RATIO, DECIDED_MARGIN, ARGMAX_SLACK); returns the figures for a report.
+    `routed` (mixture of experts) compares the median position's error instead of the overall rms."""
     mine, hf = agreement(ours, ref), agreement(theirs, ref)
     sure = decided(ref, DECIDED_MARGIN * hf.rms)
     mine_sure, hf_sure = agreement(ours[sure], ref[sure]), agreement(theirs[sure], ref[sure])
     figures = {"rms": mine.rms, "hf_rms": hf.rms, "argmax": mine.argmax, "hf_argmax": hf.argmax,
                "decided": float(sure.sum()), "decided_argmax": mine_sure.argmax, "hf_decided_argmax": hf_sure.argmax}
     assert sure.sum() >= ref.shape[0] * ref.shape[1] // 8, figures  # enough clear positions to mean something
-    assert mine.rms <= RMS_RATIO * hf.rms, figures
+    if routed:
+        # NOTE: where bf16 routes a token to another expert than float32 does, its position's logits move far,
+        # and which positions flip is a coin toss for either implementation: on the tiny MoE over six sets of
+        # sequences the overall rms came to 0.83-1.16 of transformers', the median position's 0.78-1.03
+        figures["median"], figures["hf_median"] = position_rms_median(ours, ref), position_rms_median(theirs, ref)
+        assert figures["median"] <= RMS_RATIO * figures["hf_median"], figures
+    else:
+        assert mine.rms <= RMS_RATIO * hf.rms, figures
     assert mine_sure.argmax >= hf_sure.argmax and mine_sure.argmax == 1.0, figures
     assert mine.argmax >= hf.argmax - ARGMAX_SLACK, figures
     return figures
