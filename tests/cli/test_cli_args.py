@@ -4,12 +4,15 @@ off."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import re
 from types import SimpleNamespace
 
 import pytest
 import torch
 
 from graphpool.engine.args import add_engine_args, engine_config_from_args
+from graphpool.engine.config import EngineConfig
 from graphpool.pool import FallbackReason, PoolStats
 
 FLAGS = ["--device", "cpu", "--max-graph-pool-size", "4", "--graph-memory-budget", "1GiB", "--num-kv-blocks", "32"]
@@ -94,3 +97,21 @@ def test_graphs_off_is_answered_once_for_the_config_and_the_pool() -> None:
     assert graphs_off(False, cuda, has_capturer=False) is FallbackReason.DISABLED
     assert graphs_off(True, cpu, has_capturer=True) is None
     assert graphs_off(False, cpu, has_capturer=True) is FallbackReason.DISABLED
+
+
+def test_engine_flag_help_states_the_config_defaults() -> None:
+    # the parsers import no torch, so the help carries figures: they must be EngineConfig's own defaults
+    parser = argparse.ArgumentParser()
+    add_engine_args(parser)
+    defaults = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
+    words = {"on": True, "off": False}
+    checked = 0
+    for action in parser._actions:
+        if not action.help or defaults.get(action.dest) is None:
+            continue
+        m = re.search(r"\((?:default:? )?(-?\d+(?:\.\d+)?|on|off)[);,]", action.help)
+        if m:
+            stated = words.get(m.group(1), m.group(1))
+            assert str(stated) == str(defaults[action.dest]), (action.option_strings, stated, defaults[action.dest])
+            checked += 1
+    assert checked >= 10
