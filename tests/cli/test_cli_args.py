@@ -64,7 +64,6 @@ def test_disable_kernels_is_an_engine_flag_checked_once(capsys: pytest.CaptureFi
     """`--disable-kernels` reaches EngineConfig.disabled_kernels (in the switches' order) from every command,
     is listed in --help, refused when it names no switch, and said on the `generate` command's loading line."""
     from graphpool.cli import build_parser, main
-    from graphpool.engine.config import EngineConfig
     from graphpool.server.main import build_parser as server_parser
 
     flags = ["--device", "cpu", "--disable-kernels", "step_argmax,gemv"]
