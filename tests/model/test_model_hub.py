@@ -124,3 +124,12 @@ def test_generation_config_eos_ids_join_the_models(tmp_path: Path) -> None:
     assert model_config(tmp_path).eos_token_ids == (2, 7)
     _, config, _ = load_model(tmp_path)
     assert config.eos_token_ids == (2, 7)
+
+
+def test_serve_with_a_missing_hub_id_is_one_line(hub_cache: Path, tmp_path: Path) -> None:
+    env = os.environ | {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf-home")}
+    bad = subprocess.run([sys.executable, "-m", "graphpool.cli", "serve", "--model", "acme/not-there", "--device", "cpu",
+                          "--port", "0", "--download-dir", str(hub_cache)], env=env, capture_output=True, text=True)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr[-2000:]
+    errors = [line for line in bad.stderr.splitlines() if line.startswith("graphpool serve:")]
+    assert len(errors) == 1 and "not in the Hugging Face cache" in errors[0], bad.stderr[-2000:]
