@@ -37,7 +37,7 @@ def test_profile_bench_counts_the_kernels_of_a_bf16_decode_step(tmp_path: Path) 
     assert p.kernels > n and p.kernel_ms > 0 and p.busy_ms <= p.profiled_step_ms + 1e-3 and 0 <= p.idle_share < 1
     assert not any(r.name.startswith("gp.") for r in p.top_kernels)
     assert p.kernel_ms <= p.profiled_step_ms and p.launches > n and p.launch_host_us > 0
-    # NOTE: on torch 2.11 / Python 3.12 cProfile loses the frames above the layers around the varlen attention;
+    # NOTE: on torch 2.11 / Python 3.12 cProfile has lost the frames above the layers; where it does,
     # the report says so (profile/prefill.LOST_FRAMES_NOTE) rather than show a table that looks whole
     assert p.top_python and any(f.startswith("model/") for f, _, _ in p.top_python), p.top_python
     lost = "cProfile lost the frames" in p.python_source

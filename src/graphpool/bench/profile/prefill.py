@@ -68,10 +68,10 @@ class PrefillProfile:
     op_counts: list[PrefillOpCount] = field(default_factory=list)  # one prompt of prompt_tokens; MIXED_PROMPTS
 
 
-# NOTE: seen on the H200 (torch 2.11, Python 3.12, whose cProfile runs on sys.monitoring): with the varlen
-# prefill attention in the step, cProfile keeps the model's layers but not the frames above them (step, runner,
-# model), and the pure-Python `profile` module fails there with "Bad return"; a plain SDPA step kept them all.
-LOST_FRAMES_NOTE = "the model's layers (seen with torch's varlen_attn on Python 3.12)"
+# NOTE: on Python 3.12 (cProfile on sys.monitoring) a custom op in the step (torch's varlen_attn, on the H200
+# with torch 2.11) made cProfile keep the model's layers but lose the frames above them (step, runner, model),
+# and the pure-Python `profile` module fail with "Bad return"; the report says so where it happens.
+LOST_FRAMES_NOTE = "the model's layers (seen on Python 3.12)"
 
 
 def prefill_engine(loaded: LoadedModel, name: str, cfg: Any, max_len: int) -> LLMEngine:
