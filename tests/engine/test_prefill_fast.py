@@ -226,3 +226,24 @@ def test_greedy_generation_on_the_default_model_is_unchanged(default_model, monk
     new = generate()
     _use_previous_attention(monkeypatch)
     assert generate() == new
+
+
+@pytest.mark.parametrize("window", [0, 5])
+def test_the_varlen_call_gives_flash_the_batch_scale_and_window(monkeypatch: pytest.MonkeyPatch, window: int) -> None:
+    # CI has no GPU: the call's arguments are checked here against a stand-in for aten's flash kernel
+    # (tests/gpu/test_prefill_fast_gpu.py and test_sliding_window_gpu.py run the kernel itself)
+    calls: list[tuple[tuple, dict]] = []
+
+    def flash(*args: object, **kwargs: object) -> tuple[torch.Tensor, ...]:
+        calls.append((args, kwargs))
+        return (torch.zeros_like(args[0]), torch.empty(0))
+
+    monkeypatch.setattr(attn_ops, "_FLASH", flash)
+    monkeypatch.setattr(attn_ops, "FLASH_PARAMS", attn_ops.FLASH_PARAMS | {"window_size_left", "scale"})
+    q, k = torch.randn(10, 4, 8), torch.randn(10, 2, 8)
+    out = attn_ops.varlen_prefill_attention(q, k, k, [3, 7], 0.25, window)
+    assert out.shape == q.shape
+    (args, kwargs), = calls
+    assert args[3].tolist() == args[4].tolist() == [0, 3, 10] and args[5] == args[6] == 7
+    assert args[7:] == (0.0, True, False) and args[1].shape[1] == 2  # causal; GQA heads left to the kernel
+    assert kwargs == ({"scale": 0.25, "window_size_left": 4, "window_size_right": 0} if window else {"scale": 0.25})
