@@ -95,7 +95,7 @@ def test_bad_seq_lens_are_refused() -> None:
 
 def test_varlen_path_needs_cuda_half_precision() -> None:
     q, _, _ = _qkv([4], 4, 2, 64, torch.bfloat16)
-    assert not attn_ops._varlen_usable(q, 0.125)  # CPU tensors never take the varlen path
+    assert not attn_ops._varlen_usable(q)  # CPU tensors never take the varlen path
 
 
 def _model(preset: str, layers: int, seed: int) -> LlamaModel:

@@ -47,9 +47,10 @@ def prefill_attention(
         raise ValueError(f"prefill seq_lens sum to {total}, but the batch has {q.shape[0]} tokens")
     check_softcap(softcap)
     check_window(window)
-    if softcap or (window and not (_varlen_usable(q, scale) and "window_size_left" in FLASH_PARAMS)):
+    varlen = _varlen_usable(q)
+    if softcap or (window and not (varlen and "window_size_left" in FLASH_PARAMS)):
         return tiled_prefill_attention(q, k, v, seq_lens, scale, softcap, window)
-    if _varlen_usable(q, scale):
+    if varlen:
         return varlen_prefill_attention(q, k, v, seq_lens, scale, window)
     return sdpa_prefill_attention(q, k, v, seq_lens, scale)
 
@@ -136,7 +137,7 @@ def varlen_prefill_attention(
     return out
 
 
-def _varlen_usable(q: torch.Tensor, scale: float) -> bool:
+def _varlen_usable(q: torch.Tensor) -> bool:
     if "scale" not in FLASH_PARAMS or not q.is_cuda or q.dtype not in (torch.float16, torch.bfloat16):
         return False
     if q.shape[-1] % 8 or q.shape[-1] > 256:
