@@ -58,7 +58,8 @@ def test_configs_and_ladder() -> None:
     cfgs = serve_configs(46, "128MiB")
     assert list(cfgs) == list(CONFIG_NAMES)
     assert cfgs["no-graphs"].flags == ("--disable-cudagraph",)
-    assert cfgs["capture-all"].flags == ("--graph-warmup", "all", "--max-graph-pool-size", "46")
+    assert cfgs["capture-all"].flags == ("--graph-warmup", "all", "--max-graph-pool-size", "46",
+                                         "--graph-warmup-before-ready")
     lru = cfgs["lru16-capture-on-miss"].flags
     assert "--graph-miss-policy" in lru and "16" in lru and cfgs["default"].flags == ()
     assert cfgs["budget"].flags == ("--graph-memory-budget", "128MiB")
@@ -69,7 +70,7 @@ def test_configs_and_ladder() -> None:
     assert len(full) == len(set(full)) == 16 and full[0] == 256  # the whole default pool, the largest first
     assert full_pool_sizes(["--max-graph-pool-size=4"]) == full[:4]
     flags = serve_configs(46, "128MiB", full)["full-pool"].flags
-    assert flags == ("--graph-warmup", ",".join(map(str, full)))
+    assert flags == ("--graph-warmup", ",".join(map(str, full)), "--graph-warmup-before-ready")
     with pytest.raises(ValueError, match="exactly one --configs"):
         _bench_config(url="http://127.0.0.1:1", configs=("no-graphs", "default"))
     with pytest.raises(ValueError, match="names of no-graphs, capture-all, "):

@@ -78,3 +78,31 @@ def test_an_engine_on_the_cpu_sets_torchs_threads_once_at_start(torch_threads: i
     torch.set_num_threads(3 - threads)  # the other value, so the engine has to change it
     engine = LLMEngine(EngineConfig(**SETTINGS, graph_warmup="none", cpu_threads=threads))
     assert engine.cpu_threads == threads == torch.get_num_threads()
+
+
+def test_a_deferred_warm_up_captures_one_graph_per_idle_call_and_none_while_a_request_runs(torch_threads: int) -> None:
+    from graphpool.engine.sampling_params import SamplingParams
+
+    capturer = EagerCapturer()
+    engine = LLMEngine(EngineConfig(**SETTINGS), capturer=capturer, defer_graph_warmup=True)
+    wanted = engine.runner.warmup_sizes("cover")
+    assert len(wanted) >= 2 and wanted == sorted(wanted, reverse=True)
+    assert engine.runner.deferred_graphs == len(wanted) and not capturer.captured
+    assert engine.startup.graph_capture < 0.01  # nothing captured before the engine returned
+    engine.add_request("r", [1, 2, 3], SamplingParams(max_tokens=2, temperature=0.0))
+    assert engine.idle_work() and engine.runner.deferred_graphs == len(wanted)  # a request is unfinished
+    while engine.has_unfinished_requests():
+        engine.step()
+    captured_by_request = list(engine.runner.pool.resident_sizes())
+    for i in range(len(wanted)):
+        assert engine.idle_work() == (i < len(wanted) - 1)
+        assert engine.runner.deferred_graphs == len(wanted) - i - 1
+    assert not engine.idle_work()
+    assert set(engine.runner.pool.resident_sizes()) == set(wanted) | set(captured_by_request)
+
+
+def test_a_warm_up_size_off_the_ladder_is_refused_at_start_up_deferred_or_not(torch_threads: int) -> None:
+    for defer in (False, True):
+        with pytest.raises(ValueError, match="graph_warmup size 7 is not a graph size"):
+            LLMEngine(EngineConfig(**SETTINGS | {"graph_warmup": (8, 7)}), capturer=EagerCapturer(),
+                      defer_graph_warmup=defer)

@@ -291,3 +291,45 @@ def test_progress_log_line(caplog: pytest.LogCaptureFixture) -> None:
     assert "running 1, waiting 0, KV blocks free 99/100" in caplog.text
     assert "graphs: 1 decode steps: 1 hits, 0 padded hits, 1 misses, 1 captures (0.50 s)" in caplog.text
     assert "0 evictions, 2 eager; 1 graphs resident" in caplog.text
+
+
+@dataclass
+class WarmingEngine(FakeEngine):
+    """A FakeEngine with deferred start-up work: `pending` pieces, done one per idle_work call."""
+
+    pending: int = 3
+    idle_calls_while_busy: int = 0
+    idle_calls: int = 0
+
+    def idle_work(self) -> bool:
+        self._touch()
+        self.idle_calls += 1
+        if self.requests:
+            self.idle_calls_while_busy += 1
+        elif self.pending:
+            self.pending -= 1
+        return self.pending > 0
+
+
+def test_the_engine_loop_does_the_engines_idle_work_between_requests_and_then_blocks() -> None:
+    import time
+
+    engine = WarmingEngine(pending=5)
+    async_engine = AsyncEngine(engine)
+    async_engine.start()
+    try:
+        deadline = time.monotonic() + 60
+        while engine.pending and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert engine.pending == 0 and engine.idle_calls_while_busy == 0
+        time.sleep(0.2)
+        assert engine.idle_calls == 5  # done: the loop blocks for a command again instead of asking on
+
+        async def one() -> list[str]:
+            stream = await async_engine.add_request("r", [1, 2], SamplingParams(max_tokens=3))
+            return [out.text async for out in stream]
+
+        assert asyncio.run(one())[-1] == "bcd"  # served as before
+        assert engine.idle_calls_while_busy == 0 and engine.thread_ids == {async_engine._thread.ident}
+    finally:
+        async_engine.shutdown()

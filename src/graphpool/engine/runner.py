@@ -4,6 +4,8 @@ the graph pool."""
 from __future__ import annotations
 
 import functools
+import logging
+import time
 
 import numpy as np
 import torch
@@ -26,6 +28,8 @@ from graphpool.engine.warmup import prefill_warmup_lengths, warm_eager_prefill
 from graphpool.pool import FallbackReason, GraphPool
 from graphpool.pool.capture import Capturer
 from graphpool.pool.lockstep import CaptureSync, Decision
+
+log = logging.getLogger(__name__)
 
 # NOTE: the pool's reasons for a step it cannot run (its step bakes in the graph bound): such a step runs
 # eagerly here, with a bound of its own (`ModelRunner._eager_bound`)
@@ -85,6 +89,8 @@ class ModelRunner(PrefillPaths):
                                                      config.max_model_len) if self.device.type == "cuda" else ()
         self.last_prefill_replayed = False  # whether the latest prefill replayed a decode graph
         self.prompt_scores: list[PromptScores] = []  # the latest prefill's or mixed step's prompt logprobs
+        self._deferred: list[int] = []  # warm-up graphs left to capture_deferred, largest first
+        self._deferred_done, self._deferred_s = 0, 0.0
 
     def _graph_rows(self, rows: int) -> int:
         """The pool's batch size of a step of `rows` rows (per microbatch)."""
@@ -236,12 +242,43 @@ class ModelRunner(PrefillPaths):
         """The eager prefill path's first-call costs, paid now (engine/warmup.py)."""
         warm_eager_prefill(self.model, self.kv_caches, self.prefill_warmup)
 
-    def capture_graphs(self, sizes: str | tuple[int, ...]) -> None:
-        """The pool's warm-up captures: its padding cover ("cover"), every ladder size ("all"), or `sizes`."""
+    def warmup_sizes(self, sizes: str | tuple[int, ...]) -> list[int]:
+        """The graphs a warm-up of `sizes` captures, largest first: the pool's padding cover ("cover"), every
+        ladder size ("all"), or `sizes`; none with graphs off."""
         if self.pool.graphs_off is not None or sizes == "none":
-            return
+            return []
+        if sizes == "cover":
+            return self.pool.default_warmup_sizes()
+        for s in sizes if sizes != "all" else ():
+            if s not in self.pool.ladder:
+                raise ValueError(f"graph_warmup size {s} is not a graph size (the ladder: {list(self.pool.ladder)})")
+        return sorted(set(self.pool.ladder if sizes == "all" else sizes), reverse=True)
+
+    def defer_graphs(self, sizes: str | tuple[int, ...]) -> None:
+        """Leaves the warm-up graphs of `sizes` to `capture_deferred`, one a call."""
+        self._deferred = self.warmup_sizes(sizes)
+        self._deferred_done, self._deferred_s = 0, 0.0
+
+    @property
+    def deferred_graphs(self) -> int:
+        return len(self._deferred)
+
+    def capture_deferred(self) -> bool:
+        """Captures the next deferred warm-up graph (never evicting: one the pool has no room for is skipped);
+        True while more remain."""
+        if not self._deferred:
+            return False
+        t0 = time.perf_counter()
+        self._deferred_done += len(self.capture_graphs([self._deferred.pop(0)]))
+        self._deferred_s += time.perf_counter() - t0
+        if not self._deferred:
+            log.info("warm-up graphs: %d captured while idle, in %.2f s", self._deferred_done, self._deferred_s)
+        return bool(self._deferred)
+
+    def capture_graphs(self, sizes: str | tuple[int, ...] | list[int]) -> list[int]:
+        """Captures the warm-up graphs of `sizes` (see `warmup_sizes`); returns those captured."""
+        wanted = self.warmup_sizes(sizes if isinstance(sizes, str) else tuple(sizes))
+        if not wanted:
+            return []
         with torch.inference_mode():
-            if sizes == "cover":
-                self.pool.warmup(None)
-            else:
-                self.pool.warmup(tuple(self.pool.ladder) if sizes == "all" else sizes)
+            return self.pool.warmup(wanted)

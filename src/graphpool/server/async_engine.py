@@ -163,13 +163,21 @@ class AsyncEngine:
                 )
             self._publish()
             stalled = False
+            # NOTE: an engine's deferred start-up work (LLMEngine.idle_work: warm-up captures), one piece
+            # each time the loop finds no request unfinished
+            idle_work = getattr(self.engine, "idle_work", None)
+            pending = idle_work is not None
             while True:
                 busy = self.engine.has_unfinished_requests()
                 # NOTE: a step that scheduled nothing (unfinished requests, none schedulable) must not spin.
-                if not self._drain_commands(block=not busy, timeout=IDLE_WAIT_S if stalled else None):
+                if not self._drain_commands(block=not busy and not pending,
+                                            timeout=IDLE_WAIT_S if stalled else None):
                     break
                 if self.engine.has_unfinished_requests():
                     stalled = not self._step()
+                elif pending and idle_work is not None:
+                    pending = idle_work()
+                    self._publish()
                 self._check_drain()
         except Exception as e:  # NOTE: not swallowed: logged, and every waiting request gets the error.
             logger.exception("engine loop stopped after an error")

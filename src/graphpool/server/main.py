@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import os
 import socket
 import sys
 import threading
@@ -40,6 +41,12 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="on SIGTERM/SIGINT: refuse new requests, let running ones finish for up to this long, then end "
         "them with finish_reason 'abort' and exit; a second signal exits at once (default %(default)s)",
+    )
+    group.add_argument(
+        "--graph-warmup-before-ready", action="store_true",
+        help="capture the warm-up graphs (--graph-warmup) before answering ready; by default the server is ready "
+        "first and captures them while no request is unfinished, one at a time (a request arriving meanwhile waits "
+        "for at most the capture under way; a size needed sooner is captured or padded on its miss)",
     )
 
 
@@ -118,6 +125,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    if args.device != "cpu" and os.path.exists("/proc/driver/nvidia"):  # before torch's import, to overlap it
+        from graphpool.kernels._dispatch import prefetch_triton_cache_key
+
+        prefetch_triton_cache_key()
     from graphpool.engine.args import engine_config_from_args
 
     try:
@@ -160,6 +171,11 @@ def describe_startup(engine: Any, config: Any, load_seconds: float) -> list[str]
             f"(slowest {graphs.capture_seconds_max:.3f} s, {graphs.capture_failures} failed); "
             f"resident {graphs.resident_graphs} graphs {list(graphs.resident_sizes)} holding "
             f"{graphs.resident_bytes / MiB:.1f} MiB; {bound}"
+        )
+    elif engine.runner.deferred_graphs:
+        lines.append(
+            f"CUDA graphs: {engine.runner.deferred_graphs} warm-up graphs (warm-up '{config.graph_warmup}') to "
+            f"capture while idle after start-up, one at a time; lazy capture meanwhile, {bound}"
         )
     else:
         lines.append(
@@ -262,7 +278,7 @@ def serve(args: argparse.Namespace, config: Any = None) -> int:
         return 2
     start = time.perf_counter()
     try:
-        engine = LLMEngine(config)
+        engine = LLMEngine(config, defer_graph_warmup=not args.graph_warmup_before_ready)
     except ValueError as e:  # a setting the model refuses (e.g. tensor_parallel_size over its heads)
         sock.close()
         print(f"graphpool serve: {e}", file=sys.stderr)

@@ -81,7 +81,7 @@ def full_pool_sizes(server_args: Sequence[str]) -> tuple[int, ...]:
 def serve_configs(ladder_n: int, budget: str, full_pool: Sequence[int] = ()) -> dict[str, ServeConfig]:
     flags = {
         "no-graphs": ("--disable-cudagraph",),
-        "capture-all": ("--graph-warmup", "all", "--max-graph-pool-size", str(ladder_n)),
+        "capture-all": ("--graph-warmup", "all", "--max-graph-pool-size", str(ladder_n), "--graph-warmup-before-ready"),
         "lru16-capture-on-miss": ("--max-graph-pool-size", "16", "--graph-miss-policy", "capture", "--graph-mempool",
                                   "shared", "--graph-warmup", "none", *_EAGER_PREFILL),
         "default": (),
@@ -92,7 +92,8 @@ def serve_configs(ladder_n: int, budget: str, full_pool: Sequence[int] = ()) -> 
         "sync-scheduling": ("--no-async-scheduling",),
         # NOTE: for tensor parallel (--server-arg=--tensor-parallel-size=2)
         "microbatch-overlap": ("--enable-microbatch-overlap",),
-        "full-pool": ("--graph-warmup", ",".join(map(str, full_pool))) if full_pool else ("--graph-warmup", "cover"),
+        "full-pool": ("--graph-warmup", ",".join(map(str, full_pool)) if full_pool else "cover",
+                      "--graph-warmup-before-ready"),
         "vllm": (),
         "vllm-eager": ("--enforce-eager",),
     }
