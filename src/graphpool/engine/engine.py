@@ -11,6 +11,7 @@ from graphpool.engine.async_scheduling import AsyncDecode
 from graphpool.engine.config import EngineConfig
 from graphpool.engine.cpu_threads import apply_cpu_threads
 from graphpool.engine.engine_load import load_for_engine
+from graphpool.engine.engine_stats import EngineIntrospection
 from graphpool.engine.generation_defaults import SamplingDefaults, load_sampling_defaults
 from graphpool.engine.grammar import Grammars
 from graphpool.engine.kv_cache import BlockManager
@@ -24,7 +25,6 @@ from graphpool.engine.outputs import (
     length_or_stop,
     make_output,
 )
-from graphpool.engine.prefix_cache import PrefixCacheStats
 from graphpool.engine.runner import ModelRunner
 from graphpool.engine.sampler import Sampler
 from graphpool.engine.sampling_params import InvalidParam, SamplingParams, check_text
@@ -35,14 +35,13 @@ from graphpool.engine.timeline import StepClock, StepTimeline
 from graphpool.engine.tp_rank import LoadedModel, capture_sync, num_kv_blocks
 from graphpool.kernels._dispatch import prefetch_triton_cache_key
 from graphpool.model.tp_group import SINGLE
-from graphpool.pool import FallbackReason, PoolStats
 from graphpool.pool.capture import Capturer
 
 __all__ = ["EngineStats", "LLMEngine", "RequestOutput", "StartupTimes", "StepInfo"]
 log = logging.getLogger(__name__)
 
 
-class LLMEngine:
+class LLMEngine(EngineIntrospection):
     """Continuous-batching engine over one model.
 
     Length policy: a prompt must leave room for at least one output token (`len(prompt) < max_model_len`,
@@ -301,41 +300,3 @@ class LLMEngine:
             self.sampler.release(seq)
             del self._seqs[seq.request_id]
         return make_output(seq, [token])
-
-    # introspection ------------------------------------------------------------------------------------
-    def prefix_cache_stats(self) -> PrefixCacheStats:
-        return self.block_manager.pool.stats()
-
-    @property
-    def graphs_off(self) -> FallbackReason | None:
-        """Why no decode step replays a graph here (no CUDA device, disable_cudagraph), or None: graphs on."""
-        return self.runner.pool.graphs_off
-
-    def graph_stats(self) -> PoolStats | None:
-        return self.runner.pool.stats() if self.graphs_off is None else None
-
-    def graph_stats_by_rank(self) -> list[PoolStats | None]:
-        """Every tensor-parallel rank's pool stats, rank 0 first (in lockstep they differ only in capture
-        seconds)."""
-        return [self.graph_stats(), *(self._tp.pool_stats() if self._tp is not None else [])]
-
-    def close(self) -> None:
-        """Stops the other tensor-parallel ranks (a no-op with one rank); the engine cannot step afterwards."""
-        if self._tp is not None:
-            self._tp.close()
-
-    def stats(self) -> EngineStats:
-        prefix = self.prefix_cache_stats()
-        return EngineStats(
-            running=len(self.scheduler.running),
-            waiting=len(self.scheduler.waiting),
-            num_free_kv_blocks=self.block_manager.num_free_blocks,
-            num_kv_blocks=self.block_manager.num_usable_blocks,
-            prompt_tokens_total=self.prompt_tokens_total,
-            generation_tokens_total=self.generation_tokens_total,
-            preemptions_total=self.scheduler.num_preemptions,
-            prefix_cache_queries_tokens_total=prefix.queries_tokens,
-            prefix_cache_hits_tokens_total=prefix.hits_tokens,
-            prefix_cache_blocks=prefix.cached_blocks,
-            async_chained_steps_total=self._async.chained_steps if self._async is not None else 0,
-        )
