@@ -40,3 +40,41 @@ def test_prefix_cache_counters_reach_metrics() -> None:
     assert got["graphpool_prefix_cache_hits_tokens_total"] == 48
     assert got["graphpool_prefix_cache_queries_tokens_total"] == 49 + 50
     assert got["graphpool_prefix_cache_blocks"] >= 3
+
+
+def test_a_server_answers_before_the_deferred_warm_up_graphs_and_captures_them_while_idle() -> None:
+    """The real engine with the pool's stand-in capturer (graphs on, on the CPU), built as `graphpool serve`
+    builds it: ready with every warm-up graph still to capture; they are captured while no request runs, and
+    /metrics shows them resident; requests are served before, meanwhile and after."""
+    import time
+
+    import httpx
+
+    from graphpool.engine.config import EngineConfig
+    from graphpool.engine.engine import LLMEngine
+    from graphpool.pool.testing import EagerCapturer
+
+    config = EngineConfig(model="random:smollm2-135m?layers=1", device="cpu", max_model_len=64, num_kv_blocks=16,
+                          graph_max_batch_size=8, graph_split_batch_size=4, graph_grow_step_size=4)
+    engine = LLMEngine(config, capturer=EagerCapturer(), defer_graph_warmup=True)
+    wanted = engine.runner.warmup_sizes("cover")
+    assert engine.runner.deferred_graphs == len(wanted) > 1 and engine.runner.pool.resident_sizes() == ()
+    with serve_in_thread(engine) as (base_url, _):
+        client = openai.OpenAI(base_url=f"{base_url}/v1", api_key="none", max_retries=0)
+        out = client.completions.create(model=engine.model_name, prompt=[5, 17, 42], max_tokens=3, temperature=0,
+                                        extra_body={"ignore_eos": True})
+        assert out.usage is not None and out.usage.completion_tokens == 3
+        deadline = time.monotonic() + 120
+        resident = 0.0
+        while time.monotonic() < deadline:
+            text = httpx.get(f"{base_url}/metrics").text
+            resident = next(float(line.split()[-1]) for line in text.splitlines()
+                            if line.startswith("graphpool_graph_resident "))
+            if resident >= len(wanted):
+                break
+            time.sleep(0.05)
+        assert resident >= len(wanted)
+        again = client.completions.create(model=engine.model_name, prompt=[5, 17, 42], max_tokens=3, temperature=0,
+                                          extra_body={"ignore_eos": True})
+        assert again.usage is not None and again.usage.completion_tokens == 3
+    assert engine.runner.deferred_graphs == 0 and set(wanted) <= set(engine.runner.pool.resident_sizes())
