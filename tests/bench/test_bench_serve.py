@@ -100,7 +100,8 @@ def test_metrics_names_match_the_server() -> None:
 
     stats = SimpleNamespace(running=1, waiting=0, num_free_kv_blocks=5, num_kv_blocks=9, prompt_tokens_total=7,
                             generation_tokens_total=40, preemptions_total=2, prefix_cache_queries_tokens_total=9,
-                            prefix_cache_hits_tokens_total=3, prefix_cache_blocks=1, async_chained_steps_total=0)
+                            prefix_cache_hits_tokens_total=3, prefix_cache_blocks=1, async_chained_steps_total=0,
+                            graph_warmup_pending=2)
     pool = PoolStats(steps=30, hits=20, padded_hits=3, misses=6, captures=5, evictions=1, eager_steps=4,
                      fallbacks={FallbackReason.LEN_TOO_LARGE: 3, FallbackReason.OVER_BUDGET: 1},
                      resident_graphs=4, resident_bytes=3 << 20, capture_seconds_total=1.5)
@@ -112,9 +113,29 @@ def test_metrics_names_match_the_server() -> None:
     m = parse_metrics(render(pool))
     assert m == {"captures": 5, "capture_seconds": 1.5, "hits": 20, "padded_hits": 3, "misses": 6, "evictions": 1,
                  "eager_steps": 4, "capture_failures": 0, "steps": 30, "generation_tokens": 40, "preemptions": 2,
-                 "prompt_tokens": 7, "resident": 4, "resident_bytes": 3 << 20, "arena_bytes": 0, "fallbacks": 4}
+                 "prompt_tokens": 7, "resident": 4, "resident_bytes": 3 << 20, "arena_bytes": 0, "fallbacks": 4,
+                 "warmup_pending": 2}
     no_graphs = parse_metrics(render(None))
     assert "captures" not in no_graphs and no_graphs["generation_tokens"] == 40
+
+
+def test_the_workloads_wait_for_the_servers_deferred_warm_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    from graphpool.bench.serve import server
+
+    pending = iter([3.0, 1.0, 0.0])
+    scrapes: list[str] = []
+
+    def fake_scrape(url: str) -> dict[str, float]:
+        scrapes.append(url)
+        return {"warmup_pending": next(pending)}
+
+    monkeypatch.setattr(server, "scrape", fake_scrape)
+    assert server.wait_warmup("http://x", timeout_s=60) >= 0 and len(scrapes) == 3
+    monkeypatch.setattr(server, "scrape", lambda url: {})  # a server without the gauge: no wait
+    assert server.wait_warmup("http://x", timeout_s=60) < 1
+    monkeypatch.setattr(server, "scrape", lambda url: {"warmup_pending": 1.0})
+    with pytest.raises(server.ServerFailed, match="still had warm-up graphs"):
+        server.wait_warmup("http://x", timeout_s=0.1)
 
 
 def _result(i: int, sent: float, times: list[float], tokens: int, asked: int, error: str | None = None) -> RequestResult:

@@ -65,15 +65,15 @@ def test_a_server_answers_before_the_deferred_warm_up_graphs_and_captures_them_w
                                         extra_body={"ignore_eos": True})
         assert out.usage is not None and out.usage.completion_tokens == 3
         deadline = time.monotonic() + 120
-        resident = 0.0
+        gauges: dict[str, float] = {}
         while time.monotonic() < deadline:
             text = httpx.get(f"{base_url}/metrics").text
-            resident = next(float(line.split()[-1]) for line in text.splitlines()
-                            if line.startswith("graphpool_graph_resident "))
-            if resident >= len(wanted):
+            gauges = {line.split()[0]: float(line.split()[-1]) for line in text.splitlines()
+                      if line.startswith(("graphpool_graph_resident ", "graphpool_graph_warmup_pending "))}
+            if gauges["graphpool_graph_warmup_pending"] == 0:
                 break
             time.sleep(0.05)
-        assert resident >= len(wanted)
+        assert gauges["graphpool_graph_warmup_pending"] == 0 and gauges["graphpool_graph_resident"] >= len(wanted)
         again = client.completions.create(model=engine.model_name, prompt=[5, 17, 42], max_tokens=3, temperature=0,
                                           extra_body={"ignore_eos": True})
         assert again.usage is not None and again.usage.completion_tokens == 3

@@ -49,6 +49,7 @@ class Stats:
     prefix_cache_hits_tokens_total: int = 0
     prefix_cache_blocks: int = 0
     async_chained_steps_total: int = 0
+    graph_warmup_pending: int = 0
 
 
 @dataclass

@@ -62,4 +62,5 @@ class EngineIntrospection:
             prefix_cache_hits_tokens_total=prefix.hits_tokens,
             prefix_cache_blocks=prefix.cached_blocks,
             async_chained_steps_total=self._async.chained_steps if self._async is not None else 0,
+            graph_warmup_pending=self.runner.deferred_graphs,
         )

@@ -87,6 +87,8 @@ class EngineCollector(Collector):
         yield _gauge("prefix_cache_blocks", "KV blocks holding a cached prefix", s.prefix_cache_blocks)
         yield _counter("async_chained_steps", "Decode steps launched before the previous step's tokens reached the "
                        "host (--async-scheduling)", s.async_chained_steps_total)
+        yield _gauge("graph_warmup_pending", "Warm-up graphs the server captures while idle after ready, not "
+                     "captured yet", s.graph_warmup_pending)
 
     @staticmethod
     def _pool(g: Any) -> Iterator[Metric]:

@@ -240,7 +240,8 @@ def markdown(by_config: Mapping[str, Sequence[RunSummary]], targets: Sequence[Ta
     body = (f"Model `{first.model}`, Poisson {first.rate:g} req/s for {first.trace_s:g} s per run; each cell is the "
             "median over seeds [min-max]. Latencies are client-side (openai AsyncOpenAI, streamed completions); "
             "ITL = gaps between streamed chunks that carry tokens; captures and the other pool counters are "
-            "/metrics after the run minus /metrics right before it (after start-up and one warm-up completion); "
+            "/metrics after the run minus /metrics right before it (after start-up, the warm-up graphs a server "
+            "captures while idle after ready, and one warm-up completion); "
             "`@T0.8`: the workload sampled at temperature 0.8.\n\n")
     body += md_table(["configuration", *(c for c, _ in COLUMNS)], rows)
     body += "\nTargets (medians over seeds):\n\n" + "\n".join(t.line() for t in targets) + "\n"

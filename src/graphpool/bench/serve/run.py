@@ -37,6 +37,7 @@ from graphpool.bench.serve.server import (
     launch,
     scrape,
     start_server,
+    wait_warmup,
     warm_up,
 )
 from graphpool.bench.workload import TraceRequest, generate_trace, summarize_trace
@@ -71,6 +72,10 @@ def run_one(cfg: ServeBenchConfig, sc: ServeConfig, seed: int, out_dir: Path) ->
     workloads = []
     try:
         boot = scrape(server.url, engine_series=not sc.foreign)  # right after start-up, before any request
+        if not sc.foreign and boot.get("warmup_pending", 0) > 0:
+            # NOTE: the workloads measure serving, not the server's first second: they wait for its deferred captures
+            progress(f"{name}: {boot['warmup_pending']:.0f} warm-up graphs captured while idle, "
+                     f"{wait_warmup(server.url, cfg.startup_timeout_s):.2f} s after ready")
         model = _served_model(server.url)
         for temp in cfg.temperatures:
             label = f"{name}, T={temp:g}"

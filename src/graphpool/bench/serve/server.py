@@ -32,7 +32,7 @@ POOL_COUNTERS = {
     "preemptions": "graphpool_preemptions_total",
 }
 POOL_GAUGES = {"resident": "graphpool_graph_resident", "resident_bytes": "graphpool_graph_resident_bytes",
-               "arena_bytes": "graphpool_graph_arena_bytes"}
+               "arena_bytes": "graphpool_graph_arena_bytes", "warmup_pending": "graphpool_graph_warmup_pending"}
 # NOTE: vLLM's counters under the same keys, summed over their labels (model, engine, finish reason)
 VLLM_COUNTERS = {
     "generation_tokens": "vllm:generation_tokens_total",
@@ -85,6 +85,17 @@ def scrape(url: str, timeout_s: float = 30.0, engine_series: bool = True) -> dic
         if time.perf_counter() > deadline:
             raise ServerFailed(f"{url}/metrics has no graphpool engine series after {timeout_s:.0f} s")
         time.sleep(0.1)
+
+
+def wait_warmup(url: str, timeout_s: float) -> float:
+    """Seconds until the server has no deferred warm-up graph left to capture (0 at once from a server that
+    captured them before ready, or that has no such gauge)."""
+    t0 = time.perf_counter()
+    while scrape(url).get("warmup_pending", 0) > 0:
+        if time.perf_counter() - t0 > timeout_s:
+            raise ServerFailed(f"{url} still had warm-up graphs to capture after {timeout_s:.0f} s")
+        time.sleep(0.05)
+    return time.perf_counter() - t0
 
 
 def free_port(host: str = "127.0.0.1") -> int:
