@@ -240,7 +240,7 @@ def test_describe_startup_says_what_the_pool_captured_and_holds() -> None:
     from types import SimpleNamespace
 
     from graphpool.engine.config import EngineConfig
-    from graphpool.server.main import describe_startup
+    from graphpool.server.startup_log import describe_startup
 
     engine = FakeEngine(graphs_off=FallbackReason.NO_CUDA)
     cpu = describe_startup(engine, EngineConfig(device="cpu"), 2.5)
@@ -260,11 +260,21 @@ def test_describe_startup_says_what_the_pool_captured_and_holds() -> None:
         "CUDA graphs: warm-up captured 1 graphs in 0.50 s (slowest 0.500 s, 0 failed); resident 1 graphs [8] "
         "holding 0.0 MiB; max_graph_pool_size 16, graph_memory_budget 256 MiB"
     )
+    # the server's default: ready with the warm-up graphs still to capture while idle
+    import dataclasses
+
+    pool_stats, engine_stats = engine.graph_stats(), engine.stats()
+    engine.graph_stats = lambda: dataclasses.replace(pool_stats, captures=0)  # type: ignore[method-assign]
+    engine.stats = lambda: dataclasses.replace(engine_stats, graph_warmup_pending=11)  # type: ignore[method-assign]
+    assert describe_startup(engine, gpu_config, 1.0)[2] == (
+        "CUDA graphs: 11 warm-up graphs (warm-up '(8,)') to capture while idle after start-up, one at a time; "
+        "lazy capture meanwhile, max_graph_pool_size 16, graph_memory_budget 256 MiB"
+    )
 
 
 def test_disabled_kernels_show_at_start_up_and_on_metrics() -> None:
     from graphpool.engine.config import EngineConfig
-    from graphpool.server.main import describe_startup
+    from graphpool.server.startup_log import describe_startup
 
     engine = FakeEngine()
     assert "kernels off" not in describe_startup(engine, EngineConfig(device="cpu"), 1.0)[0]

@@ -15,7 +15,6 @@ from typing import Any
 
 logger = logging.getLogger("graphpool.server")
 
-MiB = 1 << 20
 DEFAULT_SHUTDOWN_TIMEOUT_S = 5.0
 
 
@@ -142,48 +141,6 @@ def run_serve(args: argparse.Namespace) -> int:
     return serve(args, config)
 
 
-def describe_startup(engine: Any, config: Any, load_seconds: float) -> list[str]:
-    """What the start-up log says: model, device, KV cache and what the graph pool captured and holds."""
-    from graphpool.pool import FallbackReason
-
-    stats = engine.stats()
-    lines = [
-        f"model {engine.model_name} on {config.torch_device} ({str(config.torch_dtype).removeprefix('torch.')}), "
-        f"loaded in {load_seconds:.1f} s; max_model_len {engine.max_model_len}"
-        + (f"; tensor parallel over {config.tensor_parallel_size} ranks (this process is rank 0)"
-           if getattr(config, "tensor_parallel_size", 1) > 1 else "")
-        + (f"; kernels off: {', '.join(config.disabled_kernels)}" if getattr(config, "disabled_kernels", ()) else ""),
-        f"KV cache: {stats.num_kv_blocks} blocks of {config.block_size} tokens "
-        f"({stats.num_kv_blocks * config.block_size} token slots), {stats.num_free_kv_blocks} free",
-    ]
-    graphs = engine.graph_stats()
-    if engine.graphs_off is not None or graphs is None:
-        why = f"device {config.torch_device}" if engine.graphs_off is FallbackReason.NO_CUDA else "--disable-cudagraph"
-        lines.append(f"CUDA graphs: off ({why}); decode steps run eagerly")
-        return lines
-    budget = config.graph_memory_budget
-    bound = f"max_graph_pool_size {config.max_graph_pool_size}, " + (
-        f"graph_memory_budget {budget / MiB:.0f} MiB" if budget else "no byte budget"
-    )
-    if graphs.captures:
-        lines.append(
-            f"CUDA graphs: warm-up captured {graphs.captures} graphs in {graphs.capture_seconds_total:.2f} s "
-            f"(slowest {graphs.capture_seconds_max:.3f} s, {graphs.capture_failures} failed); "
-            f"resident {graphs.resident_graphs} graphs {list(graphs.resident_sizes)} holding "
-            f"{graphs.resident_bytes / MiB:.1f} MiB; {bound}"
-        )
-    elif engine.runner.deferred_graphs:
-        lines.append(
-            f"CUDA graphs: {engine.runner.deferred_graphs} warm-up graphs (warm-up '{config.graph_warmup}') to "
-            f"capture while idle after start-up, one at a time; lazy capture meanwhile, {bound}"
-        )
-    else:
-        lines.append(
-            f"CUDA graphs: none captured at start-up (warm-up '{config.graph_warmup}'); lazy capture, {bound}"
-        )
-    return lines
-
-
 def make_server(
     engine: Any,
     host: str,
@@ -266,6 +223,7 @@ def serve(args: argparse.Namespace, config: Any = None) -> int:
     from graphpool.engine.args import engine_config_from_args
     from graphpool.engine.engine import LLMEngine
     from graphpool.server.lifecycle import PortInUseError, bind_socket, seconds_since_process_start
+    from graphpool.server.startup_log import describe_startup
 
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
