@@ -127,8 +127,7 @@ class EngineConfig:
         for name in ("revision", "download_dir"):
             if getattr(self, name) is not None and (not isinstance(getattr(self, name), str) or not getattr(self, name)):
                 raise ValueError(f"{name} must be a non-empty string or None, got {getattr(self, name)!r}")
-        # NOTE: resolved once: each torch.cuda.is_available() asks the driver (~1.5 ms; 120 asks in a start-up)
-        object.__setattr__(self, "_torch_device", resolve_device(self.device))
+        _ = self.torch_device  # resolved (and refused if bad) once, here: a cached property
         if self.generation_config not in GENERATION_CONFIG_MODES:
             raise ValueError(f"generation_config must be one of {GENERATION_CONFIG_MODES}, got {self.generation_config!r}")
         if self.dtype not in _DTYPES:
@@ -222,7 +221,10 @@ class EngineConfig:
         ladder = BucketLadder.build(**self._ladder_kwargs())
         wanted = len(ladder.sizes) if self.graph_warmup == "all" else None
         if isinstance(self.graph_warmup, tuple):
-            wanted = len({ladder.find_closest(s) or s for s in self.graph_warmup})
+            for s in self.graph_warmup:
+                if s not in ladder:
+                    raise ValueError(f"graph_warmup size {s} is not a graph size (the ladder: {list(ladder.sizes)})")
+            wanted = len(set(self.graph_warmup))
         size = self.max_graph_pool_size
         if size is None:
             object.__setattr__(self, "max_graph_pool_size", max(DEFAULT_MAX_GRAPH_POOL_SIZE, wanted or 0))
@@ -236,10 +238,10 @@ class EngineConfig:
                 f">= {wanted} (or leave it unset to size the pool to the warm-up), or use graph_warmup='cover'"
             )
 
-    @property
+    # NOTE: cached: each torch.cuda.is_available() asks the driver (~1.5 ms; 120 asks in a start-up)
+    @cached_property
     def torch_device(self) -> torch.device:
-        device: torch.device = self.__dict__["_torch_device"]
-        return device
+        return resolve_device(self.device)
 
     @property
     def resolved_attn_backend(self) -> str:

@@ -249,9 +249,6 @@ class ModelRunner(PrefillPaths):
             return []
         if sizes == "cover":
             return self.pool.default_warmup_sizes()
-        for s in sizes if sizes != "all" else ():
-            if s not in self.pool.ladder:
-                raise ValueError(f"graph_warmup size {s} is not a graph size (the ladder: {list(self.pool.ladder)})")
         return sorted(set(self.pool.ladder if sizes == "all" else sizes), reverse=True)
 
     def defer_graphs(self, sizes: str | tuple[int, ...]) -> None:
@@ -269,16 +266,18 @@ class ModelRunner(PrefillPaths):
         if not self._deferred:
             return False
         t0 = time.perf_counter()
-        self._deferred_done += len(self.capture_graphs([self._deferred.pop(0)]))
+        self._deferred_done += len(self._capture([self._deferred.pop(0)]))
         self._deferred_s += time.perf_counter() - t0
         if not self._deferred:
             log.info("warm-up graphs: %d captured while idle, in %.2f s", self._deferred_done, self._deferred_s)
         return bool(self._deferred)
 
-    def capture_graphs(self, sizes: str | tuple[int, ...] | list[int]) -> list[int]:
+    def capture_graphs(self, sizes: str | tuple[int, ...]) -> list[int]:
         """Captures the warm-up graphs of `sizes` (see `warmup_sizes`); returns those captured."""
-        wanted = self.warmup_sizes(sizes if isinstance(sizes, str) else tuple(sizes))
-        if not wanted:
+        return self._capture(self.warmup_sizes(sizes))
+
+    def _capture(self, sizes: list[int]) -> list[int]:
+        if not sizes:
             return []
         with torch.inference_mode():
-            return self.pool.warmup(wanted)
+            return self.pool.warmup(sizes)

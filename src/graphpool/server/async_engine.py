@@ -165,8 +165,8 @@ class AsyncEngine:
             stalled = False
             # NOTE: an engine's deferred start-up work (LLMEngine.idle_work: warm-up captures), one piece
             # each time the loop finds no request unfinished
-            idle_work = getattr(self.engine, "idle_work", None)
-            pending = idle_work is not None
+            idle_work: Callable[[], bool] = getattr(self.engine, "idle_work", lambda: False)
+            pending = True
             while True:
                 busy = self.engine.has_unfinished_requests()
                 # NOTE: a step that scheduled nothing (unfinished requests, none schedulable) must not spin.
@@ -175,7 +175,7 @@ class AsyncEngine:
                     break
                 if self.engine.has_unfinished_requests():
                     stalled = not self._step()
-                elif pending and idle_work is not None:
+                elif pending:
                     pending = idle_work()
                     self._publish()
                 self._check_drain()
