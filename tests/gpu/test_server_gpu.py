@@ -55,7 +55,8 @@ class Served:
 def served(default_gguf: Path) -> Iterator[Served]:
     for module in ("fastapi", "uvicorn", "openai", "httpx", "prometheus_client", "gguf"):
         require(module)
-    from graphpool.server.main import describe_startup, serve_in_thread
+    from graphpool.server.main import serve_in_thread
+    from graphpool.server.startup_log import describe_startup
 
     # NOTE: device "cuda" without an index: the engine thread died on exactly this before.
     llm = LLM(device="cuda", max_model_len=MAX_MODEL_LEN, max_num_seqs=64, num_kv_blocks=4096)
