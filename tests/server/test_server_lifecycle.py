@@ -254,3 +254,37 @@ def test_a_negative_shutdown_timeout_is_refused_before_loading(capsys: pytest.Ca
 
     assert main(["--device", "cpu", "--shutdown-timeout", "-1"]) == 2
     assert "--shutdown-timeout must be >= 0" in capsys.readouterr().err
+
+
+class _Cycle:
+    def __init__(self) -> None:
+        self.me = self
+
+
+def test_startup_heap_collects_then_freezes_what_start_up_built() -> None:
+    import gc
+    import weakref
+
+    from graphpool.server.lifecycle import startup_heap
+
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    try:
+        with startup_heap():
+            assert not gc.isenabled()
+            garbage = weakref.ref(_Cycle())  # unreachable at once, freed only by a collection
+            kept = [_Cycle() for _ in range(1000)]
+        assert gc.isenabled()
+        assert garbage() is None, "the start-up's cyclic garbage is collected before the freeze"
+        assert gc.get_freeze_count() >= len(kept), "what start-up built is frozen"
+    finally:
+        gc.unfreeze()
+
+
+def test_startup_heap_freezes_nothing_when_the_engine_fails() -> None:
+    import gc
+
+    from graphpool.server.lifecycle import startup_heap
+
+    with pytest.raises(ValueError, match="refused"), startup_heap():
+        raise ValueError("refused")
+    assert gc.isenabled() and gc.get_freeze_count() == 0

@@ -10,12 +10,14 @@ stops the engine loop) and the process exits 0. Second signal: the process exits
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import logging
 import os
 import signal
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
 
@@ -34,6 +36,25 @@ STEP_GRACE_S = 5.0
 
 class PortInUseError(OSError):
     """The address to listen on is taken (or not ours to take)."""
+
+
+@contextlib.contextmanager
+def startup_heap() -> Iterator[None]:
+    """The cyclic collector off while the engine is built, then one collection and every live object frozen.
+
+    Start-up makes the model's, tokenizer's and libraries' objects once and they live as long as the server
+    (about 200k on the default model); a full collection walks all of them (~0.1 s on a 2-core machine), and
+    an unfrozen heap pays that whenever serving's own survivors trigger one, mid-stream. Frozen, collections
+    walk only what serving made. On an error the collector is as it was and nothing is frozen."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+    gc.collect()
+    gc.freeze()
 
 
 def bind_socket(host: str, port: int) -> socket.socket:

@@ -222,7 +222,12 @@ def serve(args: argparse.Namespace, config: Any = None) -> int:
     a signal; returns the exit status (2: the port is taken, found before the model loads)."""
     from graphpool.engine.args import engine_config_from_args
     from graphpool.engine.engine import LLMEngine
-    from graphpool.server.lifecycle import PortInUseError, bind_socket, seconds_since_process_start
+    from graphpool.server.lifecycle import (
+        PortInUseError,
+        bind_socket,
+        seconds_since_process_start,
+        startup_heap,
+    )
     from graphpool.server.startup_log import describe_startup
 
     logging.basicConfig(
@@ -236,7 +241,8 @@ def serve(args: argparse.Namespace, config: Any = None) -> int:
         return 2
     start = time.perf_counter()
     try:
-        engine = LLMEngine(config, defer_graph_warmup=not args.graph_warmup_before_ready)
+        with startup_heap():
+            engine = LLMEngine(config, defer_graph_warmup=not args.graph_warmup_before_ready)
     except ValueError as e:  # a setting the model refuses (e.g. tensor_parallel_size over its heads)
         sock.close()
         print(f"graphpool serve: {e}", file=sys.stderr)
