@@ -144,6 +144,15 @@ def _result(i: int, sent: float, times: list[float], tokens: int, asked: int, er
                          completion_tokens=tokens, error=error)
 
 
+def test_summarize_run_first_gap_is_each_requests_step_after_its_prefill() -> None:
+    # the first gap of every request 5 ms, the others 1 ms
+    ok = [_result(i, float(i), [i + 0.1, i + 0.105, *(i + 0.105 + 0.001 * k for k in range(1, 9))], 10, 10)
+          for i in range(20)]
+    client = ClientRun(results=ok, duration_s=21.0, max_in_flight=1, errors_sample=[])
+    run, _ = summarize_run("default", "graphpool default", 0, "m", 1.0, 20.0, client, {}, {}, 1.0, (0.1, False))
+    assert run.itl_first_ms["p50"] == pytest.approx(5.0) and run.itl_ms["p50"] == pytest.approx(1.0)
+
+
 def test_summarize_run_percentiles_and_deltas() -> None:
     ok = [_result(i, float(i), [i + 0.1 + 0.01 * k * (1 + i % 3) for k in range(20)], 20, 20) for i in range(30)]
     bad = _result(30, 30.0, [], 0, 20, error="APIConnectionError: refused")

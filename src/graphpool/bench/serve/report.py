@@ -61,6 +61,7 @@ class RunSummary:
     arena_mib: float = math.nan  # graphpool: the resident graphs' shared arena (part of graph_mib)
     startup_phases: dict[str, float] = field(default_factory=dict)  # seconds by phase, where the server says
     engine: dict[str, float] = field(default_factory=dict)  # ENGINE_KEYS over the run, where published
+    itl_first_ms: dict[str, float] = field(default_factory=dict)  # each request's first gap (the step after its prefill)
 
 
 def pcts(xs: Sequence[float]) -> dict[str, float]:
@@ -107,6 +108,7 @@ def summarize_run(config: str, label: str, seed: int, model: str, rate: float, t
         client_cpu_share=client.cpu_share, client_processes=getattr(client, "processes", 1),
         temperature=temperature, server=server, **_graph_facts(after, boot, log_info),
         engine={k: after[k] - before.get(k, 0.0) for k in ENGINE_KEYS if k in after},
+        itl_first_ms=pcts([g[0] * 1e3 for r in ok if (g := r.timeline.itls())]),
     )
     return summary, itls
 
@@ -223,7 +225,7 @@ COLUMNS = [
     ("seeds", None), ("errors", "errors"), ("start-up s", "startup_s"), ("start-up capture s", "startup_capture_s"),
     ("TTFT p50 ms", "ttft_ms.p50"), ("TTFT p99", "ttft_ms.p99"), ("TTFT p99.9", "ttft_ms.p99.9"),
     ("ITL p50 ms", "itl_ms.p50"), ("ITL p99", "itl_ms.p99"), ("ITL p99.9", "itl_ms.p99.9"),
-    ("ITL max", "itl_max_ms"), ("E2E p50 ms", "e2e_ms.p50"), ("E2E p99", "e2e_ms.p99"),
+    ("ITL max", "itl_max_ms"), ("first ITL p50", "itl_first_ms.p50"), ("E2E p50 ms", "e2e_ms.p50"), ("E2E p99", "e2e_ms.p99"),
     ("E2E p99.9", "e2e_ms.p99.9"), ("output tok/s", "output_tok_s"), ("ITL gaps", "itl_gaps"),
     ("captures serving", "serving.captures"), ("hits", "serving.hits"), ("padded hits", "serving.padded_hits"),
     ("misses", "serving.misses"), ("evictions", "serving.evictions"), ("eager steps", "serving.eager_steps"),
