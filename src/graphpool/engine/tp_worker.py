@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import sys
 import traceback
 from multiprocessing.connection import Connection
@@ -63,6 +64,8 @@ def _serve(rank: int, config: EngineConfig, init_method: str, conn: Connection,
         runner = ModelRunner(model, kv_caches, local, cast(BlockManager, tables), capturer,
                              capture_sync(tp, device))
         runner.warmup(local.graph_warmup)
+        gc.collect()
+        gc.freeze()  # the start-up's objects live as long as this rank: no collection walks them between steps
         conn.send(("ready", None))
         while True:
             message = conn.recv()
