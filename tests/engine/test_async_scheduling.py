@@ -78,6 +78,7 @@ def test_outputs_equal_the_synchronous_engine(loaded, workload) -> None:  # noqa
     reasons = {r for _, _, r in want.values()}
     assert {"length", "stop"} <= reasons  # the mix met both kinds of end
     assert engine._async is not None and engine._async.chained_steps > 5
+    assert engine._async.chained_after_prompts > 0, "no decode step was chained after a prefill or mixed step"
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_usable_blocks
     assert not engine.has_unfinished_requests() and engine._async.inflight is None
 

@@ -9,12 +9,17 @@ one step is in flight between calls. For the chained launch each sequence gets a
 still on the device (the scheduler then sees the lengths the next step has); the engine puts the real token in
 its place.
 
+A prefill or mixed step is launched the same way when every prompt chunk in it is its prompt's last and none
+scores prompt tokens (prompt logprobs): the decode step after it is chained on its device tokens too, so a
+request's first decode step does not wait for the host to process its prompt's token. Other prefill steps
+(a long prompt's earlier chunks, prompt logprobs) run as in the synchronous engine (`LLMEngine._run`).
+
 A sequence that the first step finishes (a stop token, `max_tokens`, a stop string) has a row in the chained
 step: its token there is dropped. Its KV blocks go back at once: the chained step's write into them was
-enqueued before any later step that may take them, on the same stream. Prefill and mixed steps run as in the
-synchronous engine (`LLMEngine._run`); under tensor parallel the chained step's tokens reach the other ranks by
-a broadcast from rank 0 (`ModelRunner.decode_rows`). A batch holding a guided request (structured output) is not
-chained: its next mask depends on the token in flight, so such batches step synchronously.
+enqueued before any later step that may take them, on the same stream. Under tensor parallel the chained
+step's tokens reach the other ranks by a broadcast from rank 0 (`ModelRunner.decode_rows`). A batch holding a
+guided request (structured output) is not chained: its next mask depends on the token in flight, so such
+batches step synchronously.
 """
 
 from __future__ import annotations
@@ -46,6 +51,8 @@ class InFlight:
     written: list[int]  # per row: KV positions in the cache once the step ran (for the prefix cache)
     graph: bool
     clock: StepClock
+    kind: str = "decode"  # the batch's kind: "decode", "prefill" or "mixed"
+    num_tokens: int = 0  # tokens computed (a row a decode row, a chunk's length a chunk)
     chained: bool = False  # the next step was launched on these tokens: placeholders stand for them
     logprobs: StepLogprobs | None = None  # the rows' that asked, copied to the host with the tokens
 
@@ -59,6 +66,7 @@ class AsyncDecode:
         self.timeline, self.device = timeline, device
         self.inflight: InFlight | None = None
         self.chained_steps = 0  # decode steps launched before the previous one's tokens reached the host
+        self.chained_after_prompts = 0  # of those, the ones after a prefill or mixed step
         self._pin = device.type == "cuda"
         # NOTE: two host buffers for the tokens, used by turns: a launch writes one while the step before it
         # is read from the other, and each is read (its copy waited for) before its next turn comes
@@ -73,11 +81,23 @@ class AsyncDecode:
             self._hosts[self._turn] = buf
         return buf[:n]
 
+    @staticmethod
+    def launchable(batch: ScheduledBatch) -> bool:
+        """Whether `launch` can run the batch: every prompt chunk is its prompt's last (each row gets a token)
+        and none scores prompt tokens."""
+        return all(c.is_last and c.prompt_logprobs is None for c in batch.chunks)
+
     def launch(self, batch: ScheduledBatch, input_ids: torch.Tensor | None = None) -> InFlight:
-        """Run a decode step's forward and sampling, and start its tokens' copy to the host."""
+        """Run a step's forward and sampling, and start its tokens' copy to the host."""
         clock = StepClock(self.timeline, self.runner.pool)
         clock.forward_begins()
-        logits, greedy, graph = self.runner.decode(batch.seqs, batch.slots, input_ids=input_ids)
+        greedy = None
+        if batch.is_prefill:
+            logits, graph = self.runner.prefill(batch.chunks), self.runner.last_prefill_replayed
+        elif batch.chunks:
+            logits, greedy, graph = self.runner.mixed(batch.seqs[:len(batch.slots)], batch.slots, batch.chunks)
+        else:
+            logits, greedy, graph = self.runner.decode(batch.seqs, batch.slots, input_ids=input_ids)
         clock.forward_ends()
         tokens, logprobs = self.sampler.sample_step(logits, batch.seqs, greedy)
         host = self._host_buffer(tokens.shape[0], tokens.dtype)
@@ -88,8 +108,9 @@ class AsyncDecode:
         if self._pin:
             ready = torch.cuda.Event()
             ready.record()
+        # NOTE: a chunk row's KV ends at its prompt's end, which is its sequence's length (its chunk is the last)
         return InFlight(list(batch.seqs), tokens, host, ready, [s.num_tokens for s in batch.seqs], graph, clock,
-                        logprobs=logprobs)
+                        batch.kind, batch.num_tokens, logprobs=logprobs)
 
     def chain(self, cur: InFlight) -> InFlight | None:
         """Launch the decode step after `cur` on its device tokens, if the scheduler would run exactly that
@@ -118,6 +139,7 @@ class AsyncDecode:
         if index != list(range(len(cur.seqs))):
             ids = ids.index_select(0, to_device(index, torch.int64, self.device))
         self.chained_steps += 1
+        self.chained_after_prompts += cur.kind != "decode"
         return self.launch(batch, ids)
 
     def collect(self, cur: InFlight) -> list[tuple[Sequence, int, int, TokenLogprob | None]]:

@@ -210,7 +210,7 @@ class LLMEngine(EngineIntrospection):
         cur = ahead.inflight
         if cur is None:
             batch = self.scheduler.schedule()
-            if batch is None or batch.is_prefill or batch.chunks:
+            if batch is None or not ahead.launchable(batch):
                 return self._run(batch)
             cur = ahead.launch(batch)
         ahead.inflight = ahead.chain(cur)
@@ -218,7 +218,7 @@ class LLMEngine(EngineIntrospection):
         for seq, token, written, logprob in ahead.collect(cur):
             self.block_manager.commit(seq, written)
             outputs.append(self._append(seq, token, logprob, placeholder=cur.chained))
-        self.last_step = cur.clock.close("decode", len(cur.seqs), len(cur.seqs), cur.graph)
+        self.last_step = cur.clock.close(cur.kind, len(cur.written), cur.num_tokens, cur.graph)
         ahead.settle()
         return outputs
 
