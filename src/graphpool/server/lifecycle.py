@@ -24,6 +24,7 @@ from typing import Any
 import uvicorn
 
 from graphpool.engine.startup import seconds_since_process_start
+from graphpool.pool.gc_control import gc_paused
 
 __all__ = ["GracefulServer", "PortInUseError", "bind_socket", "seconds_since_process_start"]
 
@@ -46,13 +47,8 @@ def startup_heap() -> Iterator[None]:
     (about 200k on the default model); a full collection walks all of them (~0.1 s on a 2-core machine), and
     an unfrozen heap pays that whenever serving's own survivors trigger one, mid-stream. Frozen, collections
     walk only what serving made. On an error the collector is as it was and nothing is frozen."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with gc_paused():
         yield
-    finally:
-        if enabled:
-            gc.enable()
     gc.collect()
     gc.freeze()
 
