@@ -69,16 +69,19 @@ def workload(loaded, prompts):  # noqa: F811
     return reqs, [_params(i, stop_ids, stop_text) for i in range(len(reqs))]
 
 
-def test_outputs_equal_the_synchronous_engine(loaded, workload) -> None:  # noqa: F811
+@pytest.mark.parametrize("mixed", [False, True])
+def test_outputs_equal_the_synchronous_engine(loaded, workload, mixed: bool) -> None:  # noqa: F811
     reqs, params = workload
-    want = _drive(_engine(loaded, True), reqs, params)
-    engine = _engine(loaded, True, async_scheduling=True)
+    want = _drive(_engine(loaded, True, enable_mixed_steps=mixed), reqs, params)
+    engine = _engine(loaded, True, async_scheduling=True, enable_mixed_steps=mixed)
     got = _drive(engine, reqs, params)
     assert got == want
     reasons = {r for _, _, r in want.values()}
     assert {"length", "stop"} <= reasons  # the mix met both kinds of end
     assert engine._async is not None and engine._async.chained_steps > 5
-    assert engine._async.chained_after_prompts > 0, "no decode step was chained after a prefill or mixed step"
+    assert engine._async.chained_after_prompts > 0, "no step was chained after a prefill or mixed step"
+    # with mixed steps the arrivals' prompts ride in chained steps beside the decode rows
+    assert (engine._async.chained_with_prompts > 0) == mixed
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_usable_blocks
     assert not engine.has_unfinished_requests() and engine._async.inflight is None
 
@@ -153,3 +156,24 @@ def test_the_server_streams_the_same_with_async_scheduling(loaded) -> None:  # n
     assert results[0] == results[1]
     assert chained[0] == 0 and chained[1] > 0, chained
     assert all(reason == "length" and tokens == 8 and text for text, reason, tokens in results[1])
+
+
+def test_chained_mixed_steps_carry_split_prompts(loaded, workload) -> None:  # noqa: F811
+    reqs, params = workload
+    tight = {"enable_mixed_steps": True, "max_num_batched_tokens": 12}  # 16-token prompts: split in chunks
+    want = _drive(_engine(loaded, True, **tight), reqs, params)
+    engine = _engine(loaded, True, async_scheduling=True, **tight)
+    ahead = engine._async
+    assert ahead is not None
+    launch = ahead.launch
+    chained_lasts = []  # per chained step with prompt chunks: whether each chunk ends its prompt
+
+    def recording_launch(batch, input_ids=None):
+        if input_ids is not None and batch.chunks:
+            chained_lasts.append([c.is_last for c in batch.chunks])
+        return launch(batch, input_ids)
+
+    ahead.launch = recording_launch  # type: ignore[method-assign]
+    assert _drive(engine, reqs, params) == want
+    assert any(not all(lasts) for lasts in chained_lasts), "no chained step carried a prompt's earlier chunk"
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_usable_blocks

@@ -205,14 +205,18 @@ def test_microbatch_overlap_on_two_ranks_gives_the_tokens_of_one(one_rank_tokens
         engine.close()
 
 
-def test_async_scheduling_on_two_ranks_gives_the_tokens_of_one(one_rank_tokens: list[list[int]]) -> None:
-    """A chained decode step's input tokens are still on rank 0's device: rank 1 gets them by a broadcast."""
-    settings = SETTINGS | {"async_scheduling": True}
+@pytest.mark.parametrize("mixed", [False, True])
+def test_async_scheduling_on_two_ranks_gives_the_tokens_of_one(one_rank_tokens: list[list[int]], mixed: bool) -> None:
+    """A chained step's input tokens are still on rank 0's device: rank 1 gets them by a broadcast (a chained
+    mixed step's prompt tokens with them)."""
+    settings = SETTINGS | {"async_scheduling": True, "enable_mixed_steps": mixed}
     engine = LLMEngine(EngineConfig(model=MODEL, tensor_parallel_size=2, **settings),  # type: ignore[arg-type]
                        capturer=EagerCapturer())
     try:
         assert _tokens(engine) == one_rank_tokens
         assert engine.stats().async_chained_steps_total > 0
+        assert engine._async is not None
+        assert (engine._async.chained_with_prompts > 0) == mixed
         rank0, rank1 = engine.graph_stats_by_rank()
         assert rank0 is not None and rank0 == rank1 and rank0.hits
     finally:

@@ -9,10 +9,13 @@ one step is in flight between calls. For the chained launch each sequence gets a
 still on the device (the scheduler then sees the lengths the next step has); the engine puts the real token in
 its place.
 
-A prefill or mixed step is launched the same way when every prompt chunk in it is its prompt's last and none
-scores prompt tokens (prompt logprobs): the decode step after it is chained on its device tokens too, so a
-request's first decode step does not wait for the host to process its prompt's token. Other prefill steps
-(a long prompt's earlier chunks, prompt logprobs) run as in the synchronous engine (`LLMEngine._run`).
+Prefill and mixed steps are launched the same way, unless a chunk in them scores prompt tokens (prompt
+logprobs; those steps run as in the synchronous engine, `LLMEngine._run`), and the step after one is chained
+on its device tokens too, so a request's first decode step does not wait for the host to process its prompt's
+token. With mixed steps a chained step may also admit waiting prompts into its rows beside the decode rows
+(their tokens are on the host; the decode rows' on the device), so an arrival does not break the chain. A
+chunk that is not its prompt's last gives no token; its KV is committed to the prefix cache when the step's
+tokens are read.
 
 A sequence that the first step finishes (a stop token, `max_tokens`, a stop string) has a row in the chained
 step: its token there is dropped. Its KV blocks go back at once: the chained step's write into them was
@@ -24,13 +27,14 @@ batches step synchronously.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from graphpool.engine.host_copy import to_device
 from graphpool.engine.kv_cache import BlockManager
 from graphpool.engine.logprobs import StepLogprobs, TokenLogprob
+from graphpool.engine.prompt_logprobs import wants_prompt_logprobs
 from graphpool.engine.runner import ModelRunner
 from graphpool.engine.sampler import Sampler
 from graphpool.engine.scheduler import ScheduledBatch, Scheduler
@@ -55,6 +59,8 @@ class InFlight:
     num_tokens: int = 0  # tokens computed (a row a decode row, a chunk's length a chunk)
     chained: bool = False  # the next step was launched on these tokens: placeholders stand for them
     logprobs: StepLogprobs | None = None  # the rows' that asked, copied to the host with the tokens
+    # (sequence, KV positions written) of each prompt chunk that is not its prompt's last (no row, no token)
+    chunk_commits: list[tuple[Sequence, int]] = field(default_factory=list)
 
 
 class AsyncDecode:
@@ -67,6 +73,7 @@ class AsyncDecode:
         self.inflight: InFlight | None = None
         self.chained_steps = 0  # decode steps launched before the previous one's tokens reached the host
         self.chained_after_prompts = 0  # of those, the ones after a prefill or mixed step
+        self.chained_with_prompts = 0  # of those, mixed steps (prompt chunks admitted beside the decode rows)
         self._pin = device.type == "cuda"
         # NOTE: two host buffers for the tokens, used by turns: a launch writes one while the step before it
         # is read from the other, and each is read (its copy waited for) before its next turn comes
@@ -83,9 +90,8 @@ class AsyncDecode:
 
     @staticmethod
     def launchable(batch: ScheduledBatch) -> bool:
-        """Whether `launch` can run the batch: every prompt chunk is its prompt's last (each row gets a token)
-        and none scores prompt tokens."""
-        return all(c.is_last and c.prompt_logprobs is None for c in batch.chunks)
+        """Whether `launch` can run the batch: some row gets a token, and no prompt chunk scores prompt tokens."""
+        return bool(batch.seqs) and all(c.prompt_logprobs is None for c in batch.chunks)
 
     def launch(self, batch: ScheduledBatch, input_ids: torch.Tensor | None = None) -> InFlight:
         """Run a step's forward and sampling, and start its tokens' copy to the host."""
@@ -95,7 +101,8 @@ class AsyncDecode:
         if batch.is_prefill:
             logits, graph = self.runner.prefill(batch.chunks), self.runner.last_prefill_replayed
         elif batch.chunks:
-            logits, greedy, graph = self.runner.mixed(batch.seqs[:len(batch.slots)], batch.slots, batch.chunks)
+            logits, greedy, graph = self.runner.mixed(batch.seqs[:len(batch.slots)], batch.slots, batch.chunks,
+                                                      input_ids=input_ids)
         else:
             logits, greedy, graph = self.runner.decode(batch.seqs, batch.slots, input_ids=input_ids)
         clock.forward_ends()
@@ -108,20 +115,22 @@ class AsyncDecode:
         if self._pin:
             ready = torch.cuda.Event()
             ready.record()
-        # NOTE: a chunk row's KV ends at its prompt's end, which is its sequence's length (its chunk is the last)
+        # NOTE: a row's KV ends at its sequence's length: a decode row's, or a last chunk's (its prompt's end)
         return InFlight(list(batch.seqs), tokens, host, ready, [s.num_tokens for s in batch.seqs], graph, clock,
-                        batch.kind, batch.num_tokens, logprobs=logprobs)
+                        batch.kind, batch.num_tokens, logprobs=logprobs,
+                        chunk_commits=[(c.seq, c.end) for c in batch.chunks if not c.is_last])
 
     def chain(self, cur: InFlight) -> InFlight | None:
-        """Launch the decode step after `cur` on its device tokens, if the scheduler would run exactly that
-        step next: nothing to admit (no request waiting, or none that fits) or prefilling, every running request
-        in `cur`, a KV slot for each; and no guided row in it."""
+        """Launch the step after `cur` on its device tokens, if the scheduler would run it with every running
+        request in it as a decode row: every running request in `cur` and none prefilling, a KV slot for each,
+        no guided row; and either nothing to admit, or (with mixed steps) prompt chunks admitted into the step's
+        other rows, none of which scores prompt tokens."""
         sched, bm = self.scheduler, self.block_manager
         live = [s for s in cur.seqs if not s.finished]
         if not live or set(map(id, live)) != set(map(id, sched.running)) or any(s.is_prefilling for s in live):
             return None
-        if sched.can_admit():
-            return None
+        if sched.can_admit() and not (sched.mixed_rows and not any(map(wants_prompt_logprobs, sched.waiting))):
+            return None  # a prefill step comes next (or one that scores prompt tokens): step with the real tokens
         if any(s.guide is not None for s in live):
             return None  # a guided row's mask needs the token the host has not read yet: step synchronously
         new_blocks = sum(s.num_tokens >= bm.num_slots(s.request_id) for s in live)
@@ -131,8 +140,9 @@ class AsyncDecode:
             seq.token_ids.append(PLACEHOLDER)
         cur.chained = True
         batch = sched.schedule()
-        if batch is None or batch.is_prefill or batch.chunks or batch.preempted or batch.seqs != live:
-            raise RuntimeError(f"async scheduling: the chained step is not the expected decode step: {batch}")
+        if (batch is None or batch.is_prefill or batch.preempted or batch.seqs[:len(batch.slots)] != live
+                or not self.launchable(batch)):
+            raise RuntimeError(f"async scheduling: the chained step is not the expected step: {batch}")
         rows = {id(s): i for i, s in enumerate(cur.seqs)}
         index = [rows[id(s)] for s in live]
         ids = cur.tokens
@@ -140,6 +150,7 @@ class AsyncDecode:
             ids = ids.index_select(0, to_device(index, torch.int64, self.device))
         self.chained_steps += 1
         self.chained_after_prompts += cur.kind != "decode"
+        self.chained_with_prompts += bool(batch.chunks)
         return self.launch(batch, ids)
 
     def collect(self, cur: InFlight) -> list[tuple[Sequence, int, int, TokenLogprob | None]]:

@@ -215,6 +215,9 @@ class LLMEngine(EngineIntrospection):
             cur = ahead.launch(batch)
         ahead.inflight = ahead.chain(cur)
         outputs = []
+        for seq, end in cur.chunk_commits:  # the KV of a prompt's earlier chunk: its full blocks become cacheable
+            if not seq.finished:
+                self.block_manager.commit(seq, end)
         for seq, token, written, logprob in ahead.collect(cur):
             self.block_manager.commit(seq, written)
             outputs.append(self._append(seq, token, logprob, placeholder=cur.chained))

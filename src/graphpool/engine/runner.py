@@ -144,14 +144,16 @@ class ModelRunner(PrefillPaths):
             return self._rows_step([], [], chunks, decision)[0]
 
     @torch.inference_mode()
-    def mixed(self, seqs: list[Sequence], slots: list[int],
-              chunks: list[PrefillChunk]) -> tuple[torch.Tensor, torch.Tensor, bool]:
-        """A decode step that carries prompt chunks (`_rows_step`; the pool decides as for any decode step)."""
+    def mixed(self, seqs: list[Sequence], slots: list[int], chunks: list[PrefillChunk],
+              input_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, bool]:
+        """A decode step that carries prompt chunks (`_rows_step`; the pool decides as for any decode step).
+        `input_ids`: the decode rows' tokens on the device (async scheduling), as for `decode`."""
         self.prompt_scores = []
-        return self._rows_step(seqs, slots, chunks)
+        return self._rows_step(seqs, slots, chunks, input_ids=input_ids)
 
     def _rows_step(self, seqs: list[Sequence], slots: list[int], chunks: list[PrefillChunk],
-                   decision: Decision | None = None) -> tuple[torch.Tensor, torch.Tensor, bool]:
+                   decision: Decision | None = None,
+                   input_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, bool]:
         """The decoding sequences' rows, then one decode row a chunk token (context = its position + 1 over
         its request's block table: `_paged_prefill`'s form, so fresh and resumed chunks alike), as one decode
         step -> (logits of the decode rows, then of the last chunks' last rows; their argmaxes; whether a
@@ -160,9 +162,11 @@ class ModelRunner(PrefillPaths):
         bm = self.block_manager
         tables = [np.stack([bm.row(s.request_id) for s in seqs])] if seqs else []
         tables.append(np.stack([bm.row(c.seq.request_id) for c in chunks])[owner])
+        if input_ids is not None:  # the decode rows' tokens are still on the device; the chunks' are here
+            input_ids = torch.cat((input_ids, to_device(ids, torch.int64, self.device)))
         logits, greedy, graph = self.decode_rows([s.last_token for s in seqs] + ids,
                                          [s.num_tokens for s in seqs] + [p + 1 for p in positions],
-                                         slots + chunk_slots, np.concatenate(tables), decision)
+                                         slots + chunk_slots, np.concatenate(tables), decision, input_ids)
         scored = span_rows(chunks, len(seqs))
         if scored:  # NOTE: every row's logits are here already: the spans' rows need no LM head of their own
             rows = logits.index_select(0, to_device(scored, torch.int64, self.device))
