@@ -86,9 +86,11 @@ def test_outputs_equal_the_synchronous_engine(loaded, workload, mixed: bool) -> 
     assert not engine.has_unfinished_requests() and engine._async.inflight is None
 
 
-def test_an_abort_and_max_model_len_mid_flight(loaded, workload) -> None:  # noqa: F811
+@pytest.mark.parametrize("mixed", [False, True])
+def test_an_abort_and_max_model_len_mid_flight(loaded, workload, mixed: bool) -> None:  # noqa: F811
     reqs, params = workload
-    short = {"max_model_len": 24}  # prompts of 16 tokens: some requests end by length at max_model_len
+    # prompts of 16 tokens: some requests end by length at max_model_len
+    short = {"max_model_len": 24, "enable_mixed_steps": mixed}
     want = _drive(_engine(loaded, True, **short), reqs, params, abort="r2")
     engine = _engine(loaded, True, async_scheduling=True, **short)
     got = _drive(engine, reqs, params, abort="r2")
@@ -97,11 +99,13 @@ def test_an_abort_and_max_model_len_mid_flight(loaded, workload) -> None:  # noq
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_usable_blocks
 
 
-def test_too_few_kv_blocks_for_every_chained_step(loaded, workload) -> None:  # noqa: F811
+@pytest.mark.parametrize("mixed", [False, True])
+def test_too_few_kv_blocks_for_every_chained_step(loaded, workload, mixed: bool) -> None:  # noqa: F811
     reqs, params = workload
-    tight = {"num_kv_blocks": 12, "block_size": 4, "enable_prefix_caching": False}  # preemptions happen
-    want = _drive(_engine(loaded, False, **tight), reqs, params)
-    engine = _engine(loaded, False, async_scheduling=True, **tight)
+    # preemptions happen
+    tight = {"num_kv_blocks": 12, "block_size": 4, "enable_prefix_caching": False, "enable_mixed_steps": mixed}
+    want = _drive(_engine(loaded, mixed, **tight), reqs, params)
+    engine = _engine(loaded, mixed, async_scheduling=True, **tight)
     got = _drive(engine, reqs, params)
     assert engine.scheduler.num_preemptions > 0 and got == want
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_usable_blocks
