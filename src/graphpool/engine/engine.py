@@ -203,8 +203,9 @@ class LLMEngine(EngineIntrospection):
         return self._run(self.scheduler.schedule())
 
     def _step_async(self) -> list[RequestOutput]:
-        """Async scheduling (engine/async_scheduling.py): launch the decode step after the one in flight (or
-        after one launched now) on its device tokens, then process the first one's tokens while it runs."""
+        """Async scheduling (engine/async_scheduling.py): launch the step after the one in flight (or after one
+        launched now: decode, prefill or mixed) on its device tokens, then process the first one's tokens while it
+        runs."""
         ahead = self._async
         assert ahead is not None
         cur = ahead.inflight
