@@ -46,7 +46,7 @@ PLACEHOLDER = -1  # a token still on the device (never a vocabulary id)
 
 @dataclass
 class InFlight:
-    """A launched decode step whose tokens the host has not read yet."""
+    """A launched step (decode, prefill or mixed) whose tokens the host has not read yet."""
 
     seqs: list[Sequence]
     tokens: torch.Tensor  # [bs] int64 on the device: the next step's input ids
@@ -64,7 +64,7 @@ class InFlight:
 
 
 class AsyncDecode:
-    """The decode steps that async scheduling launches ahead: the one in flight, and how the next is chained."""
+    """The steps that async scheduling launches ahead: the one in flight, and how the next is chained."""
 
     def __init__(self, scheduler: Scheduler, block_manager: BlockManager, runner: ModelRunner, sampler: Sampler,
                  timeline: StepTimeline | None, device: torch.device) -> None:
