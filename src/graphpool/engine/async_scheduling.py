@@ -71,7 +71,7 @@ class AsyncDecode:
         self.scheduler, self.block_manager, self.runner, self.sampler = scheduler, block_manager, runner, sampler
         self.timeline, self.device = timeline, device
         self.inflight: InFlight | None = None
-        self.chained_steps = 0  # decode steps launched before the previous one's tokens reached the host
+        self.chained_steps = 0  # steps launched before the previous one's tokens reached the host
         self.chained_after_prompts = 0  # of those, the ones after a prefill or mixed step
         self.chained_with_prompts = 0  # of those, mixed steps (prompt chunks admitted beside the decode rows)
         self._pin = device.type == "cuda"

@@ -51,7 +51,7 @@ class EngineStats:
     prefix_cache_queries_tokens_total: int = 0  # prompt tokens looked up in the prefix cache
     prefix_cache_hits_tokens_total: int = 0  # ... found there (not prefilled again)
     prefix_cache_blocks: int = 0  # KV blocks holding a cached prefix (referenced or not)
-    async_chained_steps_total: int = 0  # decode steps launched before the step before had reached the host
+    async_chained_steps_total: int = 0  # steps launched before the step before had reached the host
     graph_warmup_pending: int = 0  # deferred warm-up graphs not captured yet (LLMEngine.idle_work)
 
 
