@@ -85,7 +85,7 @@ class EngineCollector(Collector):
         yield _counter("prefix_cache_hits_tokens", "Prompt tokens found in the prefix cache (not prefilled)",
                        s.prefix_cache_hits_tokens_total)
         yield _gauge("prefix_cache_blocks", "KV blocks holding a cached prefix", s.prefix_cache_blocks)
-        yield _counter("async_chained_steps", "Decode steps launched before the previous step's tokens reached the "
+        yield _counter("async_chained_steps", "Steps launched before the previous step's tokens reached the "
                        "host (--async-scheduling)", s.async_chained_steps_total)
         yield _gauge("graph_warmup_pending", "Warm-up graphs the server captures while idle after ready, not "
                      "captured yet", s.graph_warmup_pending)
