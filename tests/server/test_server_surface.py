@@ -119,6 +119,7 @@ def test_health_ping_metrics_and_tokenize_stay_open(served: Served) -> None:
     for path in ("/health", "/ping", "/metrics", "/version"):
         assert httpx.get(f"{served.base_url}{path}").status_code == 200, path
     assert served.post("/tokenize", {"prompt": PROMPT}).status_code == 200
+    assert httpx.get(f"{served.base_url}/v1/models").status_code == 401  # no key: this test's own refusal
     metrics = httpx.get(f"{served.base_url}/metrics").text
     assert 'status="401"' in metrics  # refusals are counted like the other refusals
 
