@@ -129,7 +129,7 @@ class AsyncDecode:
         live = [s for s in cur.seqs if not s.finished]
         if not live or set(map(id, live)) != set(map(id, sched.running)) or any(s.is_prefilling for s in live):
             return None
-        if sched.can_admit() and not (sched.mixed_rows and not any(map(wants_prompt_logprobs, sched.waiting))):
+        if sched.can_admit() and (not sched.mixed_rows or any(map(wants_prompt_logprobs, sched.waiting))):
             return None  # a prefill step comes next (or one that scores prompt tokens): step with the real tokens
         if any(s.guide is not None for s in live):
             return None  # a guided row's mask needs the token the host has not read yet: step synchronously
