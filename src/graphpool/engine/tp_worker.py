@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import gc
 import sys
 import traceback
 from multiprocessing.connection import Connection
@@ -25,6 +24,7 @@ from graphpool.engine.runner import ModelRunner
 from graphpool.engine.tp_messages import BlockTableView
 from graphpool.engine.tp_rank import capture_sync, join_group, load_shard, num_kv_blocks
 from graphpool.pool.capture import Capturer
+from graphpool.pool.gc_control import collect_and_freeze
 
 
 def worker_main(rank: int, config: EngineConfig, init_method: str, conn: Connection,
@@ -64,8 +64,7 @@ def _serve(rank: int, config: EngineConfig, init_method: str, conn: Connection,
         runner = ModelRunner(model, kv_caches, local, cast(BlockManager, tables), capturer,
                              capture_sync(tp, device))
         runner.warmup(local.graph_warmup)
-        gc.collect()
-        gc.freeze()  # the start-up's objects live as long as this rank: no collection walks them between steps
+        collect_and_freeze()  # the start-up's objects live as long as this rank: no collection walks them again
         conn.send(("ready", None))
         while True:
             message = conn.recv()

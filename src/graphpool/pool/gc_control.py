@@ -1,4 +1,5 @@
-"""The cyclic garbage collector around captures: paused for one capture, frozen for a warm-up of many."""
+"""The cyclic garbage collector around captures (paused for one capture, frozen for a warm-up of many) and
+after a start-up (its objects frozen for good)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,12 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
+def collect_and_freeze() -> None:
+    """One full collection, then every object still alive moved out of the collector's reach (`gc.freeze`)."""
+    gc.collect()
+    gc.freeze()
+
+
 @contextlib.contextmanager
 def gc_frozen() -> Iterator[None]:
     """One full collection, then every live object frozen and the collector off until the block ends.
@@ -29,8 +36,7 @@ def gc_frozen() -> Iterator[None]:
     the loaded model pauses the warm-up between captures. On exit the objects are unfrozen (unless some were
     frozen before: whoever froze them unfreezes) and the collector is as it was."""
     owns_freeze = gc.get_freeze_count() == 0
-    gc.collect()
-    gc.freeze()
+    collect_and_freeze()
     try:
         with gc_paused():
             yield

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
 import os
 import signal
@@ -24,7 +23,7 @@ from typing import Any
 import uvicorn
 
 from graphpool.engine.startup import seconds_since_process_start
-from graphpool.pool.gc_control import gc_paused
+from graphpool.pool.gc_control import collect_and_freeze, gc_paused
 
 __all__ = ["GracefulServer", "PortInUseError", "bind_socket", "seconds_since_process_start"]
 
@@ -49,8 +48,7 @@ def startup_heap() -> Iterator[None]:
     walk only what serving made. On an error the collector is as it was and nothing is frozen."""
     with gc_paused():
         yield
-    gc.collect()
-    gc.freeze()
+    collect_and_freeze()
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
