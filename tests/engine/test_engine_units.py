@@ -262,18 +262,22 @@ def test_sampler_greedy_is_exact_argmax() -> None:
     assert torch.equal(out[1::2], logits.argmax(-1)[1::2])
 
 
-def test_sampler_takes_the_steps_argmax_unless_penalties_change_the_logits() -> None:
+def test_sampler_takes_greedy_tokens_with_its_argmax_after_penalties() -> None:
     logits = torch.randn(4, 50)
-    step = (logits.argmax(-1) + 1) % 50  # NOTE: not the argmax, so where it is used shows
+
+    def shifted(x: torch.Tensor) -> torch.Tensor:  # NOTE: not the argmax, so where it is used shows
+        return (x.argmax(-1) + 1) % x.shape[1]
+
+    sampler = Sampler(torch.device("cpu"), 0, argmax=shifted)
     greedy = [_sampling_seq(str(i), temperature=0) for i in range(4)]
-    assert torch.equal(Sampler(torch.device("cpu"), 0).sample(logits, greedy, step), step)
+    assert torch.equal(sampler.sample(logits, greedy), shifted(logits))
     mixed = [_sampling_seq(str(i), temperature=0 if i % 2 else 1.0) for i in range(4)]
-    assert torch.equal(Sampler(torch.device("cpu"), 0).sample(logits, mixed, step)[1::2], step[1::2])
+    assert torch.equal(sampler.sample(logits, mixed)[1::2], shifted(logits)[1::2])
     penalised = [*greedy[:3], _sampling_seq("p", temperature=0, repetition_penalty=1.5)]
-    out = Sampler(torch.device("cpu"), 0).sample(logits, penalised, step)
+    out = sampler.sample(logits, penalised)
     row = logits[3].clone()
     row[1] = row[1] / 1.5 if row[1] > 0 else row[1] * 1.5  # the prompt's one token, repetition-penalised
-    assert out.tolist() == [*logits[:3].argmax(-1).tolist(), int(row.argmax())]  # all taken from the logits
+    assert out.tolist() == [*shifted(logits[:3]).tolist(), int(shifted(row[None])[0])]
 
 
 def test_sampler_takes_model_dtype_logits() -> None:

@@ -120,10 +120,10 @@ def test_the_mask_allows_exactly_the_tokens_that_continue_a_choice(grammars: Gra
     assert guide.accept(tokenizer.eos_token_ids[0])  # the stop token ends the grammar
 
 
-def test_the_sampler_takes_the_masked_argmax_not_the_graphs(grammars: Grammars, tokenizer: Tokenizer) -> None:
+def test_the_sampler_takes_the_masked_argmax(grammars: Grammars, tokenizer: Tokenizer) -> None:
     torch.manual_seed(0)
     logits = torch.randn(2, VOCAB)
-    stale = logits.argmax(dim=-1)  # what the decode graph computed, before any mask
+    stale = logits.argmax(dim=-1)  # before any mask
     seqs = []
     for i in range(2):
         params = SamplingParams(temperature=0, guided=GuidedDecoding("regex", "[0-9]+") if i else None)
@@ -131,7 +131,7 @@ def test_the_sampler_takes_the_masked_argmax_not_the_graphs(grammars: Grammars, 
         if params.guided is not None:
             seq.guide = grammars.guide(params.guided, seq.stop_ids)
         seqs.append(seq)
-    tokens = Sampler(torch.device("cpu"), 0).sample(logits, seqs, stale).tolist()
+    tokens = Sampler(torch.device("cpu"), 0).sample(logits, seqs).tolist()
     digits = [t for t in range(VOCAB) if (s := tokenizer.decode([t])) and s.isascii() and s.isdigit()]
     assert tokens[0] == int(stale[0])
     assert tokens[1] in digits and tokens[1] == max(digits, key=lambda t: float(logits[1, t]))

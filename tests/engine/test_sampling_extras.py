@@ -38,20 +38,19 @@ def test_params_are_validated() -> None:
         assert info.value.param == param
 
 
-def test_min_tokens_masks_the_stop_ids_until_reached_even_over_the_steps_argmax() -> None:
+def test_min_tokens_masks_the_stop_ids_until_reached() -> None:
     sampler = Sampler(torch.device("cpu"), seed=0)
     logits = torch.zeros(3, 8)
     logits[:, EOS] = 10.0  # EOS is every row's argmax
     logits[:, 6] = 5.0  # then 6
     logits[:, 7] = 4.0  # then 7 (a stop_token_id of the second row)
-    graph_argmax = logits.argmax(dim=-1)  # what a decode graph hands over; stale for the held rows
     seqs = [
         _seq("held", 1, temperature=0, max_tokens=8, min_tokens=2),  # 1 output < 2: EOS is masked
         _seq("held2", 0, frozenset({EOS, 6}), temperature=0, max_tokens=8, min_tokens=1),
         _seq("reached", 2, temperature=0, max_tokens=8, min_tokens=2),
     ]
     before = logits.clone()
-    assert sampler.sample(logits, seqs, graph_argmax).tolist() == [6, 7, EOS]
+    assert sampler.sample(logits, seqs).tolist() == [6, 7, EOS]
     assert torch.equal(logits, before)  # the caller's buffer is untouched
     sampled = [_seq(f"s{i}", 0, seed=i, temperature=1.0, max_tokens=8, min_tokens=1) for i in range(32)]
     assert EOS not in sampler.sample(torch.zeros(32, 8), sampled).tolist()

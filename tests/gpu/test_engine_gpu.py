@@ -47,7 +47,7 @@ class Record:
     outputs: list[list[int]] = field(default_factory=list)
     decode_sizes: set[int] = field(default_factory=set)
     graph_steps: int = 0
-    step_greedy_rows: int = 0  # rows sampled with the argmax their decode step took
+    argmax_rows: int = 0  # greedy rows whose token (the engine's step_argmax) was checked against torch's
 
 
 def run(engine: LLMEngine, work: Work, forced: Record | None = None) -> Record:
@@ -56,11 +56,11 @@ def run(engine: LLMEngine, work: Work, forced: Record | None = None) -> Record:
     rec = Record()
     greedy = engine.sampler.sample
 
-    def sample(logits: torch.Tensor, seqs: list, step_greedy: torch.Tensor | None = None) -> torch.Tensor:
-        own = greedy(logits, seqs, step_greedy)
-        if step_greedy is not None:  # NOTE: the argmax the step took (in its graph) is torch's of its logits
-            assert torch.equal(step_greedy, logits.argmax(-1))
-            rec.step_greedy_rows += len(seqs)
+    def sample(logits: torch.Tensor, seqs: list) -> torch.Tensor:
+        own = greedy(logits, seqs)
+        # NOTE: every row is greedy: the sampler's tokens (the model's step_argmax) are torch's argmax
+        assert torch.equal(own, logits.argmax(-1))
+        rec.argmax_rows += len(seqs)
         keys = [(s.request_id, s.num_tokens) for s in seqs]
         tokens = own if forced is None else torch.tensor([forced.tokens[k] for k in keys], device=logits.device)
         top2 = logits.topk(2, dim=-1).values
@@ -141,7 +141,7 @@ def test_graph_decode_matches_eager_fp32(fp32_model, fp32_eager) -> None:
     compare(fp32_eager, got, tie=1e-3, logit_tol=1e-3, min_agree=0.995)
     stats = engine.graph_stats()
     assert stats is not None and stats.hits > 50 and stats.captures > 5 and got.graph_steps > 50
-    assert got.step_greedy_rows > 0
+    assert got.argmax_rows > 0
     assert engine.last_step is not None and engine.last_step.forward_seconds is not None
 
 

@@ -95,13 +95,15 @@ class DecodeSetup:
         return lambda static: decode_hidden(model, kv, static, bound)
 
     def head(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The engine's step after the replay: logits and their row argmaxes (`decode_head`)."""
-        return decode_head(self.model, hidden)
+        """The engine's greedy step after the replay: logits (`decode_head`) and their row argmaxes (the
+        sampler's `step_argmax`)."""
+        logits = decode_head(self.model, hidden)
+        return logits, self.model.ops.step_argmax(logits)
 
     def full_step_fn(self) -> Callable[[dict[str, torch.Tensor]], tuple[torch.Tensor, torch.Tensor]]:
         """`engine_step_fn` then `head` as one callable (every kernel of the engine's step, in one graph)."""
         model, kv, bound = self.model, self.kv_caches, self.context_len
-        return lambda static: decode_head(model, decode_hidden(model, kv, static, bound))
+        return lambda static: self.head(decode_hidden(model, kv, static, bound))
 
     def weight_bytes_read(self, bs: int) -> int:
         """Bytes of weights one decode step must read: every matrix once; an untied input embedding only

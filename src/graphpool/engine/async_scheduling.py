@@ -97,16 +97,15 @@ class AsyncDecode:
         """Run a step's forward and sampling, and start its tokens' copy to the host."""
         clock = StepClock(self.timeline, self.runner.pool)
         clock.forward_begins()
-        greedy = None
         if batch.is_prefill:
             logits, graph = self.runner.prefill(batch.chunks), self.runner.last_prefill_replayed
         elif batch.chunks:
-            logits, greedy, graph = self.runner.mixed(batch.seqs[:len(batch.slots)], batch.slots, batch.chunks,
+            logits, graph = self.runner.mixed(batch.seqs[:len(batch.slots)], batch.slots, batch.chunks,
                                                       input_ids=input_ids)
         else:
-            logits, greedy, graph = self.runner.decode(batch.seqs, batch.slots, input_ids=input_ids)
+            logits, graph = self.runner.decode(batch.seqs, batch.slots, input_ids=input_ids)
         clock.forward_ends()
-        tokens, logprobs = self.sampler.sample_step(logits, batch.seqs, greedy)
+        tokens, logprobs = self.sampler.sample_step(logits, batch.seqs)
         host = self._host_buffer(tokens.shape[0], tokens.dtype)
         host.copy_(tokens, non_blocking=self._pin)
         if logprobs is not None:

@@ -1,7 +1,7 @@
 """The decode step the pool captures: its static-input layout and its forward, shared by the runner and
 the benchmarks so that both capture the very same step. The pool captures `decode_hidden` (the model up to
-its final norm); `decode_head` (LM head + the greedy argmax) runs after the replay on the live rows.
-`decode_forward` is both in one (`bench step`'s graph rows)."""
+its final norm); `decode_head` (the LM head) runs after the replay on the live rows, and the engine's sampler
+takes the tokens from its logits. `decode_forward` is both in one (`bench step`'s graph rows)."""
 
 from __future__ import annotations
 
@@ -47,12 +47,10 @@ def decode_hidden(
     return model(static["input_ids"], _meta(static, max_len_bound), kv_caches)
 
 
-def decode_head(model: torch.nn.Module, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """hidden [bs, hidden] -> (logits [bs, vocab] in the model's dtype, each row's argmax int64 [bs]): the
-    greedy token by `ModelOps.step_argmax` (two Triton launches on CUDA, less device time than torch's
-    argmax; docs/kernels.md). The sampler upcasts the logits when it needs probabilities."""
-    logits = model.compute_logits(hidden, upcast=False)
-    return logits, model.ops.step_argmax(logits)
+def decode_head(model: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    """hidden [bs, hidden] -> logits [bs, vocab] in the model's dtype (the sampler upcasts them when it needs
+    probabilities, and takes a greedy batch's tokens with `ModelOps.step_argmax`)."""
+    return model.compute_logits(hidden, upcast=False)
 
 
 def decode_forward(
@@ -76,21 +74,21 @@ def decode_hidden_microbatches(
 
 def run_decode(pool: GraphPool, model: torch.nn.Module, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
                inputs: Mapping[str, torch.Tensor], num_microbatches: int, *, eager_bound: int, max_len: int,
-               decision: Decision) -> tuple[torch.Tensor, torch.Tensor, bool]:
-    """A decode step's inputs -> (logits, their row argmaxes, whether a graph replayed): the hidden rows
+               decision: Decision) -> tuple[torch.Tensor, bool]:
+    """A decode step's inputs -> (logits, whether a graph replayed): the hidden rows
     through the pool with its `decision`, or eagerly outside it with `eager_bound` when that is set (the
     decision's routing: no CUDA, or a context past the graphs' bound), then `decode_head` on the live rows.
     With two microbatches the rows are split in halves, the first the larger (the pool's batch size)."""
     if num_microbatches == 1:
         if eager_bound:
-            return *decode_head(model, decode_hidden(model, kv_caches, inputs, max_len_bound=eager_bound)), False
+            return decode_head(model, decode_hidden(model, kv_caches, inputs, max_len_bound=eager_bound)), False
         hidden = pool.run(inputs, max_len_in_batch=max_len, decision=decision)
-        return *decode_head(model, hidden), pool.last_replayed
+        return decode_head(model, hidden), pool.last_replayed
     first = -(-next(iter(inputs.values())).shape[0] // num_microbatches)
     mbs = [{k: t[:first] for k, t in inputs.items()}, {k: t[first:] for k, t in inputs.items()}]
     if eager_bound:
         parts = decode_hidden_microbatches(model, kv_caches, *mbs, max_len_bound=eager_bound)
-        return *decode_head(model, torch.cat(parts)), False
+        return decode_head(model, torch.cat(parts)), False
     parts = pool.run(mbs, max_len_in_batch=max_len, decision=decision)
     # NOTE: one LM head over both microbatches (the cat copies: a replay's outputs are views of its buffers)
-    return *decode_head(model, torch.cat(parts)), pool.last_replayed
+    return decode_head(model, torch.cat(parts)), pool.last_replayed

@@ -96,7 +96,7 @@ class LLMEngine(EngineIntrospection):
                                   capture_sync(tp, self.device) if self._tp is not None else None)
         if self._tp is not None:
             self.runner.announce = self._tp.announcer(self.block_manager)
-        self.sampler = Sampler(self.device, config.seed)
+        self.sampler = Sampler(self.device, config.seed, argmax=self.model.ops.step_argmax)
         eos = self.tokenizer.eos_token_ids if self.tokenizer is not None else self.model_config.eos_token_ids
         self.eos_token_ids = frozenset(eos)
         self.grammars = Grammars(self.tokenizer, self.model_config.vocab_size, self.eos_token_ids)
@@ -241,14 +241,13 @@ class LLMEngine(EngineIntrospection):
         clock.forward_begins()
         forward_start = time.perf_counter()
         decoding = seqs[:len(batch.slots)]
-        greedy = None  # each row's argmax, when the step took it
         if batch.is_prefill:
             logits = self.runner.prefill(batch.chunks)
             graph = self.runner.last_prefill_replayed
         elif batch.chunks:
-            logits, greedy, graph = self.runner.mixed(decoding, batch.slots, batch.chunks)
+            logits, graph = self.runner.mixed(decoding, batch.slots, batch.chunks)
         else:
-            logits, greedy, graph = self.runner.decode(seqs, batch.slots)
+            logits, graph = self.runner.decode(seqs, batch.slots)
         if profile:
             events[1].record()
         clock.forward_ends()
@@ -256,7 +255,7 @@ class LLMEngine(EngineIntrospection):
         pin = self.device.type == "cuda" and bool(seqs)
         scores = [s.start_copy(pin) for s in self.runner.prompt_scores] if batch.chunks else []
         # NOTE: the one host sync of a step (none for a step of prompt chunks that are not their last)
-        next_tokens, token_logprobs = self.sampler.sample_to_host(logits, seqs, greedy) if seqs else ([], {})
+        next_tokens, token_logprobs = self.sampler.sample_to_host(logits, seqs) if seqs else ([], {})
         for s in scores:
             s.add_to_sequences()
         # the KV of every scheduled token is written now: its full blocks become prefix-cache entries

@@ -145,7 +145,7 @@ class ModelRunner(PrefillPaths):
 
     @torch.inference_mode()
     def mixed(self, seqs: list[Sequence], slots: list[int], chunks: list[PrefillChunk],
-              input_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, bool]:
+              input_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, bool]:
         """A decode step that carries prompt chunks (`_rows_step`; the pool decides as for any decode step).
         `input_ids`: the decode rows' tokens on the device (async scheduling), as for `decode`."""
         self.prompt_scores = []
@@ -153,18 +153,17 @@ class ModelRunner(PrefillPaths):
 
     def _rows_step(self, seqs: list[Sequence], slots: list[int], chunks: list[PrefillChunk],
                    decision: Decision | None = None,
-                   input_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, bool]:
+                   input_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, bool]:
         """The decoding sequences' rows, then one decode row a chunk token (context = its position + 1 over
         its request's block table: `_paged_prefill`'s form, so fresh and resumed chunks alike), as one decode
-        step -> (logits of the decode rows, then of the last chunks' last rows; their argmaxes; whether a
-        graph replayed)."""
+        step -> (logits of the decode rows, then of the last chunks' last rows; whether a graph replayed)."""
         ids, positions, chunk_slots, owner = self._token_rows(chunks)
         bm = self.block_manager
         tables = [np.stack([bm.row(s.request_id) for s in seqs])] if seqs else []
         tables.append(np.stack([bm.row(c.seq.request_id) for c in chunks])[owner])
         if input_ids is not None:  # the decode rows' tokens are still on the device; the chunks' are here
             input_ids = torch.cat((input_ids, to_device(ids, torch.int64, self.device)))
-        logits, greedy, graph = self.decode_rows([s.last_token for s in seqs] + ids,
+        logits, graph = self.decode_rows([s.last_token for s in seqs] + ids,
                                          [s.num_tokens for s in seqs] + [p + 1 for p in positions],
                                          slots + chunk_slots, np.concatenate(tables), decision, input_ids)
         scored = span_rows(chunks, len(seqs))
@@ -173,16 +172,15 @@ class ModelRunner(PrefillPaths):
             self.prompt_scores.append(score_rows(rows, chunks, logits.shape[1], None))
         wanted = list(range(len(seqs))) + last_rows(chunks, len(seqs))
         if not wanted:
-            return torch.empty((0, 0), device=self.device), torch.empty(0, dtype=torch.int64, device=self.device), graph
+            return torch.empty((0, 0), device=self.device), graph
         # NOTE: copies (a replay's outputs are views of the graph's output buffers, reused by the next replay)
         index = to_device(wanted, torch.int64, self.device)
-        return logits.index_select(0, index), greedy.index_select(0, index), graph
+        return logits.index_select(0, index), graph
 
     @torch.inference_mode()
     def decode(self, seqs: list[Sequence], slots: list[int],
-               input_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, bool]:
-        """One token per sequence -> (logits [bs, vocab], each row's argmax (int64 [bs], taken in the step),
-        whether a graph was replayed). `input_ids`: the tokens on the device, when the host does not have them
+               input_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, bool]:
+        """One token per sequence -> (logits [bs, vocab], whether a graph was replayed). `input_ids`: the tokens on the device, when the host does not have them
         yet (async scheduling).
 
         The logits are in the model's dtype (graph memory then holds a third of the bytes of float32 + the
@@ -203,7 +201,7 @@ class ModelRunner(PrefillPaths):
     @torch.inference_mode()
     def decode_rows(self, last_tokens: list[int] | None, lens: list[int], slots: list[int], rows: np.ndarray,
                     decision: Decision | None = None,
-                    input_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, bool]:
+                    input_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, bool]:
         """The decode step from its host data: each row's input token, context length (its position + 1),
         KV slot and block-table row; what rank 0 sends the other ranks under tensor parallel, with the pool's
         `decision` (None: decide here). `input_ids` (rank 0, async scheduling): the input tokens are on the

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import random
+from collections.abc import Callable
+
 import torch
 
 from graphpool.engine.grammar import apply_guides
@@ -9,19 +12,23 @@ from graphpool.engine.host_copy import to_device
 from graphpool.engine.logprobs import StepLogprobs, TokenLogprob, gather_logprobs
 from graphpool.engine.penalties import TokenCounts, apply_penalties
 from graphpool.engine.sequence import Sequence
+from graphpool.kernels.sample import sample_params, sample_rows
+
+_MASK63 = (1 << 63) - 1
 
 
 class Sampler:
-    """`sample(logits [bs, vocab], seqs, greedy) -> next token ids [bs] int64` (on the logits' device).
+    """`sample(logits [bs, vocab], seqs) -> next token ids [bs] int64` (on the logits' device).
 
-    Logits may be in the model's dtype: an all-greedy batch takes the argmax as it is (an upcast is exact,
-    so the argmax is the same) and allocates nothing more; sampling upcasts to float32 first. `greedy`: the
-    logits' row argmaxes when the decode step took them (inside its graph), used unless penalties change
-    the logits; None: taken here.
+    Logits may be in the model's dtype: an all-greedy batch takes `argmax` of them as they are (an upcast is
+    exact, so the argmax is the same; the engine passes its model's `step_argmax`) and allocates nothing more.
 
-    Sampling uses the exponential-race form (argmax of p / E with E ~ Exp(1)), which needs one random number
-    per vocab entry and lets each seeded request draw them from its own generator: a seeded request's output
-    does not depend on the rest of the batch.
+    Sampling is the exponential race (argmax of p / E with E ~ Exp(1)), one random number per vocab entry, so
+    each seeded request draws from its own stream and its output does not depend on the rest of the batch. On
+    CUDA a row with only a temperature draws in the Triton kernel (kernels/sample.py: the race's Gumbel-max
+    form, Philox keyed per row and step: by the request's seed and its token count when seeded); rows with
+    top-k, top-p or min-p, and every row off CUDA, draw in torch from the request's generator (seeded) or
+    the sampler's. Which form a row takes depends only on its own parameters.
 
     Rows with penalties get them applied (float32, on a copy: the logits may be a graph's output buffer)
     before the greedy argmax or the draw; `release(seq)` frees a finished request's token counts. A batch
@@ -31,10 +38,13 @@ class Sampler:
     `sample_step` also gathers the logprobs of the rows that ask for them, from the unchanged logits.
     """
 
-    def __init__(self, device: torch.device, seed: int) -> None:
+    def __init__(self, device: torch.device, seed: int,
+                 argmax: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
         self.device = device
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(seed)
+        self.rng = random.Random(seed)  # the kernel's Philox keys of unseeded rows
+        self.argmax = argmax or (lambda x: x.argmax(dim=-1))
         self.token_counts = TokenCounts(device)
 
     def make_generator(self, seed: int) -> torch.Generator:
@@ -45,29 +55,28 @@ class Sampler:
     def release(self, seq: Sequence) -> None:
         self.token_counts.release(seq)
 
-    def sample_step(self, logits: torch.Tensor, seqs: list[Sequence],
-                    greedy: torch.Tensor | None = None) -> tuple[torch.Tensor, StepLogprobs | None]:
+    def sample_step(self, logits: torch.Tensor, seqs: list[Sequence]) -> tuple[torch.Tensor, StepLogprobs | None]:
         """`sample`, and the logprobs (on the device) of the rows whose params ask for them, else None."""
-        tokens = self.sample(logits, seqs, greedy)
+        tokens = self.sample(logits, seqs)
         return tokens, gather_logprobs(logits, [s.params.logprobs for s in seqs], tokens)
 
-    def sample_to_host(self, logits: torch.Tensor, seqs: list[Sequence],
-                       greedy: torch.Tensor | None = None) -> tuple[list[int], dict[int, TokenLogprob]]:
+    def sample_to_host(self, logits: torch.Tensor,
+                       seqs: list[Sequence]) -> tuple[list[int], dict[int, TokenLogprob]]:
         """`sample_step` with its results on the host (one sync): the tokens, and row -> logprob where asked."""
-        tokens, logprobs = self.sample_step(logits, seqs, greedy)
+        tokens, logprobs = self.sample_step(logits, seqs)
         if logprobs is not None:
             logprobs = logprobs.start_copy(pin=self.device.type == "cuda")
         host = tokens.tolist()
         return host, logprobs.by_row(host) if logprobs is not None else {}
 
-    def sample(self, logits: torch.Tensor, seqs: list[Sequence], greedy: torch.Tensor | None = None) -> torch.Tensor:
+    def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         penalised = [i for i, s in enumerate(seqs) if s.params.has_penalties]
         # NOTE: num_output_tokens counts async scheduling's placeholder, so it is the count before this token.
         held = [i for i, s in enumerate(seqs) if s.num_output_tokens < s.params.min_tokens and s.stop_ids]
         guided = [i for i, s in enumerate(seqs) if s.guide is not None]
         if not penalised and not held and not guided:
-            return self._choose(logits, seqs, greedy)
-        # NOTE: a float32 copy: the logits may be a graph's output buffer, and the graph's argmax is now stale.
+            return self._choose(logits, seqs)
+        # NOTE: a float32 copy: the logits may be a graph's output buffer.
         full = logits.to(torch.float32, copy=True)
         if penalised:
             index, rows = self._penalise(full, logits, [seqs[i] for i in penalised], penalised)
@@ -75,7 +84,7 @@ class Sampler:
             _suppress_stops(full, [seqs[i] for i in held], held)
         if guided:
             apply_guides(full, [seqs[i].guide for i in guided], guided)  # type: ignore[misc]
-        tokens = self._choose(full, seqs, None)
+        tokens = self._choose(full, seqs)
         if penalised:
             self.token_counts.add(rows, tokens.index_select(0, index))
         return tokens
@@ -104,10 +113,27 @@ class Sampler:
         full.index_copy_(0, index, rows_logits)
         return index, rows
 
-    def _choose(self, logits: torch.Tensor, seqs: list[Sequence], greedy: torch.Tensor | None) -> torch.Tensor:
-        greedy_tokens = logits.argmax(dim=-1) if greedy is None else greedy
-        if all(s.params.temperature == 0 for s in seqs):
-            return greedy_tokens
+    def _choose(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        params = [s.params for s in seqs]
+        if all(p.temperature == 0 for p in params):
+            return self.argmax(logits)
+        torch_rows = [i for i, p in enumerate(params) if p.temperature and (p.top_k > 0 or p.top_p < 1 or p.min_p > 0)]
+        tokens = None
+        if logits.is_cuda and len(torch_rows) < len(seqs):
+            keys = [self.rng.getrandbits(63) if s.params.seed is None else _step_key(s.params.seed, s.num_output_tokens)
+                    for s in seqs]
+            args = sample_params(keys, [p.temperature for p in params])
+            tokens = sample_rows(logits, to_device(args, torch.int64, logits.device))
+        if tokens is None:
+            return self._draw(logits, seqs)
+        if torch_rows:
+            index = to_device(torch_rows, torch.int64, logits.device)
+            tokens.index_copy_(0, index, self._draw(logits.index_select(0, index), [seqs[i] for i in torch_rows]))
+        return tokens
+
+    def _draw(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        """The torch sampler: each row's draw, or its argmax at temperature 0."""
+        greedy_tokens = self.argmax(logits)
         logits = logits.float()
         params = [s.params for s in seqs]
         # NOTE: greedy rows get temperature 1 here and take the argmax below, so they stay exact.
@@ -162,3 +188,11 @@ def _suppress_stops(logits: torch.Tensor, seqs: list[Sequence], rows: list[int])
     if pairs:
         index = to_device([p for pair in pairs for p in pair], torch.int64, logits.device).view(-1, 2)
         logits[index[:, 0], index[:, 1]] = float("-inf")
+
+
+def _step_key(seed: int, index: int) -> int:
+    """A seeded request's Philox key for its `index`-th output token (splitmix64 of the pair, 63 bits)."""
+    z = (seed + (index + 1) * 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return (z ^ (z >> 31)) & _MASK63

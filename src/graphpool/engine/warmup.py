@@ -4,14 +4,17 @@ NOTE: the first eager prefill of a process pays a one-time cost far above a warm
 which a served run would pay while every stream waits. Engines pay such costs before serving (vLLM's
 start-up profile run, SGLang's warm-up request); so does this: one eager prefill just past the graph-prefill
 bound and one of the token budget (at most WARMUP_MAX_TOKENS), before the graph warm-up. Their K/V go to the
-dummy block (block 0, never handed out), so no request's cache is touched.
+dummy block (block 0, never handed out), so no request's cache is touched. The last one's logits then go
+through the decode step's argmax and sampling kernels, which would otherwise compile in the first request.
 """
 
 from __future__ import annotations
 
 import torch
 
+from graphpool.engine.host_copy import to_device
 from graphpool.engine.kv_cache import DUMMY_BLOCK, KVCache
+from graphpool.kernels.sample import sample_params, sample_rows
 from graphpool.model.attn_metadata import AttentionMetadata
 
 WARMUP_MAX_TOKENS = 2048  # NOTE: first-call costs, not a memory profile: a long context's budget would take seconds
@@ -25,9 +28,11 @@ def prefill_warmup_lengths(graph_prefill_max_tokens: int, token_budget: int, max
 
 @torch.inference_mode()
 def warm_eager_prefill(model: torch.nn.Module, kv_caches: list[KVCache], lengths: tuple[int, ...]) -> None:
-    """One eager prefill of each length (token id 0 throughout), K/V into the dummy block's first slot."""
+    """One eager prefill of each length (token id 0 throughout), K/V into the dummy block's first slot; then
+    the greedy and the sampled token of the last one's logits."""
     device = model.device
     block_size = kv_caches[0][0].shape[1]
+    logits = None
     for n in sorted({min(n, model.max_positions) for n in lengths}):  # a model loaded elsewhere may hold fewer
         meta = AttentionMetadata(
             is_prefill=True,
@@ -36,4 +41,7 @@ def warm_eager_prefill(model: torch.nn.Module, kv_caches: list[KVCache], lengths
             seq_lens=[n],
         )
         hidden = model(torch.zeros(n, dtype=torch.int64, device=device), meta, kv_caches)
-        model.compute_logits(hidden[-1:])
+        logits = model.compute_logits(hidden[-1:], upcast=False)
+    if logits is not None:
+        model.ops.step_argmax(logits)
+        sample_rows(logits, to_device(sample_params([0], [1.0]), torch.int64, device))

@@ -116,14 +116,14 @@ def profile_decode(setup: DecodeSetup, bs: int, cfg: ProfileConfig) -> DecodePro
     cuda = device.type == "cuda"
     static = setup.batch(bs)
     step = setup.full_step_fn()
-    sampler = Sampler(device, seed=0)
+    sampler = Sampler(device, seed=0, argmax=model.ops.step_argmax)
     seqs = [Seq(f"r{i}", [0], SamplingParams(temperature=0.0), frozenset(), None) for i in range(bs)]
 
     def engine_step() -> None:
         with record_function("gp.step"):
-            logits, greedy = step(static)
+            logits, _ = step(static)
         with record_function("gp.sampling"):
-            sampler.sample(logits, seqs, greedy).tolist()
+            sampler.sample(logits, seqs).tolist()
 
     for _ in range(cfg.warmup + 1):  # the first call may JIT-compile Triton kernels
         engine_step()

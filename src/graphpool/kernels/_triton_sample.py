@@ -1,0 +1,63 @@
+"""Triton sampling of a `[bs, vocab]` logits tensor in two launches (imported lazily: GPU only).
+
+A row with temperature t > 0 takes argmax(x / t + G), G a Gumbel draw per entry from Philox keyed by the
+row's seed (the Gumbel-max form of the exponential race the torch sampler runs: the same distribution,
+softmax(x / t)); a row with t == 0 takes argmax(x), torch's index (the first maximum, a NaN as the
+maximum). Stage 1, grid `(bs, cdiv(vocab, BLOCK))`, reduces BLOCK entries of a row to (max, first index,
+first NaN); stage 2 is the row argmax's (`_triton_argmax`). The eager sampler launches about a dozen ops
+and three host copies for the same draw; this is one host copy and two launches.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from graphpool.kernels._triton_argmax import NONE, _rows_argmax_kernel
+
+BLOCK = 1024
+
+
+@triton.jit
+def _block_sample_kernel(x_ptr, params_ptr, val_ptr, idx_ptr, nan_ptr, stride_x, n_rows, n_cols, n_blocks,
+                         BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    blk = tl.program_id(1)
+    offs = blk * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n_cols
+    x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=float("-inf")).to(tl.float32)
+    seed = tl.load(params_ptr + row)
+    temp = tl.load(params_ptr + n_rows + row).to(tl.int32).to(tl.float32, bitcast=True)
+    if temp > 0:
+        u = tl.rand(seed, offs)
+        # NOTE: u == 0 gives -inf (never drawn); u < 1 always, so the draw is finite
+        x = x / temp - tl.log(-tl.log(u))
+    is_nan = mask & (x != x)
+    m = tl.max(tl.where(is_nan, float("-inf"), x), 0)
+    none = tl.full([BLOCK], NONE, tl.int64)
+    first = tl.min(tl.where(mask & (x == m), offs.to(tl.int64), none), 0)
+    first_nan = tl.min(tl.where(is_nan, offs.to(tl.int64), none), 0)
+    out = row * n_blocks + blk
+    tl.store(val_ptr + out, m)
+    tl.store(idx_ptr + out, first)
+    tl.store(nan_ptr + out, first_nan)
+
+
+def sample_rows_triton(x: torch.Tensor, params: torch.Tensor, *, block: int = BLOCK) -> torch.Tensor:
+    """`x [bs, n]` (n >= 1), `params` int64 `[2 * bs]` on x's device (each row's Philox seed, then each row's
+    temperature as float32 bits) -> int64 `[bs]`: the sampled (t > 0) or argmax (t == 0) index of each row."""
+    bs, n = x.shape
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    out = torch.empty(bs, dtype=torch.int64, device=x.device)
+    if bs == 0:
+        return out
+    n_blocks = triton.cdiv(n, block)
+    vals = torch.empty((bs, n_blocks), dtype=torch.float32, device=x.device)
+    idxs = torch.empty((2, bs, n_blocks), dtype=torch.int64, device=x.device)
+    _block_sample_kernel[(bs, n_blocks)](x, params, vals, idxs[0], idxs[1], x.stride(0), bs, n, n_blocks,
+                                         BLOCK=block, num_warps=4)
+    _rows_argmax_kernel[(bs,)](vals, idxs[0], idxs[1], out, n_blocks, BLOCKS=triton.next_power_of_2(n_blocks),
+                               num_warps=4)
+    return out
