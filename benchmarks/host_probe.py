@@ -1,0 +1,97 @@
+"""The host's share of a decode step: one request decoded by the engine alone, then streamed through the server
+(in-process, one client), with the wall time between tokens and the CPU time of the engine and event-loop
+threads per token; medians last.
+
+    python benchmarks/host_probe.py [--model random:llama3.2-1b] [--tokens 600] [--reps 3] [--temperature 0.8]
+
+When the engine-alone gap sits above the step's GPU time (`bench step`'s graph ms), the host sets the pace.
+The engine thread's CPU time includes a CUDA sync's spin-wait; the event loop's is its cost per streamed token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import threading
+import time
+
+import httpx
+import torch
+
+from graphpool.engine.config import EngineConfig
+from graphpool.engine.engine import LLMEngine
+from graphpool.engine.sampling_params import SamplingParams
+from graphpool.server.main import serve_in_thread
+
+PROMPT = list(range(10, 310))  # token ids: the same prompt for every model with a vocabulary past 310
+SKIP = 20  # the first gaps (prefill, first steps) are not the steady state
+
+
+def median_gap_ms(times: list[float]) -> float:
+    gaps = [b - a for a, b in zip(times[SKIP:], times[SKIP + 1:], strict=False)]
+    return statistics.median(gaps) * 1e3
+
+
+def engine_alone(engine: LLMEngine, params: SamplingParams) -> float:
+    engine.add_request(f"probe-{time.monotonic_ns()}", PROMPT, params)
+    times = []
+    while engine.has_unfinished_requests():
+        engine.step()
+        times.append(time.perf_counter())
+    return median_gap_ms(times)
+
+
+def thread_cpu(name: str) -> float:
+    thread = next(t for t in threading.enumerate() if t.name == name)
+    return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))  # type: ignore[arg-type]
+
+
+def through_server(engine: LLMEngine, params: SamplingParams, reps: int) -> list[tuple[float, float, float]]:
+    """(median gap ms, engine thread CPU us / token, event loop CPU us / token) of each streamed request."""
+    body = {"model": engine.model_name, "prompt": PROMPT, "max_tokens": params.max_tokens, "stream": True,
+            "temperature": params.temperature, "ignore_eos": True}
+    rows = []
+    with serve_in_thread(engine) as (url, _), httpx.Client(timeout=120) as client:
+        for _ in range(reps + 1):  # NOTE: the first request warms the server's paths; not counted
+            before = {n: thread_cpu(n) for n in ("graphpool-engine", "graphpool-http")}
+            times = []
+            with client.stream("POST", f"{url}/v1/completions", json=body) as r:
+                r.raise_for_status()
+                for line in r.iter_lines():
+                    if line.startswith("data: ") and line != "data: [DONE]":
+                        times.append(time.perf_counter())
+            cpu = {n: (thread_cpu(n) - before[n]) / len(times) * 1e6 for n in before}
+            rows.append((median_gap_ms(times), cpu["graphpool-engine"], cpu["graphpool-http"]))
+    return rows[1:]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="random:llama3.2-1b")
+    p.add_argument("--tokens", type=int, default=600, help="tokens each request decodes")
+    p.add_argument("--reps", type=int, default=3, help="requests per measurement")
+    p.add_argument("--temperature", type=float, default=0.8)
+    p.add_argument("--device", default=None, help="default: the engine's (cuda when there is one)")
+    args = p.parse_args()
+    if args.tokens <= SKIP + 2 or args.reps < 1:
+        p.error(f"--tokens must be > {SKIP + 2} and --reps >= 1")
+    engine = LLMEngine(EngineConfig(model=args.model, **({"device": args.device} if args.device else {})))
+    params = SamplingParams(max_tokens=args.tokens, temperature=args.temperature, ignore_eos=True)
+    engine_alone(engine, params)  # NOTE: warms the graphs and kernels this request's sizes need
+    alone = [engine_alone(engine, params) for _ in range(args.reps)]
+    served = through_server(engine, params, args.reps)
+    device = torch.cuda.get_device_name() if engine.device.type == "cuda" else "cpu"
+    print(f"$ {' '.join(sys.argv)}")
+    print(f"{device}, torch {torch.__version__}, {args.model}, T={args.temperature}, {args.tokens} tokens, "
+          f"{args.reps} requests each")
+    print("| measure | median | runs |\n|---|---|---|")
+    for name, values in (("engine alone: gap ms", alone),
+                         ("server: gap ms", [r[0] for r in served]),
+                         ("server: engine thread CPU us / token", [r[1] for r in served]),
+                         ("server: event loop CPU us / token", [r[2] for r in served])):
+        print(f"| {name} | {statistics.median(values):.3g} | {', '.join(f'{v:.3g}' for v in values)} |")
+
+
+if __name__ == "__main__":
+    main()
