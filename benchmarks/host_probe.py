@@ -3,6 +3,7 @@
 threads per token; medians last.
 
     python benchmarks/host_probe.py [--model random:llama3.2-1b] [--tokens 600] [--reps 3] [--temperature 0.8]
+                                    [--disable-kernels step_sample]
 
 When the engine-alone gap sits above the step's GPU time (`bench step`'s graph ms), the host sets the pace.
 The engine thread's CPU time includes a CUDA sync's spin-wait; the event loop's is its cost per streamed token.
@@ -73,18 +74,21 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=3, help="requests per measurement")
     p.add_argument("--temperature", type=float, default=0.8)
     p.add_argument("--device", default=None, help="default: the engine's (cuda when there is one)")
+    p.add_argument("--disable-kernels", default="", help="kernel switches off (EngineConfig.disabled_kernels)")
     args = p.parse_args()
     if args.tokens <= SKIP + 2 or args.reps < 1:
         p.error(f"--tokens must be > {SKIP + 2} and --reps >= 1")
-    engine = LLMEngine(EngineConfig(model=args.model, **({"device": args.device} if args.device else {})))
+    engine = LLMEngine(EngineConfig(model=args.model, disabled_kernels=args.disable_kernels,
+                                    **({"device": args.device} if args.device else {})))
     params = SamplingParams(max_tokens=args.tokens, temperature=args.temperature, ignore_eos=True)
     engine_alone(engine, params)  # NOTE: warms the graphs and kernels this request's sizes need
     alone = [engine_alone(engine, params) for _ in range(args.reps)]
     served = through_server(engine, params, args.reps)
     device = torch.cuda.get_device_name() if engine.device.type == "cuda" else "cpu"
     print(f"$ {' '.join(sys.argv)}")
+    off = f", kernels off: {args.disable_kernels}" if args.disable_kernels else ""
     print(f"{device}, torch {torch.__version__}, {args.model}, T={args.temperature}, {args.tokens} tokens, "
-          f"{args.reps} requests each")
+          f"{args.reps} requests each{off}")
     print("| measure | median | runs |\n|---|---|---|")
     for name, values in (("engine alone: gap ms", alone),
                          ("server: gap ms", [r[0] for r in served]),

@@ -55,7 +55,7 @@ def _seq(rid: str, **kw: object) -> Sequence:
 
 
 def test_a_seeded_row_draws_alone_what_it_draws_in_any_batch() -> None:
-    sampler = Sampler(CUDA, 0)
+    sampler = Sampler(CUDA, 0, draw=sample_rows)
     logits = torch.randn(4, 32_000, device=CUDA)
     seeded = _seq("s", temperature=1.0, seed=1234)
     alone = sampler.sample(logits[:1], [seeded]).item()

@@ -102,6 +102,15 @@ def test_argmax_kernels_compile() -> None:
     _compile(am._rows_argmax_kernel, lambda n: rows_types.get(n, "i32"), dict(BLOCKS=128))
 
 
+@pytest.mark.parametrize("logits", ["*bf16", "*fp32"])
+def test_sample_kernel_compiles(logits: str) -> None:
+    from graphpool.kernels import _triton_sample as ts
+
+    types = {"x_ptr": logits, "params_ptr": "*i64", "val_ptr": "*fp32", "idx_ptr": "*i64", "nan_ptr": "*i64"}
+    ptx = _compile(ts._block_sample_kernel, lambda n: types.get(n, "i32"), dict(BLOCK=ts.BLOCK)).asm["ptx"]
+    assert "philox" in ptx.lower() or "mul.hi.u32" in ptx  # the draw's Philox rounds are in the kernel
+
+
 @pytest.mark.parametrize(("has_bias", "pdl", "k"), [(False, False, 2048), (True, True, 2048), (False, True, 8192)])
 def test_gemv_kernel_compiles(has_bias: bool, pdl: bool, k: int) -> None:
     """The one-row GEMV (one tile, or a loop over four); with PDL its first weight tile is loaded before

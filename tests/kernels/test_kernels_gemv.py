@@ -88,16 +88,17 @@ def test_dispatch_rules() -> None:
 
 def test_kernel_ops_resolve_the_switches() -> None:
     """A switched-off kernel is left out of the op set (or its switch bound to the launcher), once."""
-    from graphpool.kernels import argmax, decode_attention, gemv, norm_rope, silu_mul
-    from graphpool.model.ops import TORCH_OPS, argmax_torch, kernel_ops, no_fusion, resolve_ops
+    from graphpool.kernels import argmax, decode_attention, gemv, norm_rope, sample, silu_mul
+    from graphpool.model.ops import TORCH_OPS, argmax_torch, kernel_ops, no_draw, no_fusion, resolve_ops
 
     on = kernel_ops()
     assert (on.linear, on.fused_linear_rope, on.rms_norm, on.add_rms_norm, on.silu_mul, on.decode_attention,
-            on.step_argmax) == (gemv.linear, gemv.fused_linear_rope, norm_rope.rms_norm, norm_rope.add_rms_norm,
-                                silu_mul.silu_mul, decode_attention.paged_decode_attention, argmax.argmax_rows)
+            on.step_argmax, on.step_sample) == (
+        gemv.linear, gemv.fused_linear_rope, norm_rope.rms_norm, norm_rope.add_rms_norm, silu_mul.silu_mul,
+        decode_attention.paged_decode_attention, argmax.argmax_rows, sample.sample_rows)
     off = kernel_ops(KERNEL_SWITCHES)
     assert off.linear is torch.nn.functional.linear and off.fused_linear_rope is no_fusion
-    assert off.step_argmax is argmax_torch
+    assert off.step_argmax is argmax_torch and off.step_sample is no_draw
     assert off.decode_attention.keywords == {"pdl": False, "attn_stages": False}  # type: ignore[attr-defined]
     for fn in (off.rms_norm, off.add_rms_norm, off.silu_mul):
         assert fn.keywords == {"pdl": False}  # type: ignore[attr-defined]
@@ -106,6 +107,8 @@ def test_kernel_ops_resolve_the_switches() -> None:
     assert kernel_ops(["gemv_rope"]).fused_linear_rope is no_fusion and kernel_ops(["gemv_rope"]).linear is gemv.linear
     assert resolve_ops("torch", torch.device("cpu")) is TORCH_OPS
     assert resolve_ops("torch", torch.device("cpu"), ["step_argmax"]).step_argmax is argmax_torch
+    torch_off = resolve_ops("torch", torch.device("cpu"), ["step_sample"])
+    assert torch_off.step_sample is no_draw and torch_off.step_argmax is argmax.argmax_rows
     with pytest.raises(ValueError, match="unknown kernel switch"):
         kernel_ops(["argmax"])
 

@@ -12,7 +12,7 @@ from graphpool.engine.host_copy import to_device
 from graphpool.engine.logprobs import StepLogprobs, TokenLogprob, gather_logprobs
 from graphpool.engine.penalties import TokenCounts, apply_penalties
 from graphpool.engine.sequence import Sequence
-from graphpool.kernels.sample import sample_params, sample_rows
+from graphpool.kernels.sample import sample_params
 
 _MASK63 = (1 << 63) - 1
 
@@ -39,12 +39,14 @@ class Sampler:
     """
 
     def __init__(self, device: torch.device, seed: int,
-                 argmax: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
+                 argmax: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                 draw: Callable[[torch.Tensor, torch.Tensor], torch.Tensor | None] | None = None) -> None:
         self.device = device
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(seed)
         self.rng = random.Random(seed)  # the kernel's Philox keys of unseeded rows
         self.argmax = argmax or (lambda x: x.argmax(dim=-1))
+        self.draw = draw  # the kernel draw (ModelOps.step_sample); None: every row in torch
         self.token_counts = TokenCounts(device)
 
     def make_generator(self, seed: int) -> torch.Generator:
@@ -119,11 +121,11 @@ class Sampler:
             return self.argmax(logits)
         torch_rows = [i for i, p in enumerate(params) if p.temperature and (p.top_k > 0 or p.top_p < 1 or p.min_p > 0)]
         tokens = None
-        if logits.is_cuda and len(torch_rows) < len(seqs):
+        if self.draw is not None and logits.is_cuda and len(torch_rows) < len(seqs):
             keys = [self.rng.getrandbits(63) if s.params.seed is None else _step_key(s.params.seed, s.num_output_tokens)
                     for s in seqs]
             args = sample_params(keys, [p.temperature for p in params])
-            tokens = sample_rows(logits, to_device(args, torch.int64, logits.device))
+            tokens = self.draw(logits, to_device(args, torch.int64, logits.device))
         if tokens is None:
             return self._draw(logits, seqs)
         if torch_rows:

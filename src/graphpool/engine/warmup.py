@@ -14,7 +14,7 @@ import torch
 
 from graphpool.engine.host_copy import to_device
 from graphpool.engine.kv_cache import DUMMY_BLOCK, KVCache
-from graphpool.kernels.sample import sample_params, sample_rows
+from graphpool.kernels.sample import sample_params
 from graphpool.model.attn_metadata import AttentionMetadata
 
 WARMUP_MAX_TOKENS = 2048  # NOTE: first-call costs, not a memory profile: a long context's budget would take seconds
@@ -44,4 +44,4 @@ def warm_eager_prefill(model: torch.nn.Module, kv_caches: list[KVCache], lengths
         logits = model.compute_logits(hidden[-1:], upcast=False)
     if logits is not None:
         model.ops.step_argmax(logits)
-        sample_rows(logits, to_device(sample_params([0], [1.0]), torch.int64, device))
+        model.ops.step_sample(logits, to_device(sample_params([0], [1.0]), torch.int64, device))

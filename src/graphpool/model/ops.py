@@ -23,6 +23,7 @@ from graphpool.kernels.argmax import argmax_rows
 # NOTE: the kernels' reference numerics (one copy), in their check-free forms: no host checks per layer.
 from graphpool.kernels.norm_rope import rms_norm_unchecked as rms_norm_torch
 from graphpool.kernels.norm_rope import rotary_and_write_kv_unchecked as rotary_and_write_kv_torch
+from graphpool.kernels.sample import sample_rows
 from graphpool.kernels.silu_mul import silu_mul_unchecked as silu_mul_torch
 from graphpool.kernels.switches import check_switches
 from graphpool.model.attn_ops import paged_decode_attention_torch
@@ -46,6 +47,11 @@ def argmax_torch(x: Tensor) -> Tensor:
     return x.argmax(dim=-1)
 
 
+def no_draw(*_: object) -> None:
+    """The draw with ``step_sample`` off: none here, the sampler draws in torch."""
+    return None
+
+
 @dataclass(frozen=True)
 class ModelOps:
     backend: AttnBackend
@@ -60,12 +66,15 @@ class ModelOps:
     # (x, w, b, positions, cos, sin, k_cache, v_cache, slots, (Hq, Hkv, D)) -> the qkv projection with q and k
     # rotated and k, v stored in the caches, from one kernel, or None: then the model runs them one by one
     fused_linear_rope: Callable[..., Tensor | None]
-    # logits [bs, vocab] -> int64 [bs]: the decode step's greedy token of each row (inside its graph)
+    # logits [bs, vocab] -> int64 [bs]: a greedy batch's token of each row (the sampler's)
     step_argmax: Callable[[Tensor], Tensor]
+    # (logits [bs, vocab], int64 params `kernels.sample.sample_params`) -> int64 [bs]: each row drawn at its
+    # temperature, or None where no kernel applies (then the sampler draws in torch)
+    step_sample: Callable[[Tensor, Tensor], Tensor | None]
 
 
-# NOTE: the step's argmax is the Triton one on CUDA tensors whatever the backend: in a graph it costs less
-# than torch's, with the same indices
+# NOTE: the step's argmax and draw are the Triton ones on CUDA tensors whatever the backend: the argmax costs
+# less device time than torch's, with the same indices, and the draw one call where torch takes a dozen
 TORCH_OPS = ModelOps(
     "torch",
     paged_decode_attention_torch,
@@ -76,6 +85,7 @@ TORCH_OPS = ModelOps(
     torch.nn.functional.linear,
     no_fusion,
     argmax_rows,
+    sample_rows,
 )
 
 
@@ -86,8 +96,12 @@ def _bind(fn: Callable[..., Any], **switches: bool) -> Callable[..., Any]:
 
 
 def torch_ops(disabled: Iterable[str] = ()) -> ModelOps:
-    """TORCH_OPS; of the kernel switches only ``step_argmax`` applies to it."""
-    return replace(TORCH_OPS, step_argmax=argmax_torch) if "step_argmax" in check_switches(disabled) else TORCH_OPS
+    """TORCH_OPS; of the kernel switches only ``step_argmax`` and ``step_sample`` apply to it."""
+    off = check_switches(disabled)
+    if "step_argmax" not in off and "step_sample" not in off:
+        return TORCH_OPS
+    return replace(TORCH_OPS, step_argmax=argmax_torch if "step_argmax" in off else argmax_rows,
+                   step_sample=no_draw if "step_sample" in off else sample_rows)
 
 
 def kernel_ops(disabled: Iterable[str] = ()) -> ModelOps:
@@ -110,6 +124,7 @@ def kernel_ops(disabled: Iterable[str] = ()) -> ModelOps:
         torch.nn.functional.linear if "gemv" in off else _bind(linear, pdl=pdl),
         no_fusion if "gemv" in off or "gemv_rope" in off else _bind(fused_linear_rope, pdl=pdl),
         argmax_torch if "step_argmax" in off else argmax_rows,
+        no_draw if "step_sample" in off else sample_rows,
     )
 
 

@@ -116,7 +116,7 @@ def profile_decode(setup: DecodeSetup, bs: int, cfg: ProfileConfig) -> DecodePro
     cuda = device.type == "cuda"
     static = setup.batch(bs)
     step = setup.full_step_fn()
-    sampler = Sampler(device, seed=0, argmax=model.ops.step_argmax)
+    sampler = Sampler(device, seed=0, argmax=model.ops.step_argmax, draw=model.ops.step_sample)
     seqs = [Seq(f"r{i}", [0], SamplingParams(temperature=0.0), frozenset(), None) for i in range(bs)]
 
     def engine_step() -> None:
