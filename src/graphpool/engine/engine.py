@@ -96,8 +96,9 @@ class LLMEngine(EngineIntrospection):
                                   capture_sync(tp, self.device) if self._tp is not None else None)
         if self._tp is not None:
             self.runner.announce = self._tp.announcer(self.block_manager)
+        # NOTE: the kernel draw only on CUDA (elsewhere it would return None after its host work)
         self.sampler = Sampler(self.device, config.seed, argmax=self.model.ops.step_argmax,
-                               draw=self.model.ops.step_sample)
+                               draw=self.model.ops.step_sample if self.device.type == "cuda" else None)
         eos = self.tokenizer.eos_token_ids if self.tokenizer is not None else self.model_config.eos_token_ids
         self.eos_token_ids = frozenset(eos)
         self.grammars = Grammars(self.tokenizer, self.model_config.vocab_size, self.eos_token_ids)

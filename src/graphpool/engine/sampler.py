@@ -24,10 +24,11 @@ class Sampler:
     exact, so the argmax is the same; the engine passes its model's `step_argmax`) and allocates nothing more.
 
     Sampling is the exponential race (argmax of p / E with E ~ Exp(1)), one random number per vocab entry, so
-    each seeded request draws from its own stream and its output does not depend on the rest of the batch. On
-    CUDA a row with only a temperature draws in the Triton kernel (kernels/sample.py: the race's Gumbel-max
-    form, Philox keyed per row and step: by the request's seed and its token count when seeded); rows with
-    top-k, top-p or min-p, and every row off CUDA, draw in torch from the request's generator (seeded) or
+    each seeded request draws from its own stream and its output does not depend on the rest of the batch.
+    With a `draw` (the engine's on CUDA: ModelOps.step_sample, kernels/sample.py, the race's Gumbel-max form
+    from Philox) a row with only a temperature draws there, keyed per row and step: by the request's seed and
+    its token count when seeded, else from the sampler's own stream; rows with top-k, top-p or min-p, and every
+    row without a `draw` (or where it returns None), draw in torch from the request's generator (seeded) or
     the sampler's. Which form a row takes depends only on its own parameters.
 
     Rows with penalties get them applied (float32, on a copy: the logits may be a graph's output buffer)
@@ -121,7 +122,7 @@ class Sampler:
             return self.argmax(logits)
         torch_rows = [i for i, p in enumerate(params) if p.temperature and (p.top_k > 0 or p.top_p < 1 or p.min_p > 0)]
         tokens = None
-        if self.draw is not None and logits.is_cuda and len(torch_rows) < len(seqs):
+        if self.draw is not None and len(torch_rows) < len(seqs):
             keys = [self.rng.getrandbits(63) if s.params.seed is None else _step_key(s.params.seed, s.num_output_tokens)
                     for s in seqs]
             args = sample_params(keys, [p.temperature for p in params])
