@@ -18,21 +18,27 @@ NONE = tl.constexpr(2**62)  # "no index": above every real one
 
 
 @triton.jit
+def store_block_argmax(x, offs, mask, out, val_ptr, idx_ptr, nan_ptr, BLOCK: tl.constexpr):
+    """Stage 1's reduction of one block of a row (`x` float32 at `offs`, `mask` the row's entries), stored at
+    `out`: its maximum, that maximum's first index, and its first NaN's index (NONE where none)."""
+    is_nan = mask & (x != x)
+    m = tl.max(tl.where(is_nan, float("-inf"), x), 0)
+    none = tl.full([BLOCK], NONE, tl.int64)
+    first = tl.min(tl.where(mask & (x == m), offs.to(tl.int64), none), 0)
+    first_nan = tl.min(tl.where(is_nan, offs.to(tl.int64), none), 0)
+    tl.store(val_ptr + out, m)
+    tl.store(idx_ptr + out, first)
+    tl.store(nan_ptr + out, first_nan)
+
+
+@triton.jit
 def _block_argmax_kernel(x_ptr, val_ptr, idx_ptr, nan_ptr, stride_x, n_cols, n_blocks, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     blk = tl.program_id(1)
     offs = blk * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n_cols
     x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=float("-inf")).to(tl.float32)
-    is_nan = mask & (x != x)
-    m = tl.max(tl.where(is_nan, float("-inf"), x), 0)
-    none = tl.full([BLOCK], NONE, tl.int64)
-    first = tl.min(tl.where(mask & (x == m), offs.to(tl.int64), none), 0)
-    first_nan = tl.min(tl.where(is_nan, offs.to(tl.int64), none), 0)
-    out = row * n_blocks + blk
-    tl.store(val_ptr + out, m)
-    tl.store(idx_ptr + out, first)
-    tl.store(nan_ptr + out, first_nan)
+    store_block_argmax(x, offs, mask, row * n_blocks + blk, val_ptr, idx_ptr, nan_ptr, BLOCK)
 
 
 @triton.jit

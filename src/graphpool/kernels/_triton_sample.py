@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from graphpool.kernels._triton_argmax import NONE, _rows_argmax_kernel
+from graphpool.kernels._triton_argmax import _rows_argmax_kernel, store_block_argmax
 
 BLOCK = 1024
 
@@ -33,15 +33,7 @@ def _block_sample_kernel(x_ptr, params_ptr, val_ptr, idx_ptr, nan_ptr, stride_x,
         u = tl.rand(seed, offs)
         # NOTE: u == 0 gives -inf (never drawn); u < 1 always, so the draw is finite
         x = x / temp - tl.log(-tl.log(u))
-    is_nan = mask & (x != x)
-    m = tl.max(tl.where(is_nan, float("-inf"), x), 0)
-    none = tl.full([BLOCK], NONE, tl.int64)
-    first = tl.min(tl.where(mask & (x == m), offs.to(tl.int64), none), 0)
-    first_nan = tl.min(tl.where(is_nan, offs.to(tl.int64), none), 0)
-    out = row * n_blocks + blk
-    tl.store(val_ptr + out, m)
-    tl.store(idx_ptr + out, first)
-    tl.store(nan_ptr + out, first_nan)
+    store_block_argmax(x, offs, mask, row * n_blocks + blk, val_ptr, idx_ptr, nan_ptr, BLOCK)
 
 
 def sample_rows_triton(x: torch.Tensor, params: torch.Tensor, *, block: int = BLOCK) -> torch.Tensor:
