@@ -9,6 +9,8 @@ maximum, and a NaN counts as the maximum (its first index wins).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import triton
 import triton.language as tl
@@ -56,8 +58,9 @@ def _rows_argmax_kernel(val_ptr, idx_ptr, nan_ptr, out_ptr, n_blocks, BLOCKS: tl
     tl.store(out_ptr + row, tl.where(first_nan < NONE, first_nan, first))
 
 
-def argmax_rows_triton(x: torch.Tensor, *, block: int = BLOCK) -> torch.Tensor:
-    """`x [bs, n]` (n >= 1) -> int64 `[bs]`: per row, torch.argmax(x, -1)'s index."""
+def reduce_rows(x: torch.Tensor, block: int, stage1: Callable[..., None]) -> torch.Tensor:
+    """The two stages' host side for `x [bs, n]` -> int64 `[bs]`: `stage1(x, vals, idxs, nans, n_blocks)`
+    launches the block kernel of grid `(bs, n_blocks)`, then `_rows_argmax_kernel` reduces each row's blocks."""
     bs, n = x.shape
     if x.stride(-1) != 1:
         x = x.contiguous()
@@ -66,9 +69,18 @@ def argmax_rows_triton(x: torch.Tensor, *, block: int = BLOCK) -> torch.Tensor:
         return out
     n_blocks = triton.cdiv(n, block)
     vals = torch.empty((bs, n_blocks), dtype=torch.float32, device=x.device)
-    idxs = torch.empty((bs, n_blocks), dtype=torch.int64, device=x.device)
-    nans = torch.empty((bs, n_blocks), dtype=torch.int64, device=x.device)
-    _block_argmax_kernel[(bs, n_blocks)](x, vals, idxs, nans, x.stride(0), n, n_blocks, BLOCK=block, num_warps=4)
-    _rows_argmax_kernel[(bs,)](vals, idxs, nans, out, n_blocks, BLOCKS=triton.next_power_of_2(n_blocks),
+    idxs = torch.empty((2, bs, n_blocks), dtype=torch.int64, device=x.device)  # first indices, first NaNs
+    stage1(x, vals, idxs[0], idxs[1], n_blocks)
+    _rows_argmax_kernel[(bs,)](vals, idxs[0], idxs[1], out, n_blocks, BLOCKS=triton.next_power_of_2(n_blocks),
                                num_warps=4)
     return out
+
+
+def argmax_rows_triton(x: torch.Tensor, *, block: int = BLOCK) -> torch.Tensor:
+    """`x [bs, n]` (n >= 1) -> int64 `[bs]`: per row, torch.argmax(x, -1)'s index."""
+
+    def stage1(x: torch.Tensor, vals: torch.Tensor, idxs: torch.Tensor, nans: torch.Tensor, n_blocks: int) -> None:
+        _block_argmax_kernel[(x.shape[0], n_blocks)](x, vals, idxs, nans, x.stride(0), x.shape[1], n_blocks,
+                                                     BLOCK=block, num_warps=4)
+
+    return reduce_rows(x, block, stage1)

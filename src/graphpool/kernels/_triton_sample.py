@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from graphpool.kernels._triton_argmax import _rows_argmax_kernel, store_block_argmax
+from graphpool.kernels._triton_argmax import reduce_rows, store_block_argmax
 
 BLOCK = 1024
 
@@ -39,17 +39,10 @@ def _block_sample_kernel(x_ptr, params_ptr, val_ptr, idx_ptr, nan_ptr, stride_x,
 def sample_rows_triton(x: torch.Tensor, params: torch.Tensor, *, block: int = BLOCK) -> torch.Tensor:
     """`x [bs, n]` (n >= 1), `params` int64 `[2 * bs]` on x's device (each row's Philox seed, then each row's
     temperature as float32 bits) -> int64 `[bs]`: the sampled (t > 0) or argmax (t == 0) index of each row."""
-    bs, n = x.shape
-    if x.stride(-1) != 1:
-        x = x.contiguous()
-    out = torch.empty(bs, dtype=torch.int64, device=x.device)
-    if bs == 0:
-        return out
-    n_blocks = triton.cdiv(n, block)
-    vals = torch.empty((bs, n_blocks), dtype=torch.float32, device=x.device)
-    idxs = torch.empty((2, bs, n_blocks), dtype=torch.int64, device=x.device)
-    _block_sample_kernel[(bs, n_blocks)](x, params, vals, idxs[0], idxs[1], x.stride(0), bs, n, n_blocks,
-                                         BLOCK=block, num_warps=4)
-    _rows_argmax_kernel[(bs,)](vals, idxs[0], idxs[1], out, n_blocks, BLOCKS=triton.next_power_of_2(n_blocks),
-                               num_warps=4)
-    return out
+
+    def stage1(x: torch.Tensor, vals: torch.Tensor, idxs: torch.Tensor, nans: torch.Tensor, n_blocks: int) -> None:
+        bs = x.shape[0]
+        _block_sample_kernel[(bs, n_blocks)](x, params, vals, idxs, nans, x.stride(0), bs, x.shape[1], n_blocks,
+                                             BLOCK=block, num_warps=4)
+
+    return reduce_rows(x, block, stage1)
