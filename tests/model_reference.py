@@ -154,12 +154,14 @@ def tiny_hf_model(kind: str, tied: bool, **overrides: Any) -> torch.nn.Module:
 
 
 def hf_greedy(hf: torch.nn.Module, prompt: list[int], n: int) -> list[int]:
-    """Greedy tokens from transformers, recomputing the whole sequence each step (no cache of its own)."""
-    ids = list(prompt)
+    """`n` greedy tokens from transformers with its own KV cache (EOS not special: always `n`)."""
+    tokens: list[int] = []
     with torch.no_grad():
+        out = hf(torch.tensor([prompt]), use_cache=True)
         for _ in range(n):
-            ids.append(int(hf(torch.tensor([ids])).logits[0, -1].argmax()))
-    return ids[len(prompt) :]
+            tokens.append(int(out.logits[0, -1].argmax()))
+            out = hf(torch.tensor([tokens[-1:]]), past_key_values=out.past_key_values, use_cache=True)
+    return tokens
 
 
 def run_waves(engine: Any, prompts: Sequence[Sequence[int]], waves: Sequence[Sequence[int]], max_tokens: int,
