@@ -120,21 +120,22 @@ class Sampler:
         params = [s.params for s in seqs]
         if all(p.temperature == 0 for p in params):
             return self.argmax(logits)
-        torch_rows = [i for i, p in enumerate(params) if p.temperature and (p.top_k > 0 or p.top_p < 1 or p.min_p > 0)]
+        torch_rows = [i for i, p in enumerate(params)
+                      if p.temperature and (p.top_k > 0 or p.top_p < 1 or p.min_p > 0)]
         tokens = None
         if self.draw is not None and len(torch_rows) < len(seqs):
-            keys = [self.rng.getrandbits(63) if s.params.seed is None else _step_key(s.params.seed, s.num_output_tokens)
-                    for s in seqs]
+            keys = [self.rng.getrandbits(63) if s.params.seed is None
+                    else _step_key(s.params.seed, s.num_output_tokens) for s in seqs]
             args = sample_params(keys, [p.temperature for p in params])
             tokens = self.draw(logits, to_device(args, torch.int64, logits.device))
         if tokens is None:
-            return self._draw(logits, seqs)
+            return self._draw_torch(logits, seqs)
         if torch_rows:
             index = to_device(torch_rows, torch.int64, logits.device)
-            tokens.index_copy_(0, index, self._draw(logits.index_select(0, index), [seqs[i] for i in torch_rows]))
+            tokens.index_copy_(0, index, self._draw_torch(logits.index_select(0, index), [seqs[i] for i in torch_rows]))
         return tokens
 
-    def _draw(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+    def _draw_torch(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         """The torch sampler: each row's draw, or its argmax at temperature 0."""
         greedy_tokens = self.argmax(logits)
         logits = logits.float()
