@@ -29,7 +29,7 @@ def prefill_warmup_lengths(graph_prefill_max_tokens: int, token_budget: int, max
 @torch.inference_mode()
 def warm_eager_prefill(model: torch.nn.Module, kv_caches: list[KVCache], lengths: tuple[int, ...]) -> None:
     """One eager prefill of each length (token id 0 throughout), K/V into the dummy block's first slot; then
-    the greedy and the sampled token of the last one's logits."""
+    the greedy and the sampled token of the last one's logits, in the model's dtype and in float32."""
     device = model.device
     block_size = kv_caches[0][0].shape[1]
     logits = None
@@ -43,5 +43,8 @@ def warm_eager_prefill(model: torch.nn.Module, kv_caches: list[KVCache], lengths
         hidden = model(torch.zeros(n, dtype=torch.int64, device=device), meta, kv_caches)
         logits = model.compute_logits(hidden[-1:], upcast=False)
     if logits is not None:
-        model.ops.step_argmax(logits)
-        model.ops.step_sample(logits, to_device(sample_params([0], [1.0]), torch.int64, device))
+        params = to_device(sample_params([0], [1.0]), torch.int64, device)
+        # NOTE: the float32 forms too: penalties, min_tokens and grammars sample from a float32 copy
+        for rows in (logits, logits.float()):
+            model.ops.step_argmax(rows)
+            model.ops.step_sample(rows, params)

@@ -19,7 +19,8 @@ from graphpool.kernels._triton_argmax import reduce_rows, store_block_argmax
 BLOCK = 1024
 
 
-@triton.jit
+# NOTE: the row count varies with the batch: not specialized on, so one compile serves every batch size
+@triton.jit(do_not_specialize=["n_rows"])
 def _block_sample_kernel(x_ptr, params_ptr, val_ptr, idx_ptr, nan_ptr, stride_x, n_rows, n_cols, n_blocks,
                          BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
