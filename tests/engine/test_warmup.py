@@ -37,3 +37,26 @@ def test_the_warmup_writes_only_the_dummy_block() -> None:
         keep[DUMMY_BLOCK] = False
         assert torch.equal(k[keep], k0[keep]) and torch.equal(v[keep], v0[keep])
         assert not torch.equal(k[DUMMY_BLOCK], k0[DUMMY_BLOCK])  # it did run the layers
+
+
+def test_the_warmup_runs_the_samplers_kernels_in_the_models_dtype_and_float32() -> None:
+    """Their first calls compile on CUDA: the warm-up makes them, for the logits the decode step gives (the
+    model's dtype) and for the float32 copy that penalties, min_tokens and grammars sample from."""
+    config = dataclasses.replace(PRESETS["qwen2.5-0.5b"], num_layers=1, hidden_size=64, intermediate_size=128,
+                                 vocab_size=301, bos_token_id=1, eos_token_ids=(2,))
+    model = LlamaModel(config, max_positions=32, dtype=torch.bfloat16)
+    init_random_weights(model, seed=1)
+    seen: list[tuple[str, torch.dtype, tuple[int, ...]]] = []
+
+    def argmax(x: torch.Tensor) -> torch.Tensor:
+        seen.append(("argmax", x.dtype, tuple(x.shape)))
+        return x.argmax(-1)
+
+    def draw(x: torch.Tensor, params: torch.Tensor) -> None:
+        seen.append(("draw", x.dtype, tuple(x.shape)))
+        assert params.dtype == torch.int64 and params.shape == (2,)
+
+    model.ops = dataclasses.replace(model.ops, step_argmax=argmax, step_sample=draw)
+    warm_eager_prefill(model, model.allocate_kv_caches(4, 4), (5,))
+    assert seen == [("argmax", torch.bfloat16, (1, 301)), ("draw", torch.bfloat16, (1, 301)),
+                    ("argmax", torch.float32, (1, 301)), ("draw", torch.float32, (1, 301))]
