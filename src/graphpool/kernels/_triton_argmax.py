@@ -68,10 +68,13 @@ def reduce_rows(x: torch.Tensor, block: int, stage1: Callable[..., None]) -> tor
     if bs == 0:
         return out
     n_blocks = triton.cdiv(n, block)
+    # NOTE: three allocations, not views of one: a view's start would move with the batch, and Triton
+    # compiles anew for each pointer alignment it sees
     vals = torch.empty((bs, n_blocks), dtype=torch.float32, device=x.device)
-    idxs = torch.empty((2, bs, n_blocks), dtype=torch.int64, device=x.device)  # first indices, first NaNs
-    stage1(x, vals, idxs[0], idxs[1], n_blocks)
-    _rows_argmax_kernel[(bs,)](vals, idxs[0], idxs[1], out, n_blocks, BLOCKS=triton.next_power_of_2(n_blocks),
+    idxs = torch.empty((bs, n_blocks), dtype=torch.int64, device=x.device)
+    nans = torch.empty((bs, n_blocks), dtype=torch.int64, device=x.device)
+    stage1(x, vals, idxs, nans, n_blocks)
+    _rows_argmax_kernel[(bs,)](vals, idxs, nans, out, n_blocks, BLOCKS=triton.next_power_of_2(n_blocks),
                                num_warps=4)
     return out
 
