@@ -101,7 +101,7 @@ class AsyncDecode:
             logits, graph = self.runner.prefill(batch.chunks), self.runner.last_prefill_replayed
         elif batch.chunks:
             logits, graph = self.runner.mixed(batch.seqs[:len(batch.slots)], batch.slots, batch.chunks,
-                                                      input_ids=input_ids)
+                                              input_ids=input_ids)
         else:
             logits, graph = self.runner.decode(batch.seqs, batch.slots, input_ids=input_ids)
         clock.forward_ends()

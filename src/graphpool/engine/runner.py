@@ -180,8 +180,8 @@ class ModelRunner(PrefillPaths):
     @torch.inference_mode()
     def decode(self, seqs: list[Sequence], slots: list[int],
                input_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, bool]:
-        """One token per sequence -> (logits [bs, vocab], whether a graph was replayed). `input_ids`: the tokens on the device, when the host does not have them
-        yet (async scheduling).
+        """One token per sequence -> (logits [bs, vocab], whether a graph was replayed). `input_ids`: the tokens
+        on the device, when the host does not have them yet (async scheduling).
 
         The logits are in the model's dtype (graph memory then holds a third of the bytes of float32 + the
         matmul's own output), a view into the graph's outputs: valid until the next step that runs the pool

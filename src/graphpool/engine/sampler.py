@@ -13,6 +13,7 @@ from graphpool.engine.logprobs import StepLogprobs, TokenLogprob, gather_logprob
 from graphpool.engine.penalties import TokenCounts, apply_penalties
 from graphpool.engine.sequence import Sequence
 from graphpool.kernels.sample import sample_params
+from graphpool.model.ops import argmax_torch
 
 _MASK63 = (1 << 63) - 1
 
@@ -46,7 +47,7 @@ class Sampler:
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(seed)
         self.rng = random.Random(seed)  # the kernel's Philox keys of unseeded rows
-        self.argmax = argmax or (lambda x: x.argmax(dim=-1))
+        self.argmax = argmax or argmax_torch
         self.draw = draw  # the kernel draw (ModelOps.step_sample); None: every row in torch
         self.token_counts = TokenCounts(device)
 
@@ -137,9 +138,10 @@ class Sampler:
 
     def _draw_torch(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         """The torch sampler: each row's draw, or its argmax at temperature 0."""
-        greedy_tokens = self.argmax(logits)
-        logits = logits.float()
         params = [s.params for s in seqs]
+        greedy = [p.temperature == 0 for p in params]
+        greedy_tokens = self.argmax(logits) if any(greedy) else None  # NOTE: kernel-path rows never are
+        logits = logits.float()
         # NOTE: greedy rows get temperature 1 here and take the argmax below, so they stay exact.
         temps = to_device([p.temperature or 1.0 for p in params], torch.float32, logits.device)
         scaled = logits / temps.unsqueeze(1)
@@ -159,8 +161,9 @@ class Sampler:
             if s.generator is not None:
                 noise[i].exponential_(generator=s.generator)
         sampled = (probs / noise).argmax(dim=-1)
-        is_greedy = to_device([p.temperature == 0 for p in params], torch.bool, logits.device)
-        return torch.where(is_greedy, greedy_tokens, sampled)
+        if greedy_tokens is None:
+            return sampled
+        return torch.where(to_device(greedy, torch.bool, logits.device), greedy_tokens, sampled)
 
     @staticmethod
     def _filtered_probs(logits: torch.Tensor, top_k: list[int], top_p: list[float]) -> torch.Tensor:

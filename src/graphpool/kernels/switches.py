@@ -2,7 +2,8 @@
 
 `gemv`: the one-row GEMV (`gemv.linear`); `pdl`: programmatic dependent launch (`pdl.py`); `gemv_rope`: the
 one-row qkv GEMV + rotary + KV write (`gemv.fused_linear_rope`); `step_argmax`: the Triton row argmax
-of a greedy batch's logits (`argmax.py`); `step_sample`: the Triton draw of a sampled batch's (`sample.py`); `attn_stages`: the decode attention's shallower pipeline on large grids
+of a greedy batch's logits (`argmax.py`); `step_sample`: the Triton draw of a sampled batch's (`sample.py`);
+`attn_stages`: the decode attention's shallower pipeline on large grids
 (`attention_grid.choose_num_stages`). The engine resolves them once, when it builds the model's operations.
 """
 
