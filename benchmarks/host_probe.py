@@ -1,6 +1,6 @@
 """The host's share of a decode step: one request decoded by the engine alone, then streamed through the server
-(in-process, one client), with the wall time between tokens and the CPU time of the engine and event-loop
-threads per token; medians last.
+(in-process; the client in a process of its own, as in serving), with the wall time between tokens and the CPU
+time of the engine and event-loop threads per token; medians last.
 
     python benchmarks/host_probe.py [--model random:llama3.2-1b] [--tokens 600] [--reps 3] [--temperature 0.8]
                                     [--disable-kernels step_sample]
@@ -12,7 +12,9 @@ The engine thread's CPU time includes a CUDA sync's spin-wait; the event loop's 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -48,20 +50,29 @@ def thread_cpu(name: str) -> float:
     return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))  # type: ignore[arg-type]
 
 
+def stream_times(url: str, body: dict) -> list[float]:
+    """The arrival time of each streamed chunk of one request (the client process's side)."""
+    times = []
+    with httpx.Client(timeout=120) as client, client.stream("POST", f"{url}/v1/completions", json=body) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                times.append(time.perf_counter())
+    return times
+
+
 def through_server(engine: LLMEngine, params: SamplingParams, reps: int) -> list[tuple[float, float, float]]:
     """(median gap ms, engine thread CPU us / token, event loop CPU us / token) of each streamed request."""
     body = {"model": engine.model_name, "prompt": PROMPT, "max_tokens": params.max_tokens, "stream": True,
             "temperature": params.temperature, "ignore_eos": True}
     rows = []
-    with serve_in_thread(engine) as (url, _), httpx.Client(timeout=120) as client:
+    with serve_in_thread(engine) as (url, _):
         for _ in range(reps + 1):  # NOTE: the first request warms the server's paths; not counted
             before = {n: thread_cpu(n) for n in ("graphpool-engine", "graphpool-http")}
-            times = []
-            with client.stream("POST", f"{url}/v1/completions", json=body) as r:
-                r.raise_for_status()
-                for line in r.iter_lines():
-                    if line.startswith("data: ") and line != "data: [DONE]":
-                        times.append(time.perf_counter())
+            # NOTE: the client in its own process: in this one it would take the interpreter lock from the server
+            got = subprocess.run([sys.executable, __file__, "--client", url], input=json.dumps(body),
+                                 capture_output=True, text=True, check=True)
+            times = json.loads(got.stdout)
             cpu = {n: (thread_cpu(n) - before[n]) / len(times) * 1e6 for n in before}
             rows.append((median_gap_ms(times), cpu["graphpool-engine"], cpu["graphpool-http"]))
     return rows[1:]
@@ -75,7 +86,11 @@ def main() -> None:
     p.add_argument("--temperature", type=float, default=0.8)
     p.add_argument("--device", default=None, help="default: the engine's (cuda when there is one)")
     p.add_argument("--disable-kernels", default="", help="kernel switches off (EngineConfig.disabled_kernels)")
+    p.add_argument("--client", metavar="URL", help=argparse.SUPPRESS)  # the client process: body on stdin
     args = p.parse_args()
+    if args.client:
+        print(json.dumps(stream_times(args.client, json.loads(sys.stdin.read()))))
+        return
     if args.tokens <= SKIP + 2 or args.reps < 1:
         p.error(f"--tokens must be > {SKIP + 2} and --reps >= 1")
     engine = LLMEngine(EngineConfig(model=args.model, disabled_kernels=args.disable_kernels,

@@ -181,3 +181,28 @@ def test_chained_mixed_steps_carry_split_prompts(loaded, workload) -> None:  # n
     assert _drive(engine, reqs, params) == want
     assert any(not all(lasts) for lasts in chained_lasts), "no chained step carried a prompt's earlier chunk"
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_usable_blocks
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_before_wait_runs_once_a_step_after_its_launches_and_before_its_tokens(
+        loaded, prompts, async_scheduling: bool) -> None:  # noqa: F811
+    """The server's hook: once per step(), after the step (and a chained next one) is launched, before the
+    step's tokens are added."""
+    engine = _engine(loaded, graphs=True, async_scheduling=async_scheduling)
+    seen: list[tuple[int, int]] = []
+
+    def chained() -> int:
+        return engine._async.chained_steps if engine._async is not None else 0
+
+    engine.before_wait = lambda: seen.append((engine.generation_tokens_total, chained()))
+    engine.add_request("a", prompts[0], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+    steps = 0
+    while engine.has_unfinished_requests():
+        before = engine.generation_tokens_total
+        outputs = engine.step()
+        steps += 1
+        assert len(seen) == steps
+        assert seen[-1] == (before, chained())
+        assert engine.generation_tokens_total == before + len(outputs)
+    assert engine.generation_tokens_total == 8
+    assert (chained() > 0) == async_scheduling

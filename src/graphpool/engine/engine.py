@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -106,6 +107,11 @@ class LLMEngine(EngineIntrospection):
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
         self.last_step: StepInfo | None = None
+        # NOTE: called once in each step(), when the step's device work is enqueued and the host is about to
+        # wait for it (or at the end of a step that waits for nothing): the server hands out the previous
+        # step's outputs there (server/async_engine.py)
+        self.before_wait: Callable[[], None] | None = None
+        self._waited = False
         self.timeline = StepTimeline(self.device) if config.record_step_timeline else None
         self._async: AsyncDecode | None = None
         if config.async_scheduling:
@@ -199,7 +205,18 @@ class LLMEngine(EngineIntrospection):
     def step(self) -> list[RequestOutput]:
         """One scheduler iteration; its outputs. With async scheduling, the outputs of the decode step launched
         in the previous call (or in this one) while the next one is already running."""
-        return self._step_async() if self._async is not None else self._step_sync()
+        self._waited = False
+        try:
+            return self._step_async() if self._async is not None else self._step_sync()
+        finally:
+            self._about_to_wait()
+
+    def _about_to_wait(self) -> None:
+        """Run the `before_wait` hook, once a step."""
+        if not self._waited:
+            self._waited = True
+            if self.before_wait is not None:
+                self.before_wait()
 
     def _step_sync(self) -> list[RequestOutput]:
         return self._run(self.scheduler.schedule())
@@ -217,6 +234,7 @@ class LLMEngine(EngineIntrospection):
                 return self._run(batch)
             cur = ahead.launch(batch)
         ahead.inflight = ahead.chain(cur)
+        self._about_to_wait()
         outputs = []
         for seq, end in cur.chunk_commits:  # the KV of a prompt's earlier chunk: its full blocks become cacheable
             if not seq.finished:
@@ -253,6 +271,7 @@ class LLMEngine(EngineIntrospection):
         if profile:
             events[1].record()
         clock.forward_ends()
+        self._about_to_wait()
         # NOTE: prompt logprobs are copied in the step's one sync (synchronously when it has none)
         pin = self.device.type == "cuda" and bool(seqs)
         scores = [s.start_copy(pin) for s in self.runner.prompt_scores] if batch.chunks else []

@@ -5,6 +5,11 @@ commands over through a thread-safe queue; outputs come back to each request's a
 ``loop.call_soon_threadsafe``, one callback per event loop per step. After each step (and each batch of
 commands) the thread hands the observer the engine to publish a snapshot from, so that readers such as
 /metrics never wait for a step.
+
+NOTE: a step's outputs are handed out from the next step's `before_wait` hook (LLMEngine), once that step's
+device work is enqueued: the event loop then streams them while the engine thread waits for the GPU, not
+while it launches the next step (the two threads share one interpreter lock, and a launch that waits for it
+leaves the GPU idle). When no step follows at once, they are handed out right after their own step.
 """
 
 from __future__ import annotations
@@ -61,6 +66,11 @@ class AsyncEngine:
         self._closed = False
         self.draining = False
         self._drain: Drain | None = None  # engine thread only
+        self._held: dict[asyncio.AbstractEventLoop, list[tuple[RequestStream, RequestOutput]]] = {}
+        # NOTE: an engine without the hook (test doubles) gets its outputs handed out right after its step
+        self._hooked = hasattr(engine, "before_wait")
+        if self._hooked:
+            engine.before_wait = self._flush
 
     # ---- lifecycle (any thread) ----
     def start(self) -> None:
@@ -82,6 +92,8 @@ class AsyncEngine:
                 "engine loop did not stop within %.1f s (a step still running); leaving it", timeout
             )
         self._thread = None
+        if self._hooked:
+            self.engine.before_wait = None
 
     @property
     def is_alive(self) -> bool:
@@ -175,6 +187,8 @@ class AsyncEngine:
                     break
                 if self.engine.has_unfinished_requests():
                     stalled = not self._step()
+                    if not self._hooked or not self.engine.has_unfinished_requests():
+                        self._flush()  # no step follows at once to hand these out
                 elif pending:
                     pending = idle_work()
                     self._publish()
@@ -183,6 +197,7 @@ class AsyncEngine:
             logger.exception("engine loop stopped after an error")
             self.error = e
         finally:
+            self._flush()
             with self._lock:
                 self._closed = True
             if self.error is not None:
@@ -245,11 +260,12 @@ class AsyncEngine:
             self._drain = cmd
 
     def _step(self) -> bool:
-        """One engine step; returns whether it ran one (a middle prefill chunk runs and outputs nothing)."""
+        """One engine step; returns whether it ran one (a middle prefill chunk runs and outputs nothing). Its
+        outputs are held for the next step's `before_wait` (the module's note)."""
         outputs = self.engine.step()
+        self._flush()  # the previous step's, if this step never reached its hook
         if self.observer is not None:
             self.observer.on_step(self.engine, outputs)
-        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[RequestStream, RequestOutput]]] = {}
         for out in outputs:
             stream = self._streams.get(out.request_id)
             if stream is None:  # aborted meanwhile
@@ -257,11 +273,15 @@ class AsyncEngine:
             stream._last = out
             if out.finished:
                 del self._streams[out.request_id]
-            by_loop.setdefault(stream.loop, []).append((stream, out))
-        for loop, items in by_loop.items():
-            deliver(loop, put_all, items)
+            self._held.setdefault(stream.loop, []).append((stream, out))
         self._publish()
         return self.engine.last_step is not None
+
+    def _flush(self) -> None:
+        """Hand the held outputs to their event loops."""
+        held, self._held = self._held, {}
+        for loop, items in held.items():
+            deliver(loop, put_all, items)
 
     def _check_drain(self) -> None:
         """Answers a pending drain once no request runs, or at its deadline after aborting what is left."""
@@ -269,6 +289,7 @@ class AsyncEngine:
         if drain is None or (self._streams and time.monotonic() < drain.deadline):
             return
         self._drain = None
+        self._flush()
         streams, self._streams = self._streams, {}
         by_loop: dict[asyncio.AbstractEventLoop, list[tuple[RequestStream, RequestOutput]]] = {}
         for request_id, stream in streams.items():
