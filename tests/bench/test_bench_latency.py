@@ -1,11 +1,13 @@
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 
 from graphpool.bench.common import median, percentile
 from graphpool.bench.latency import RequestTimeline, bucket_of, cdf_points, summarize_latency, working_set
+from graphpool.bench.serve.attribution import split_client_stalled
 
 LADDER = [*range(1, 33), *range(48, 256, 16), 256]
 
@@ -65,3 +67,21 @@ def test_working_set_counts_buckets_overall_and_in_windows() -> None:
 def test_cdf_points() -> None:
     xs, ys = cdf_points([3.0, 1.0, 2.0])
     assert xs == [1.0, 2.0, 3.0] and ys == pytest.approx([1 / 3, 2 / 3, 1.0])
+
+
+def test_ttfts_over_a_client_stall_are_told_apart() -> None:
+    """A request whose wait for its first token overlapped a stall (>= 10 ms) of its own client process's loop is
+    counted, not kept; a shorter lateness, or another process's stall, keeps it."""
+    def req(worker: int, sent: float, first: float) -> SimpleNamespace:
+        return SimpleNamespace(worker=worker, timeline=RequestTimeline(sent, 4, [first, first + 0.01]))
+
+    t0 = 100.0  # the trace's start on the monotonic clock
+    spans = [[(t0 + 0.50, t0 + 0.80), (t0 + 2.000, t0 + 2.005)], []]  # worker 0: a 300 ms stall, a 5 ms lateness
+    results = [req(0, 0.40, 0.90),  # waited over the stall
+               req(0, 1.95, 2.10),  # only the 5 ms lateness
+               req(1, 0.40, 0.90),  # the other process: no stall
+               req(0, 0.10, 0.20),  # before it
+               SimpleNamespace(worker=0, timeline=RequestTimeline(0.6, 4, []))]  # no token: no TTFT
+    kept, stalled = split_client_stalled(results, spans, t0)
+    assert stalled == 1
+    assert kept == pytest.approx([150.0, 500.0, 100.0])

@@ -107,9 +107,8 @@ class LLMEngine(EngineIntrospection):
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
         self.last_step: StepInfo | None = None
-        # NOTE: called once in each step(), when the step's device work is enqueued and the host is about to
-        # wait for it (or at the end of a step that waits for nothing): the server hands out the previous
-        # step's outputs there (server/async_engine.py)
+        # NOTE: called once a step(), its device work enqueued and the host about to wait for it (or at the end of
+        # a step that waits for nothing): the server hands out the previous step's outputs there
         self.before_wait: Callable[[], None] | None = None
         self._waited = False
         self.timeline = StepTimeline(self.device) if config.record_step_timeline else None

@@ -144,3 +144,25 @@ def step_table(by_config: Mapping[str, Mapping[str, Any]]) -> str:
                          float(s["device_ms_p50"])])
     return md_table(["configuration", "step kind", "steps", "tokens p50", "host ms p50", "host ms p99",
                      "host ms max", "host s total", "device ms p50"], rows)
+
+
+def split_client_stalled(results: Sequence[Any], late_spans: Sequence[Sequence[tuple[float, float]]],
+                         t0_monotonic: float, threshold_ms: float = THRESHOLD_MS) -> tuple[list[float], int]:
+    """The TTFTs (ms) of the requests whose wait for their first token (send to first chunk) overlapped no
+    stall of their client process's event loop of at least ``threshold_ms``, and how many did overlap one.
+    ``results``: serve_client.RequestResult (times from the trace's start); ``late_spans``: per client process,
+    monotonic spans in which its loop was late; ``t0_monotonic``: the trace's start on that clock."""
+    limit = threshold_ms / 1e3
+    stalls = [[(a - t0_monotonic, b - t0_monotonic) for a, b in spans if b - a >= limit] for spans in late_spans]
+    kept: list[float] = []
+    stalled = 0
+    for r in results:
+        ttft = r.timeline.ttft()
+        if ttft is None:
+            continue
+        spans = stalls[r.worker] if r.worker < len(stalls) else []
+        if _overlap(spans, r.timeline.arrival_s, r.timeline.arrival_s + ttft) > 0:
+            stalled += 1
+        else:
+            kept.append(ttft * 1e3)
+    return kept, stalled

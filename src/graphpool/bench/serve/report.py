@@ -13,6 +13,7 @@ from typing import Any
 from graphpool.bench import common
 from graphpool.bench.common import MIB, md_table, median, percentile
 from graphpool.bench.latency import all_itls_ms
+from graphpool.bench.serve.attribution import split_client_stalled
 from graphpool.bench.serve.configs import config_order
 
 # serving-time deltas of the pool's counters (after the run minus right after start-up)
@@ -62,6 +63,9 @@ class RunSummary:
     startup_phases: dict[str, float] = field(default_factory=dict)  # seconds by phase, where the server says
     engine: dict[str, float] = field(default_factory=dict)  # ENGINE_KEYS over the run, where published
     itl_first_ms: dict[str, float] = field(default_factory=dict)  # each request's first gap (the step after its prefill)
+    # the TTFTs of requests whose wait overlapped no client loop stall of >= 10 ms, and how many did overlap one
+    ttft_unstalled_ms: dict[str, float] = field(default_factory=dict)
+    ttft_client_stalled: int = 0
 
 
 def pcts(xs: Sequence[float]) -> dict[str, float]:
@@ -89,6 +93,8 @@ def summarize_run(config: str, label: str, seed: int, model: str, rate: float, t
     ok = [r for r in client.results if r.error is None]
     itls = all_itls_ms([r.timeline for r in ok])
     ttfts = [t * 1e3 for r in ok if (t := r.timeline.ttft()) is not None]
+    unstalled, stalled = split_client_stalled(ok, getattr(client, "late_spans", []),
+                                              getattr(client, "t0_monotonic", 0.0))
     tokens = sum(r.completion_tokens for r in client.results)
     summary = RunSummary(
         config=config, label=label, seed=seed, model=model, rate=rate, trace_s=trace_s,
@@ -109,6 +115,7 @@ def summarize_run(config: str, label: str, seed: int, model: str, rate: float, t
         temperature=temperature, server=server, **_graph_facts(after, boot, log_info),
         engine={k: after[k] - before.get(k, 0.0) for k in ENGINE_KEYS if k in after},
         itl_first_ms=pcts([g[0] * 1e3 for r in ok if (g := r.timeline.itls())]),
+        ttft_unstalled_ms=pcts(unstalled), ttft_client_stalled=stalled,
     )
     return summary, itls
 
@@ -224,6 +231,7 @@ def evaluate_targets(by_config: Mapping[str, Sequence[RunSummary]]) -> list[Targ
 COLUMNS = [
     ("seeds", None), ("errors", "errors"), ("start-up s", "startup_s"), ("start-up capture s", "startup_capture_s"),
     ("TTFT p50 ms", "ttft_ms.p50"), ("TTFT p99", "ttft_ms.p99"), ("TTFT p99.9", "ttft_ms.p99.9"),
+    ("TTFTs over a client stall", "ttft_client_stalled"), ("TTFT p99 without them", "ttft_unstalled_ms.p99"),
     ("ITL p50 ms", "itl_ms.p50"), ("ITL p99", "itl_ms.p99"), ("ITL p99.9", "itl_ms.p99.9"),
     ("ITL max", "itl_max_ms"), ("first ITL p50", "itl_first_ms.p50"), ("E2E p50 ms", "e2e_ms.p50"), ("E2E p99", "e2e_ms.p99"),
     ("E2E p99.9", "e2e_ms.p99.9"), ("output tok/s", "output_tok_s"), ("ITL gaps", "itl_gaps"),
@@ -243,8 +251,9 @@ def markdown(by_config: Mapping[str, Sequence[RunSummary]], targets: Sequence[Ta
             "median over seeds [min-max]. Latencies are client-side (openai AsyncOpenAI, streamed completions); "
             "ITL = gaps between streamed chunks that carry tokens; captures and the other pool counters are "
             "/metrics after the run minus /metrics right before it (after start-up, the warm-up graphs a server "
-            "captures while idle after ready, and one warm-up completion); "
-            "`@T0.8`: the workload sampled at temperature 0.8.\n\n")
+            "captures while idle after ready, and one warm-up completion); a TTFT over a client stall is a "
+            "request whose wait for its first token overlapped 10 ms or more of its client process's event loop "
+            "waking late; `@T0.8`: the workload sampled at temperature 0.8.\n\n")
     body += md_table(["configuration", *(c for c, _ in COLUMNS)], rows)
     body += "\nTargets (medians over seeds):\n\n" + "\n".join(t.line() for t in targets) + "\n"
     samples = [f"({r.config}) seed {r.seed}: {e}" for rs in by_config.values() for r in rs for e in r.errors_sample]
