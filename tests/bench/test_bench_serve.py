@@ -295,6 +295,7 @@ def test_real_run_on_cpu(tmp_path: Path) -> None:
     assert causes["steps"]["prefill step"]["steps"] > 0 and causes["steps"]["eager decode step"]["steps"] > 0
     assert (tmp_path / "timelines" / "no-graphs-seed0.json").exists()
     assert run["client_cpu_share"] > 0 and run["client_loop_lag_ms"]["p50"] >= 0
+    assert 0 <= run["ttft_client_stalled"] <= run["requests"] and "TTFT p99 without them" in md
 
 
 def test_restarts_compare_first_starts_and_restarts_per_config() -> None:
@@ -310,3 +311,30 @@ def test_restarts_compare_first_starts_and_restarts_per_config() -> None:
     text = compare_markdown(runs, None)
     assert "| default | 12 | 6 | 0.09x |" in text and "| vllm | 100 | 70 | - |" in text
     assert restarts([r for r in runs if r.seed == 0]) == {}  # one start each: no restart to show
+
+
+def test_each_client_process_warms_its_client_up_untimed() -> None:
+    """One streamed request shaped as the trace's (a short prompt, one token) before time 0; its failure goes to
+    the run's error sample."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from graphpool.bench.serve.client import _warm_up
+
+    calls: list[dict] = []
+
+    async def chunks():
+        yield SimpleNamespace()
+
+    async def create(**kw):
+        calls.append(kw)
+        if kw["model"] == "broken":
+            raise ConnectionError("refused")
+        return chunks()
+
+    client = SimpleNamespace(completions=SimpleNamespace(create=create))
+    assert asyncio.run(_warm_up(client, "m", list(range(20)), 0.8)) is None
+    (kw,) = calls
+    assert kw["prompt"] == list(range(8)) and kw["max_tokens"] == 1 and kw["stream"] and kw["temperature"] == 0.8
+    assert kw["extra_body"] == {"ignore_eos": True} and kw["stream_options"] == {"include_usage": True}
+    assert asyncio.run(_warm_up(client, "broken", "a b c", 0.0)) == "warm-up request: ConnectionError: refused"

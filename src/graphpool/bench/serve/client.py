@@ -95,6 +95,22 @@ async def _one(client: object, model: str, req: TraceRequest, prompt: str | list
         res.error = f"{type(exc).__name__}: {exc}"[:300]
 
 
+async def _warm_up(client: object, model: str, prompt: str | list[int], temperature: float) -> str | None:
+    """One untimed streamed request shaped as the trace's: the client's first call imports and builds its
+    response types (30-80 ms of this process's event loop on a 2-core VM, more where Python compiles them from
+    source), which would otherwise stall the first timed requests. Its error, if any, for the run's sample."""
+    try:
+        stream = await client.completions.create(  # type: ignore[attr-defined]
+            model=model, prompt=prompt[:8], max_tokens=1, temperature=temperature, stream=True,
+            stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
+        )
+        async for _ in stream:
+            pass
+    except Exception as exc:  # NOTE: reported with the run's errors, not swallowed
+        return f"warm-up request: {type(exc).__name__}: {exc}"[:300]
+    return None
+
+
 async def run_trace(url: str, model: str, trace: Sequence[TraceRequest], seed: int, token_ids: bool,
                     concurrency: int | None, label: str, request_timeout_s: float = 600.0,
                     progress_every_s: float = 5.0, start_monotonic: float | None = None,
@@ -159,6 +175,7 @@ async def run_trace(url: str, model: str, trace: Sequence[TraceRequest], seed: i
             if lags[-1] > 1.0:
                 late.append((t + _LAG_PROBE_S, woke))
 
+    warm_error = await _warm_up(client, model, prompts[0], temperature) if trace else None
     if ready is not None:
         start_monotonic = ready()  # NOTE: blocks the loop on purpose: nothing runs on it yet
     if start_monotonic is not None:
@@ -189,7 +206,7 @@ async def run_trace(url: str, model: str, trace: Sequence[TraceRequest], seed: i
     sent = [r.timeline.arrival_s for r in results]
     ends = [r.end_s for r in results]
     duration = (max(ends) - min(sent)) if results else 0.0
-    errors = [r.error for r in results if r.error is not None]
+    errors = [r.error for r in results if r.error is not None] + ([warm_error] if warm_error else [])
     return ClientRun(results=results, duration_s=duration, max_in_flight=state["max_in_flight"],
                      progress_lines=state["lines"], errors_sample=list(dict.fromkeys(errors))[:5],
                      t0_monotonic=t0_mono, loop_lag_ms=lags, cpu_share=cpu_share, late_spans=[late])
