@@ -5,7 +5,8 @@ time of the engine and event-loop threads per token; medians last.
     python benchmarks/host_probe.py [--model random:llama3.2-1b] [--tokens 600] [--reps 3] [--temperature 0.8]
                                     [--disable-kernels step_sample]
 
-When the engine-alone gap sits above the step's GPU time (`bench step`'s graph ms), the host sets the pace.
+When the engine-alone gap sits above the step's GPU time (`bench step`'s graph ms), the host sets the pace; its
+launch (a step's host work before it waits for the GPU) is what must fit under that time.
 The engine thread's CPU time includes a CUDA sync's spin-wait; the event loop's is its cost per streamed token.
 """
 
@@ -36,13 +37,20 @@ def median_gap_ms(times: list[float]) -> float:
     return statistics.median(gaps) * 1e3
 
 
-def engine_alone(engine: LLMEngine, params: SamplingParams) -> float:
+def engine_alone(engine: LLMEngine, params: SamplingParams) -> tuple[float, float]:
+    """(median gap ms, median launch ms): a step's launch runs from its start to the engine's `before_wait`
+    hook, the host's work before it waits for the GPU (async scheduling: the next step already launched)."""
     engine.add_request(f"probe-{time.monotonic_ns()}", PROMPT, params)
-    times = []
-    while engine.has_unfinished_requests():
-        engine.step()
-        times.append(time.perf_counter())
-    return median_gap_ms(times)
+    times, launches = [], []
+    engine.before_wait = lambda: launches.append(time.perf_counter() - start)
+    try:
+        while engine.has_unfinished_requests():
+            start = time.perf_counter()
+            engine.step()
+            times.append(time.perf_counter())
+    finally:
+        engine.before_wait = None
+    return median_gap_ms(times), statistics.median(launches[SKIP:] or launches) * 1e3
 
 
 def thread_cpu(name: str) -> float:
@@ -105,7 +113,8 @@ def main() -> None:
     print(f"{device}, torch {torch.__version__}, {args.model}, T={args.temperature}, {args.tokens} tokens, "
           f"{args.reps} requests each{off}")
     print("| measure | median | runs |\n|---|---|---|")
-    for name, values in (("engine alone: gap ms", alone),
+    for name, values in (("engine alone: gap ms", [a[0] for a in alone]),
+                         ("engine alone: launch ms / step", [a[1] for a in alone]),
                          ("server: gap ms", [r[0] for r in served]),
                          ("server: engine thread CPU us / token", [r[1] for r in served]),
                          ("server: event loop CPU us / token", [r[2] for r in served])):
