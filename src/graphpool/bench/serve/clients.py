@@ -11,7 +11,7 @@ import multiprocessing as mp
 import os
 import queue
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from graphpool.bench.common import progress
@@ -53,16 +53,23 @@ def process_caps(concurrency: int | None, processes: int) -> list[int | None]:
 
 def run_trace_processes(url: str, model: str, trace: Sequence[TraceRequest], seed: int, token_ids: bool,
                         concurrency: int | None, label: str, processes: int, request_timeout_s: float = 600.0,
-                        progress_every_s: float = 5.0, temperature: float = 0.0) -> ClientRun:
+                        progress_every_s: float = 5.0, temperature: float = 0.0,
+                        on_ready: Callable[[], None] | None = None) -> ClientRun:
     """`run_trace` with the requests dealt round-robin to ``processes`` client processes (1: in this one); a
-    ``concurrency`` cap is dealt out too, so that never more than it are in flight in all."""
+    ``concurrency`` cap is dealt out too, so that never more than it are in flight in all. ``on_ready``: called
+    once every client is set up (its untimed warm-up request done), before the trace's time 0."""
     if processes < 1:
         raise ValueError(f"serve bench: --client-processes must be >= 1, got {processes}")
     caps = process_caps(concurrency, processes)
     processes = len(caps)
     if processes == 1:
+        def ready_here() -> float:
+            if on_ready is not None:
+                on_ready()
+            return time.monotonic()
+
         return asyncio.run(run_trace(url, model, trace, seed, token_ids, concurrency, label, request_timeout_s,
-                                     progress_every_s, temperature=temperature))
+                                     progress_every_s, ready=ready_here, temperature=temperature))
     ctx = mp.get_context("spawn")
     ready, start, done, out = ctx.Barrier(processes + 1), ctx.Value("d", 0.0), ctx.Value("i", 0), ctx.Queue()
     procs = [ctx.Process(target=_worker, daemon=True, args=(
@@ -71,6 +78,8 @@ def run_trace_processes(url: str, model: str, trace: Sequence[TraceRequest], see
     for p in procs:
         p.start()
     ready.wait(timeout=120)
+    if on_ready is not None:
+        on_ready()
     start.value = time.monotonic() + _START_S
     ready.wait(timeout=120)
     runs: dict[int, ClientRun] = {}

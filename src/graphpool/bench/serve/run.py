@@ -81,9 +81,12 @@ def run_one(cfg: ServeBenchConfig, sc: ServeConfig, seed: int, out_dir: Path) ->
             label = f"{name}, T={temp:g}"
             warm = warm_up(server.url, model, list(range(1, 9)) if cfg.token_ids else "the of and to", temp)
             progress(f"{label}: untimed warm-up completion {warm:.2f} s")
-            before = scrape(server.url, engine_series=not sc.foreign)
-            client = run_trace_processes(server.url, model, trace, seed, cfg.token_ids, cfg.concurrency, label,
-                                         cfg.client_processes, temperature=temp)
+            before: dict[str, float] = {}
+            # NOTE: scraped once the clients' own untimed requests are done: the counters cover the trace only
+            client = run_trace_processes(
+                server.url, model, trace, seed, cfg.token_ids, cfg.concurrency, label, cfg.client_processes,
+                temperature=temp,
+                on_ready=lambda before=before: before.update(scrape(server.url, engine_series=not sc.foreign)))
             after = scrape(server.url, engine_series=not sc.foreign)
             workloads.append(Workload(temp, client, before, after, fetch_timeline(server.url) if timelines else None))
     finally:
