@@ -11,7 +11,8 @@
 # turn: 2 gives a first start and a restart), DURATION (s of arrivals per workload), RATE
 # (req/s), CONCURRENCY (most requests in flight; 1: single stream), TEMPERATURES (default "0 0.8"), VLLM_ARGS,
 # VLLM_MODEL (vLLM's model folder; needed for any MODEL but random:<preset>, e.g. the embedded default converted
-# by shared/device/vllm's gguf2hf.py), LIMIT_S, OUT.
+# by shared/device/vllm's gguf2hf.py), STEP_TIMELINE=1 (graphpool keeps its step timeline and every client gap over
+# 10 ms is attributed to what ran in it; off by default: the recording adds two events a step), LIMIT_S, OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 MODEL=${1:-random:llama3.2-1b}
@@ -38,13 +39,15 @@ rm -rf "$OUT"
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv | tee "$OUT/gpu.txt"
 
+timeline=(--no-step-timeline)
+[ "${STEP_TIMELINE:-0}" = 1 ] && timeline=()
 vllm_args=()
 for a in $VLLM_ARGS; do vllm_args+=("--vllm-arg=$a"); done
 # NOTE: graphpool first, vLLM last: a server's memory is all back before the next one sizes its KV cache
 args=(serve --model "$MODEL" --configs $CONFIGS --temperatures $TEMPERATURES --seeds "${SEEDS:-1}" --rate "$RATE"
       ${CONCURRENCY:+--concurrency "$CONCURRENCY"} ${VLLM_MODEL:+--vllm-model "$VLLM_MODEL"}
       --duration "$DURATION" --prompt-mean 300 --prompt-cap 1024 --max-tokens-mean 128 --max-tokens-cap 384
-      --no-step-timeline --startup-timeout 300 --vllm-python python3 --vllm-pythonpath "$VK_SITE"
+      "${timeline[@]}" --startup-timeout 300 --vllm-python python3 --vllm-pythonpath "$VK_SITE"
       "${vllm_args[@]}" --out "$OUT")
 START=$(date +%s)
 timeout -s INT -k 15 "$LIMIT_S" python3 -m graphpool.bench "${args[@]}" >"$OUT/log.txt" 2>&1
