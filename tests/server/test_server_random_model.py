@@ -78,3 +78,47 @@ def test_a_server_answers_before_the_deferred_warm_up_graphs_and_captures_them_w
                                           extra_body={"ignore_eos": True})
         assert again.usage is not None and again.usage.completion_tokens == 3
     assert engine.runner.deferred_graphs == 0 and set(wanted) <= set(engine.runner.pool.resident_sizes())
+
+
+def test_async_scheduling_streams_through_the_held_hand_off_give_every_token_in_order() -> None:
+    """Async scheduling on the CPU (the pool's stand-in capturer), requests streamed concurrently: the engine
+    thread hands each step's outputs out from the next step's hook, and every stream gets exactly the tokens the
+    engine gives alone, one chunk each, then its finish chunk."""
+    import asyncio
+
+    from graphpool import SamplingParams
+    from graphpool.engine.config import EngineConfig
+    from graphpool.engine.engine import LLMEngine
+    from graphpool.pool.testing import EagerCapturer
+
+    config = EngineConfig(model="random:smollm2-135m?layers=1", device="cpu", max_model_len=64, num_kv_blocks=32,
+                          async_scheduling=True, graph_warmup="none", graph_max_batch_size=8,
+                          graph_split_batch_size=4, graph_grow_step_size=4)
+    engine = LLMEngine(config, capturer=EagerCapturer())
+    prompts = [[5 + i, 17, 42, 7 + i] for i in range(4)]
+    lengths = [3, 7, 5, 9]
+    alone = []
+    for i, (p, n) in enumerate(zip(prompts, lengths, strict=True)):
+        engine.add_request(f"alone{i}", p, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
+        while engine.has_unfinished_requests():
+            alone += [o.token_ids for o in engine.step() if o.finished]
+
+    async def stream_all(base_url: str) -> list[list[tuple[list[str], str | None]]]:
+        client = openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="none", max_retries=0, timeout=120)
+
+        async def one(p: list[int], n: int) -> list[tuple[list[str], str | None]]:
+            stream = await client.completions.create(
+                model=engine.model_name, prompt=p, max_tokens=n, temperature=0, stream=True, logprobs=0,
+                extra_body={"ignore_eos": True})
+            return [(c.choices[0].logprobs.tokens if c.choices[0].logprobs else [], c.choices[0].finish_reason)
+                    async for c in stream]
+
+        return await asyncio.gather(*(one(p, n) for p, n in zip(prompts, lengths, strict=True)))
+
+    chained = engine._async.chained_steps if engine._async is not None else 0
+    with serve_in_thread(engine) as (base_url, _):
+        streams = asyncio.run(stream_all(base_url))
+    for chunks, want, n in zip(streams, alone, lengths, strict=True):
+        assert [f for _, f in chunks] == [None] * n + ["length"]
+        assert [t for tokens, _ in chunks for t in tokens] == [f"token_id:{t}" for t in want]
+    assert engine._async is not None and engine._async.chained_steps > chained
