@@ -263,7 +263,6 @@ class AsyncEngine:
         """One engine step; returns whether it ran one (a middle prefill chunk runs and outputs nothing). Its
         outputs are held for the next step's `before_wait` (the module's note)."""
         outputs = self.engine.step()
-        self._flush()  # the previous step's, if this step never reached its hook
         if self.observer is not None:
             self.observer.on_step(self.engine, outputs)
         for out in outputs:
@@ -289,16 +288,14 @@ class AsyncEngine:
         if drain is None or (self._streams and time.monotonic() < drain.deadline):
             return
         self._drain = None
-        self._flush()
         streams, self._streams = self._streams, {}
-        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[RequestStream, RequestOutput]]] = {}
         for request_id, stream in streams.items():
             self.engine.abort_request(request_id)
             if self.observer is not None:
                 self.observer.on_abort(request_id)
-            by_loop.setdefault(stream.loop, []).append((stream, stream.aborted_output(self.engine.encode)))
-        for loop, items in by_loop.items():
-            deliver(loop, put_all, items)
+            # NOTE: after any held output of the same stream: each stream's outputs stay in order
+            self._held.setdefault(stream.loop, []).append((stream, stream.aborted_output(self.engine.encode)))
+        self._flush()
         if streams:
             self._publish()
         deliver(drain.loop, settle, drain.result, len(streams), None)
