@@ -21,6 +21,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _own_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """Engines built from a config keep converted tokenizers under $XDG_CACHE_HOME: a folder of the run's own,
+    not the user's (servers started by a test inherit it)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))
+        yield
+
+
 @pytest.fixture(scope="session")
 def default_model() -> tuple[Any, Any, Any]:
     """The embedded default model, loaded once per session: `load_model(None, "cpu", torch.float32, "torch")`.

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from functools import cached_property
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -70,6 +72,9 @@ class EngineConfig:
     model: str = DEFAULT_MODEL
     revision: str | None = None  # of a hub id (a branch, tag or commit); None -> main
     download_dir: str | None = None  # hub cache folder; None -> huggingface_hub's (HF_HOME, HF_HUB_CACHE)
+    # where a GGUF's tokenizer, converted once by transformers, is kept (model/tokenizer_cache.py); None ->
+    # $XDG_CACHE_HOME/graphpool, else ~/.cache/graphpool; "" -> not kept (converted on every start)
+    cache_dir: str | None = None
     generation_config: str = "auto"  # engine/generation_defaults.py; "none": graphpool's own sampling defaults
     device: str = "auto"
     dtype: str = "auto"  # auto: bfloat16 on CUDA, float32 on CPU
@@ -242,6 +247,13 @@ class EngineConfig:
     @cached_property
     def torch_device(self) -> torch.device:
         return resolve_device(self.device)
+
+    @property
+    def tokenizer_cache(self) -> Path | None:
+        if self.cache_dir is not None:
+            return Path(self.cache_dir).expanduser() if self.cache_dir else None
+        base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+        return Path(base) / "graphpool"
 
     @property
     def resolved_attn_backend(self) -> str:

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from graphpool.model import tokenizer_cache
 from graphpool.model.config import ModelConfig
 from graphpool.model.families import build_model
 from graphpool.model.gguf_loader import (
@@ -110,12 +111,14 @@ def load_model(
     disabled_kernels: tuple[str, ...] = (),
     revision: str | None = None,
     download_dir: str | None = None,
+    tokenizer_cache: Path | None = None,
 ) -> tuple[LlamaModel, ModelConfig, Tokenizer | None]:
     """Build and fill the model. Returns (model, config, tokenizer or None for random presets).
 
     `max_positions` caps the rotary cache (defaults to the model's max_position_embeddings);
     `disabled_kernels`: kernel switches off in the model's operations (`kernels/switches.py`);
-    `revision`, `download_dir`: for a hub id (model/hub.py).
+    `revision`, `download_dir`: for a hub id (model/hub.py); `tokenizer_cache`: the folder a GGUF's converted
+    tokenizer is kept in (model/tokenizer_cache.py; None: converted on every load).
     """
     kwargs = {"device": torch.device(device), "dtype": dtype, "attn_backend": attn_backend,
               "max_positions": max_positions, "disabled_kernels": disabled_kernels}
@@ -125,16 +128,20 @@ def load_model(
         init_random_weights(model, seed=seed)
         return model.eval(), source, None
     kind, path = source
-    return _load_gguf(path, **kwargs) if kind == "gguf" else _load_hf_folder(path, **kwargs)
+    if kind == "gguf":
+        return _load_gguf(path, tokenizer_cache, **kwargs)
+    return _load_hf_folder(path, **kwargs)
 
 
-def _load_gguf(path: Path, **kwargs: object) -> tuple[LlamaModel, ModelConfig, Tokenizer | None]:
+def _load_gguf(path: Path, tokenizer_cache: Path | None,
+               **kwargs: object) -> tuple[LlamaModel, ModelConfig, Tokenizer | None]:
     """One read of the file's header shared by the config, the weights and the tokenizer; the tokenizer is
     built on a second thread while the weights are dequantized (numpy and torch release the GIL there)."""
     reader = open_gguf(path)
     config = gguf_config(reader)
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="gguf-tokenizer") as pool:
-        tokenizer = pool.submit(_gguf_tokenizer, reader, path, config) if gguf_has_tokenizer(reader) else None
+        tokenizer = (pool.submit(_gguf_tokenizer, reader, path, config, tokenizer_cache)
+                     if gguf_has_tokenizer(reader) else None)
         model = build_model(config, **kwargs)
         loader = WeightLoader(model)
         for name, tensor in iter_gguf_weights(reader, config, model.device):
@@ -143,8 +150,14 @@ def _load_gguf(path: Path, **kwargs: object) -> tuple[LlamaModel, ModelConfig, T
         return model.eval(), config, tokenizer.result() if tokenizer is not None else None
 
 
-def _gguf_tokenizer(reader: Any, path: Path, config: ModelConfig) -> Tokenizer:
-    return tokenizer_from_gguf_metadata(gguf_tokenizer_metadata(reader), path, config.eos_token_ids)
+def _gguf_tokenizer(reader: Any, path: Path, config: ModelConfig, cache: Path | None) -> Tokenizer:
+    if cache is None:
+        return tokenizer_from_gguf_metadata(gguf_tokenizer_metadata(reader), path, config.eos_token_ids)
+    cached = tokenizer_cache.load_cached(cache, path, config.eos_token_ids)
+    if cached is not None:
+        return cached
+    converted = tokenizer_from_gguf_metadata(gguf_tokenizer_metadata(reader), path, config.eos_token_ids)
+    return tokenizer_cache.store(cache, path, converted)
 
 
 def hf_folder_config(folder: Path) -> ModelConfig:
