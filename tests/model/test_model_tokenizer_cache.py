@@ -143,9 +143,23 @@ def test_a_tokenizer_that_would_differ_is_not_cached(converted: Tokenizer, tmp_p
     assert not any((tmp_path / "tokenizers").glob("*/settings.json"))
 
 
-def test_a_restart_loads_the_tokenizer_without_importing_transformers(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def hf_folder(tmp_path_factory: pytest.TempPathFactory, converted: Tokenizer) -> Path:
+    """A tiny Llama saved as a Hugging Face folder with the default model's tokenizer."""
+    from model_reference import tiny_hf_model
+
+    folder = tmp_path_factory.mktemp("hf-folder")
+    tiny_hf_model("llama", True).save_pretrained(folder, safe_serialization=True)
+    converted.hf.save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("kind", ["gguf", "folder"])
+def test_a_restart_loads_the_tokenizer_without_importing_transformers(kind: str, hf_folder: Path,
+                                                                        tmp_path: Path) -> None:
+    model = "None" if kind == "gguf" else repr(str(hf_folder))
     code = ("import sys; from pathlib import Path; from graphpool.model.loader import load_model; "
-            "_, _, tok = load_model(None, 'cpu', max_positions=32, tokenizer_cache=Path(sys.argv[1])); "
+            f"_, _, tok = load_model({model}, 'cpu', max_positions=32, tokenizer_cache=Path(sys.argv[1])); "
             "print(type(tok).__name__, 'transformers' in sys.modules, tok.encode('Hello there'))")
     runs = [subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True,
                            check=True, env={**os.environ, "OMP_NUM_THREADS": "1"}).stdout.split(maxsplit=2)
@@ -154,6 +168,14 @@ def test_a_restart_loads_the_tokenizer_without_importing_transformers(tmp_path: 
     assert runs[1][:2] == ["BackendTokenizer", "False"]
     assert runs[0][2] == runs[1][2]
 
+
+def test_a_folder_entry_follows_its_tokenizer_files_not_its_weights(hf_folder: Path, tmp_path: Path) -> None:
+    first = tokenizer_cache.entry_dir(tmp_path, hf_folder)
+    weights = next(hf_folder.glob("*.safetensors"))
+    os.utime(weights, (1, 1))
+    assert tokenizer_cache.entry_dir(tmp_path, hf_folder) == first
+    os.utime(hf_folder / "tokenizer_config.json", (1, 1))
+    assert tokenizer_cache.entry_dir(tmp_path, hf_folder) != first
 
 
 def test_the_cache_folder_is_configured_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

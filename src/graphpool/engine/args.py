@@ -31,7 +31,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     add("--revision", "revision", help="hub id revision: a branch, tag or commit (default: main)")
     add("--download-dir", "download_dir", help="hub cache folder (default: huggingface_hub's, under HF_HOME; "
         "HF_HUB_OFFLINE=1 reads only the cache)")
-    add("--cache-dir", "cache_dir", help="where a GGUF's tokenizer, converted once, is kept for later starts "
+    add("--cache-dir", "cache_dir", help="where the model's tokenizer, built once by transformers, is kept for later starts "
         "(default: $XDG_CACHE_HOME/graphpool or ~/.cache/graphpool; '' keeps none)")
     add("--generation-config", "generation_config", choices=list(GENERATION_CONFIG_MODES),
         help="auto (default): the model's generation_config.json gives the sampling defaults (temperature, top_p, "

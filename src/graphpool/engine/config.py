@@ -72,7 +72,7 @@ class EngineConfig:
     model: str = DEFAULT_MODEL
     revision: str | None = None  # of a hub id (a branch, tag or commit); None -> main
     download_dir: str | None = None  # hub cache folder; None -> huggingface_hub's (HF_HOME, HF_HUB_CACHE)
-    # where a GGUF's tokenizer, converted once by transformers, is kept (model/tokenizer_cache.py); None ->
+    # where a model's tokenizer, built once by transformers, is kept (model/tokenizer_cache.py); None ->
     # $XDG_CACHE_HOME/graphpool, else ~/.cache/graphpool; "" -> not kept (converted on every start)
     cache_dir: str | None = None
     generation_config: str = "auto"  # engine/generation_defaults.py; "none": graphpool's own sampling defaults

@@ -10,7 +10,6 @@ from typing import Any
 
 import torch
 
-from graphpool.model import tokenizer_cache
 from graphpool.model.config import ModelConfig
 from graphpool.model.families import build_model
 from graphpool.model.gguf_loader import (
@@ -25,6 +24,7 @@ from graphpool.model.hub import hub_snapshot, parse_hub_id
 from graphpool.model.llama import AttnBackend, LlamaModel
 from graphpool.model.presets import PRESETS, first_layers
 from graphpool.model.tokenizer import Tokenizer, tokenizer_from_folder, tokenizer_from_gguf_metadata
+from graphpool.model.tokenizer_cache import load_or_convert
 from graphpool.model.weights import WeightLoader, init_random_weights
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -117,8 +117,8 @@ def load_model(
 
     `max_positions` caps the rotary cache (defaults to the model's max_position_embeddings);
     `disabled_kernels`: kernel switches off in the model's operations (`kernels/switches.py`);
-    `revision`, `download_dir`: for a hub id (model/hub.py); `tokenizer_cache`: the folder a GGUF's converted
-    tokenizer is kept in (model/tokenizer_cache.py; None: converted on every load).
+    `revision`, `download_dir`: for a hub id (model/hub.py); `tokenizer_cache`: the folder a converted tokenizer
+    is kept in (model/tokenizer_cache.py; None: converted on every load).
     """
     kwargs = {"device": torch.device(device), "dtype": dtype, "attn_backend": attn_backend,
               "max_positions": max_positions, "disabled_kernels": disabled_kernels}
@@ -130,7 +130,7 @@ def load_model(
     kind, path = source
     if kind == "gguf":
         return _load_gguf(path, tokenizer_cache, **kwargs)
-    return _load_hf_folder(path, **kwargs)
+    return _load_hf_folder(path, tokenizer_cache, **kwargs)
 
 
 def _load_gguf(path: Path, tokenizer_cache: Path | None,
@@ -150,14 +150,10 @@ def _load_gguf(path: Path, tokenizer_cache: Path | None,
         return model.eval(), config, tokenizer.result() if tokenizer is not None else None
 
 
-def _gguf_tokenizer(reader: Any, path: Path, config: ModelConfig, cache: Path | None) -> Tokenizer:
-    if cache is None:
-        return tokenizer_from_gguf_metadata(gguf_tokenizer_metadata(reader), path, config.eos_token_ids)
-    cached = tokenizer_cache.load_cached(cache, path, config.eos_token_ids)
-    if cached is not None:
-        return cached
-    converted = tokenizer_from_gguf_metadata(gguf_tokenizer_metadata(reader), path, config.eos_token_ids)
-    return tokenizer_cache.store(cache, path, converted)
+def _gguf_tokenizer(reader: Any, path: Path, config: ModelConfig, cache: Path | None) -> Tokenizer | None:
+    return load_or_convert(
+        cache, path, config.eos_token_ids,
+        lambda: tokenizer_from_gguf_metadata(gguf_tokenizer_metadata(reader), path, config.eos_token_ids))
 
 
 def hf_folder_config(folder: Path) -> ModelConfig:
@@ -173,7 +169,8 @@ def hf_folder_config(folder: Path) -> ModelConfig:
     return dataclasses.replace(config, eos_token_ids=merged) if merged != config.eos_token_ids else config
 
 
-def _load_hf_folder(folder: Path, **kwargs: object) -> tuple[LlamaModel, ModelConfig, Tokenizer | None]:
+def _load_hf_folder(folder: Path, tokenizer_cache: Path | None,
+                    **kwargs: object) -> tuple[LlamaModel, ModelConfig, Tokenizer | None]:
     from safetensors import safe_open
 
     config = hf_folder_config(folder)
@@ -187,4 +184,6 @@ def _load_hf_folder(folder: Path, **kwargs: object) -> tuple[LlamaModel, ModelCo
             for key in f.keys():  # noqa: SIM118 (safe_open is not a Mapping)
                 loader.load(key, f.get_tensor(key))
     loader.finish()
-    return model.eval(), config, tokenizer_from_folder(folder, config.eos_token_ids)
+    tokenizer = load_or_convert(tokenizer_cache, folder, config.eos_token_ids,
+                                lambda: tokenizer_from_folder(folder, config.eos_token_ids))
+    return model.eval(), config, tokenizer

@@ -1,10 +1,11 @@
-"""A GGUF file's tokenizer kept on disk once transformers has converted it: the `tokenizers` library's own
-tokenizer.json, with the special tokens and chat template beside it. A restart builds the tokenizer from those with
-`tokenizers` and jinja2 alone; importing transformers to convert it again costs seconds of start-up.
+"""A model's tokenizer (a GGUF file's, or a Hugging Face folder's) kept on disk once transformers has built it: the
+`tokenizers` library's own tokenizer.json, with the special tokens and chat template beside it. A restart builds
+the tokenizer from those with `tokenizers` and jinja2 alone; importing transformers again costs seconds of start-up.
 
 A converted tokenizer is kept only when it encodes, decodes and renders the probes below exactly as transformers'
-does; otherwise the load goes on with transformers' and nothing is written. The entry's key holds the file's path,
-size and modification time and the transformers and tokenizers versions, so a changed file or library converts anew.
+does (a slow, non-`tokenizers` one is never kept); otherwise the load goes on with transformers' and nothing is
+written. The entry's key holds the source's path, the size and modification time of the file (of a folder: of each
+file but the weights) and the transformers and tokenizers versions, so a changed file or library converts anew.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,10 +44,16 @@ PROBE_CHATS = (
 )
 
 
-def entry_dir(cache_dir: Path, gguf_path: Path) -> Path:
-    stat = gguf_path.stat()
+_WEIGHTS = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".msgpack", ".h5")
+
+
+def entry_dir(cache_dir: Path, source: Path) -> Path:
+    files = [source] if not source.is_dir() else sorted(
+        f for f in source.iterdir() if f.is_file() and not f.name.endswith(_WEIGHTS))
+    stats = [(f.name, f.stat()) for f in files]
     versions = [_version(name) for name in ("transformers", "tokenizers")]
-    key = f"{FORMAT}|{gguf_path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{'|'.join(versions)}"
+    key = "|".join([str(FORMAT), str(source.resolve()), *versions,
+                    *(f"{name}:{st.st_size}:{st.st_mtime_ns}" for name, st in stats)])
     return cache_dir / "tokenizers" / hashlib.sha256(key.encode()).hexdigest()[:32]
 
 
@@ -56,9 +64,21 @@ def _version(name: str) -> str:
         return "-"
 
 
-def load_cached(cache_dir: Path, gguf_path: Path, eos_token_ids: tuple[int, ...]) -> BackendTokenizer | None:
-    """The file's cached tokenizer, or None when there is none (or it cannot be read: it is converted anew)."""
-    entry = entry_dir(cache_dir, gguf_path)
+def load_or_convert(cache_dir: Path | None, source: Path, eos_token_ids: tuple[int, ...],
+                    convert: Callable[[], Tokenizer | None]) -> Tokenizer | None:
+    """`source`'s cached tokenizer; else `convert()`'s (transformers'), kept for the next start where it can be."""
+    if cache_dir is None:
+        return convert()
+    cached = load_cached(cache_dir, source, eos_token_ids)
+    if cached is not None:
+        return cached
+    converted = convert()
+    return store(cache_dir, source, converted) if converted is not None else None
+
+
+def load_cached(cache_dir: Path, source: Path, eos_token_ids: tuple[int, ...]) -> BackendTokenizer | None:
+    """The source's cached tokenizer, or None when there is none (or it cannot be read: it is converted anew)."""
+    entry = entry_dir(cache_dir, source)
     if not (entry / "settings.json").is_file():
         return None
     from tokenizers import Tokenizer as RustTokenizer
@@ -68,20 +88,23 @@ def load_cached(cache_dir: Path, gguf_path: Path, eos_token_ids: tuple[int, ...]
         backend = RustTokenizer.from_file(str(entry / "tokenizer.json"))
         return BackendTokenizer(backend, settings["special_tokens"], settings["chat_template"], eos_token_ids)
     except Exception as e:  # tokenizers raises a plain Exception on a bad file
-        logger.warning("the cached tokenizer in %s cannot be read (%s); converting %s again", entry, e, gguf_path)
+        logger.warning("the cached tokenizer in %s cannot be read (%s); converting %s again", entry, e, source)
         shutil.rmtree(entry, ignore_errors=True)  # so that the conversion's entry can take its place
         return None
 
 
-def store(cache_dir: Path, gguf_path: Path, converted: Tokenizer) -> Tokenizer:
+def store(cache_dir: Path, source: Path, converted: Tokenizer) -> Tokenizer:
     """`converted` (transformers') as a BackendTokenizer, written to the cache, when the two agree on the probes;
     else `converted` itself, and nothing is written."""
+    if not getattr(converted.hf, "is_fast", False):
+        logger.info("not caching %s's tokenizer: transformers built a slow (Python) one", source)
+        return converted
     fast = BackendTokenizer.from_hf(converted.hf, converted.eos_token_ids)
     difference = first_difference(fast, converted)
     if difference is not None:
-        logger.info("not caching %s's tokenizer: without transformers it would differ (%s)", gguf_path, difference)
+        logger.info("not caching %s's tokenizer: without transformers it would differ (%s)", source, difference)
         return converted
-    entry = entry_dir(cache_dir, gguf_path)
+    entry = entry_dir(cache_dir, source)
     try:
         entry.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(dir=entry.parent, prefix=".partial-"))
