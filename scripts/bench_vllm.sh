@@ -12,7 +12,8 @@
 # (req/s), CONCURRENCY (most requests in flight; 1: single stream), TEMPERATURES (default "0 0.8"), VLLM_ARGS,
 # VLLM_MODEL (vLLM's model folder; needed for any MODEL but random:<preset>, e.g. the embedded default converted
 # by shared/device/vllm's gguf2hf.py), STEP_TIMELINE=1 (graphpool keeps its step timeline and every client gap over
-# 10 ms is attributed to what ran in it; off by default: the recording adds two events a step), LIMIT_S, OUT.
+# 10 ms is attributed to what ran in it; off by default: the recording adds two events a step), PRECOMPILE=0
+# (leaves the packages' bytecode as it is), LIMIT_S, OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 MODEL=${1:-random:llama3.2-1b}
@@ -35,6 +36,14 @@ fi
 # stay, PYTHONPATH goes back to graphpool's (bench serve gives the vLLM child only $VK_SITE)
 source "$VLLM_ENV" env
 export PYTHONPATH=$GP_PYTHONPATH PYTHONUNBUFFERED=1
+# NOTE: both engines' packages as a pip install leaves them, compiled to bytecode: a Python run with
+# PYTHONDONTWRITEBYTECODE=1 (as on the GPU machine) otherwise compiles every module it imports at every start,
+# in both engines' start-ups. PRECOMPILE=0 skips it.
+if [ "${PRECOMPILE:-1}" = 1 ]; then
+  T0=$(date +%s)
+  timeout 300 python3 -m compileall -q -j 0 $(echo "$GP_PYTHONPATH" | tr ':' ' ') "$VK_SITE" >/dev/null 2>&1
+  echo "bytecode: compileall exit $? after $(($(date +%s) - T0)) s"
+fi
 rm -rf "$OUT"
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv | tee "$OUT/gpu.txt"
