@@ -43,11 +43,11 @@ PROBE_CHATS = (
      {"role": "assistant", "content": "Hello! 🤖"}, {"role": "user", "content": "Ünïcödé?"}],
 )
 
-
 _WEIGHTS = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".msgpack", ".h5")
 
 
 def entry_dir(cache_dir: Path, source: Path) -> Path:
+    """Where `source`'s (a GGUF file's, or a folder's) tokenizer is kept, as things stand on disk now."""
     files = [source] if not source.is_dir() else sorted(
         f for f in source.iterdir() if f.is_file() and not f.name.endswith(_WEIGHTS))
     stats = [(f.name, f.stat()) for f in files]
