@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -21,6 +22,7 @@ from graphpool.bench.serve.report import RunSummary, evaluate_targets, spread, s
 from graphpool.bench.serve.run import ServeBenchConfig, config_from_args
 from graphpool.bench.serve.server import parse_metrics
 from graphpool.bench.workload import generate_trace
+from graphpool.engine.args import add_engine_args, engine_config_from_args
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 
@@ -65,6 +67,11 @@ def test_configs_and_ladder() -> None:
     assert cfgs["budget"].flags == ("--graph-memory-budget", "128MiB")
     assert cfgs["no-warmup"].flags == ("--graph-warmup", "none")
     assert cfgs["microbatch-overlap"].flags == ("--enable-microbatch-overlap",)
+    assert cfgs["defer-captures"].flags == ("--graph-defer-captures",)
+    parser = argparse.ArgumentParser()
+    add_engine_args(parser)
+    parsed = parser.parse_args(list(cfgs["defer-captures"].flags))
+    assert engine_config_from_args(parsed, device="cpu").pool_config.defer_captures
     assert ladder_size(["--enable-microbatch-overlap"]) == 30  # per microbatch: 1..16, then 24..128 by 8
     full = full_pool_sizes([])
     assert len(full) == len(set(full)) == 16 and full[0] == 256  # the whole default pool, the largest first

@@ -343,5 +343,10 @@ def test_the_engine_loop_does_the_engines_idle_work_between_requests_and_then_bl
 
         assert asyncio.run(one())[-1] == "bcd"  # served as before
         assert engine.idle_calls_while_busy == 0 and engine.thread_ids == {async_engine._thread.ident}
+        deadline = time.monotonic() + 60
+        while engine.idle_calls < 6 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.2)
+        assert engine.idle_calls == 6  # asked once more after serving (steps may leave captures), then blocks
     finally:
         async_engine.shutdown()

@@ -82,6 +82,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     add("--graph-mempool", "graph_mempool", choices=["arena", "per_graph", "shared"],
         help="arena (default): one shared pool for every graph's activations, a graph holds only its "
              "executable; per_graph: one pool per graph; shared: one pool that keeps every graph's outputs")
+    _ENGINE_FLAGS["--graph-defer-captures"] = "graph_defer_captures"
+    group.add_argument("--graph-defer-captures", dest="graph_defer_captures", action=argparse.BooleanOptionalAction,
+                       default=None, help="a size admitted while a larger graph can serve it padded is captured "
+                       "when the server is idle, not in the step (a capture stalls every stream) (default: off)")
     add("--graph-warmup", "graph_warmup", help="capture at start-up: cover (default: a padding cover of the ladder), none, all, or sizes like 1,2,4,8")
     add("--graph-prefill-max-tokens", "graph_prefill_max_tokens", type=int,
         help="prefill steps of at most this many tokens replay a resident decode graph, one row a token "

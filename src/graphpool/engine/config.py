@@ -107,6 +107,9 @@ class EngineConfig:
     disable_cudagraph: bool = False
     graph_miss_policy: str | None = None  # None -> the pool's default
     graph_mempool: str | None = None  # None -> the pool's default
+    # a size the pool admits while a larger resident graph can serve it padded is captured when the server is
+    # idle (LLMEngine.idle_work), not in the step, whose every row a capture stalls (PoolConfig.defer_captures)
+    graph_defer_captures: bool = False
     # NOTE: "cover" by default: fewest captures while serving for a fraction of capture-all's start-up
     # (docs/benchmarks.md, "Default policy and why").
     graph_warmup: str | tuple[int, ...] = "cover"  # "none" | "cover" | "all" | batch sizes
@@ -315,6 +318,7 @@ class EngineConfig:
             **self._ladder_kwargs(),
             max_len_in_batch=self.len_bound,
             graph_memory_budget=self.graph_memory_budget,
+            defer_captures=self.graph_defer_captures,
         )
         if self.graph_miss_policy is not None:
             kwargs["miss_policy"] = self.graph_miss_policy

@@ -134,10 +134,10 @@ class LLMEngine(EngineIntrospection):
                  self.device, self.dtype, num_blocks - 1, bs, "on" if self.graphs_off is None else "off")
 
     def idle_work(self) -> bool:
-        """Captures the next deferred warm-up graph if no request is unfinished (a capture would stall its
-        steps); True while deferred graphs remain."""
+        """Captures the next deferred graph (warm-up, or a size the pool admitted while serving it padded) if
+        no request is unfinished (a capture would stall its steps); True while deferred graphs remain."""
         if self.has_unfinished_requests():
-            return self.runner.deferred_graphs > 0
+            return self.runner.idle_captures_left > 0
         return self.runner.capture_deferred()
 
     # requests -----------------------------------------------------------------------------------------

@@ -260,19 +260,28 @@ class ModelRunner(PrefillPaths):
 
     @property
     def deferred_graphs(self) -> int:
+        """Deferred warm-up graphs not captured yet."""
         return len(self._deferred)
 
+    @property
+    def idle_captures_left(self) -> int:
+        """Deferred warm-up graphs, and sizes the pool admitted while serving them padded (defer_captures)."""
+        return len(self._deferred) + len(self.pool.wanted_sizes)
+
     def capture_deferred(self) -> bool:
-        """Captures the next deferred warm-up graph (never evicting: one the pool has no room for is skipped);
-        True while more remain."""
+        """Captures the next deferred warm-up graph (never evicting: one the pool has no room for is skipped),
+        else the pool's next wanted size; True while more remain."""
         if not self._deferred:
-            return False
+            if self.pool.wanted_sizes:
+                with torch.inference_mode():
+                    self.pool.capture_wanted()
+            return self.idle_captures_left > 0
         t0 = time.perf_counter()
         self._deferred_done += len(self._capture([self._deferred.pop(0)]))
         self._deferred_s += time.perf_counter() - t0
         if not self._deferred:
             log.info("warm-up graphs: %d captured while idle, in %.2f s", self._deferred_done, self._deferred_s)
-        return bool(self._deferred)
+        return self.idle_captures_left > 0
 
     def capture_graphs(self, sizes: str | tuple[int, ...]) -> list[int]:
         """Captures the warm-up graphs of `sizes` (see `warmup_sizes`); returns those captured."""

@@ -16,7 +16,7 @@ from graphpool.pool.failures import CaptureError, CaptureFailureLog
 from graphpool.pool.gc_control import gc_frozen
 from graphpool.pool.inputs import Batch, InputSpec, StaticInputs
 from graphpool.pool.lockstep import CaptureSync, Decision, agree_on_capture
-from graphpool.pool.policy import CAPTURE, CaptureOnMiss, ResidencyBook, make_policy
+from graphpool.pool.policy import CAPTURE, CaptureOnMiss, Choice, ResidencyBook, make_policy
 from graphpool.pool.routing import Route, _EvictionLog, graphs_off
 from graphpool.pool.stats import FallbackReason, PoolStats, StatsCounters
 
@@ -69,6 +69,7 @@ class GraphPool:
         self._book = ResidencyBook(config.max_graph_pool_size, config.graph_memory_budget, config.pinned)
         self._graphs: dict[int, CapturedGraph] = {}
         self._blocked: dict[int, FallbackReason] = {}  # sizes never replayed again
+        self._wanted: dict[int, None] = {}  # sizes admitted while served padded (defer_captures), oldest first
         self._counters = StatsCounters()
         self._evictions = _EvictionLog()
         self._failures = CaptureFailureLog(logger)
@@ -100,6 +101,11 @@ class GraphPool:
     def num_captures(self) -> int:
         """Graphs captured so far (a plain counter read: cheap enough to take around every step)."""
         return self._counters.captures
+
+    @property
+    def wanted_sizes(self) -> tuple[int, ...]:
+        """Sizes admitted while a larger graph served them padded, waiting for `capture_wanted` (oldest first)."""
+        return tuple(self._wanted)
 
     def stats(self) -> PoolStats:
         with self.lock:
@@ -179,7 +185,8 @@ class GraphPool:
 
     def _graph_for(self, batch_size: int, max_len_in_batch: int) -> Decision:
         """The whole graph decision of one step: the graph to replay (the bucket's, or a larger one to pad
-        into), a capture now, or why the step runs eagerly. Reads the pool; changes only the policy's view."""
+        into), a capture now, or why the step runs eagerly. Reads the pool; changes only the policy's view and
+        (defer_captures) the sizes wanted for capture_wanted."""
         route = self.route(batch_size, max_len_in_batch)
         if route.reason is not None:
             return Decision.eager(route.reason, route.bucket)
@@ -191,9 +198,7 @@ class GraphPool:
         if bucket in self._blocked:
             return Decision.eager(self._blocked[bucket], bucket, missed=True)
         if bucket not in self._book.pinned:  # NOTE: a pinned size is meant to be resident: no policy asked
-            victims = self._book.victims(self._book.estimate(bucket), arena_need=self._book.arena_estimate(bucket))
-            room, victim = victims == [], victims[0] if victims else None
-            choice = self.policy.on_miss(bucket, self._book.sizes(), room, victim)
+            choice = self._policy_choice(bucket)
             if isinstance(choice, FallbackReason):
                 return Decision.eager(choice, bucket, missed=True)
             if choice != CAPTURE:
@@ -201,7 +206,16 @@ class GraphPool:
                     raise ValueError(f"miss policy answered bs={bucket} with {choice!r}: neither CAPTURE, "
                                      "a FallbackReason nor a resident size above the bucket")
                 return Decision("pad", bucket, choice, missed=True)
+        larger = [s for s in self._graphs if s > bucket] if self.config.defer_captures and self._sync is None else []
+        if larger:  # NOTE: tensor-parallel ranks decide in lockstep, so they capture in the step
+            self._wanted[bucket] = None
+            return Decision("pad", bucket, min(larger), missed=True)
         return Decision("capture", bucket, bucket, missed=True)
+
+    def _policy_choice(self, bucket: int) -> Choice:
+        """The miss policy's answer for `bucket` as the pool stands: room for it or not, and the first victim."""
+        victims = self._book.victims(self._book.estimate(bucket), arena_need=self._book.arena_estimate(bucket))
+        return self.policy.on_miss(bucket, self._book.sizes(), victims == [], victims[0] if victims else None)
 
     def _apply(self, d: Decision, mbs: Sequence[Batch], rows: Sequence[int]) -> CapturedGraph | FallbackReason:
         """Carry a decision out (the same on every rank): count it, touch or capture the graph."""
@@ -315,6 +329,23 @@ class GraphPool:
                         progress(i + 1, len(order), s)
         return captured
 
+    def capture_wanted(self) -> bool:
+        """Captures the oldest wanted size, if the miss policy still answers it with a capture now (it may have
+        stopped being frequent); for a caller at a moment when a capture stalls no step. True while more wait."""
+        with self.lock:
+            while self._wanted and not self._closed and self._off is None:
+                size = next(iter(self._wanted))
+                del self._wanted[size]
+                if size in self._graphs or size in self._blocked:
+                    continue
+                if self._policy_choice(size) != CAPTURE:
+                    continue
+                with gc_frozen():
+                    self._inputs.pad(size)
+                    self._capture(size, may_evict=True)
+                break
+            return bool(self._wanted)
+
     def evict(self, size: int) -> bool:
         """Drop the graph of ``size`` (pinned or not). False if none was resident."""
         with self.lock:
@@ -335,4 +366,5 @@ class GraphPool:
         with self.lock:
             self.evict_all()
             self._inputs.free()
+            self._wanted.clear()
             self._closed = True

@@ -175,8 +175,8 @@ class AsyncEngine:
                 )
             self._publish()
             stalled = False
-            # NOTE: an engine's deferred start-up work (LLMEngine.idle_work: warm-up captures), one piece
-            # each time the loop finds no request unfinished
+            # NOTE: an engine's deferred work (LLMEngine.idle_work: warm-up captures, sizes admitted while
+            # served padded), one piece each time the loop finds no request unfinished
             idle_work: Callable[[], bool] = getattr(self.engine, "idle_work", lambda: False)
             pending = True
             while True:
@@ -187,6 +187,7 @@ class AsyncEngine:
                     break
                 if self.engine.has_unfinished_requests():
                     stalled = not self._step()
+                    pending = True  # NOTE: a step may have left the pool a size to capture once idle
                     if not self._hooked or not self.engine.has_unfinished_requests():
                         self._flush()  # no step follows at once to hand these out
                 elif pending:

@@ -21,6 +21,7 @@ CONFIG_LABELS = {
     "eager-prefill": "graphpool, eager prefill steps, no mixed steps",
     "no-mixed-steps": "graphpool, no mixed steps",
     "sync-scheduling": "graphpool, synchronous scheduling",
+    "defer-captures": "graphpool, admitted captures deferred to idle",
     "microbatch-overlap": "graphpool + microbatch overlap",
     "full-pool": "graphpool, pool filled at start-up",
     "vllm": "vLLM defaults",
@@ -33,7 +34,8 @@ CONFIG_HELP = (
     "no-graphs; capture-all: every ladder size at start-up; lru16-capture-on-miss: LightLLM's pool (LRU 16, capture "
     "on miss, shared mempool, no warm-up, eager prefill); default: graphpool's defaults; budget: with "
     "--graph-memory-budget; no-warmup: the defaults without the start-up warm-up (lazy capture); eager-prefill: eager "
-    "prefill steps and no mixed steps; no-mixed-steps; sync-scheduling: + --no-async-scheduling; microbatch-overlap: "
+    "prefill steps and no mixed steps; no-mixed-steps; sync-scheduling: + --no-async-scheduling; defer-captures: + "
+    "--graph-defer-captures; microbatch-overlap: "
     "+ --enable-microbatch-overlap (with --server-arg=--tensor-parallel-size=2); vllm: vLLM 0.26 at its defaults "
     "with graphpool's model, max-model-len, max-num-seqs, seed and dtype; vllm-eager: the same, --enforce-eager; "
     "full-pool: the defaults with the whole pool (16 graphs) captured at start-up, its graph memory beside vLLM's"
@@ -90,6 +92,7 @@ def serve_configs(ladder_n: int, budget: str, full_pool: Sequence[int] = ()) -> 
         "eager-prefill": _EAGER_PREFILL,
         "no-mixed-steps": ("--no-enable-mixed-steps",),
         "sync-scheduling": ("--no-async-scheduling",),
+        "defer-captures": ("--graph-defer-captures",),
         # NOTE: for tensor parallel (--server-arg=--tensor-parallel-size=2)
         "microbatch-overlap": ("--enable-microbatch-overlap",),
         "full-pool": ("--graph-warmup", ",".join(map(str, full_pool)) if full_pool else "cover",
