@@ -13,9 +13,9 @@ import torch
 from graphpool.pool.capture import CapturedGraph, Capturer, CudaGraphCapturer
 from graphpool.pool.config import PoolConfig
 from graphpool.pool.failures import CaptureError, CaptureFailureLog
-from graphpool.pool.gc_control import gc_frozen
 from graphpool.pool.inputs import Batch, InputSpec, StaticInputs
 from graphpool.pool.lockstep import CaptureSync, Decision, agree_on_capture
+from graphpool.pool.management import PoolManagement
 from graphpool.pool.policy import CAPTURE, CaptureOnMiss, Choice, ResidencyBook, make_policy
 from graphpool.pool.routing import Route, _EvictionLog, graphs_off
 from graphpool.pool.stats import FallbackReason, PoolStats, StatsCounters
@@ -24,8 +24,6 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["Decision", "GraphPool", "InputSpec", "Route", "graphs_off"]
 
-Progress = Callable[[int, int, int], None]  # (done, total, size)
-
 
 def _slice(out: Any, rows: int, clone: bool) -> Any:
     if isinstance(out, torch.Tensor):
@@ -33,7 +31,7 @@ def _slice(out: Any, rows: int, clone: bool) -> Any:
     return tuple(_slice(o, rows, clone) for o in out)
 
 
-class GraphPool:
+class GraphPool(PoolManagement):
     """A bounded pool of captured graphs over ``step``. See docs/architecture.md for the contract.
 
     ``step(*microbatches)`` takes one mapping of static tensors per microbatch and returns, per microbatch,
@@ -299,72 +297,3 @@ class GraphPool:
         self._capturer.release(graph)  # type: ignore[union-attr]
         self._counters.evictions += 1
         self._evictions.note(size, nbytes, why)
-
-    # ---- management ----------------------------------------------------------------------------------
-    def default_warmup_sizes(self) -> list[int]:
-        """Pinned sizes, then a padding cover of the ladder (every size within max_padding_ratio of one),
-        at most ``max_graph_pool_size`` of them, largest first."""
-        cover = [s for s in self.ladder.padding_cover(self.config.max_padding_ratio) if s not in self.config.pinned]
-        chosen = list(self.config.pinned) + cover[: max(0, self._book.capacity - len(self.config.pinned))]
-        return sorted(chosen, reverse=True)
-
-    def warmup(self, sizes: Iterable[int] | None = None, progress: Progress | None = None) -> list[int]:
-        """Capture ``sizes`` (default: ``default_warmup_sizes()``) largest first on all-padding inputs,
-        never evicting: sizes that do not fit the count or byte bound are skipped. Returns those captured."""
-        order = sorted(set(self.default_warmup_sizes() if sizes is None else sizes), reverse=True)
-        for s in order:
-            if s not in self.ladder:
-                raise ValueError(f"warmup size {s} is not a ladder size")
-        captured: list[int] = []
-        with self.lock:
-            if self._closed or self._off is not None:
-                return captured
-            with gc_frozen():
-                for i, s in enumerate(order):
-                    if s not in self._graphs and s not in self._blocked:
-                        self._inputs.pad(s)
-                        if isinstance(self._capture(s, may_evict=False), CapturedGraph):
-                            captured.append(s)
-                    if progress is not None:
-                        progress(i + 1, len(order), s)
-        return captured
-
-    def capture_wanted(self) -> bool:
-        """Captures the oldest wanted size, if the miss policy still answers it with a capture now (it may have
-        stopped being frequent); for a caller at a moment when a capture stalls no step. True while more wait."""
-        with self.lock:
-            while self._wanted and not self._closed and self._off is None:
-                size = next(iter(self._wanted))
-                del self._wanted[size]
-                if size in self._graphs or size in self._blocked:
-                    continue
-                if self._policy_choice(size) != CAPTURE:
-                    continue
-                with gc_frozen():
-                    self._inputs.pad(size)
-                    self._capture(size, may_evict=True)
-                break
-            return bool(self._wanted)
-
-    def evict(self, size: int) -> bool:
-        """Drop the graph of ``size`` (pinned or not). False if none was resident."""
-        with self.lock:
-            if size not in self._graphs:
-                return False
-            self._evict(size, "requested")
-            return True
-
-    def evict_all(self) -> int:
-        with self.lock:
-            sizes = self._book.sizes()
-            for s in sizes:
-                self._evict(s, "evict_all")
-            return len(sizes)
-
-    def close(self) -> None:
-        """Release every graph and the static buffers; ``run`` raises afterwards."""
-        with self.lock:
-            self.evict_all()
-            self._inputs.free()
-            self._wanted.clear()
-            self._closed = True
