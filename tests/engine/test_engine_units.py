@@ -8,12 +8,13 @@ import random
 import pytest
 import torch
 
-from graphpool.engine.config import EngineConfig, parse_bytes
+from graphpool.engine.config import EngineConfig
 from graphpool.engine.kv_cache import BlockManager
 from graphpool.engine.sampler import Sampler
 from graphpool.engine.sampling_params import SamplingParams
 from graphpool.engine.scheduler import Scheduler
 from graphpool.engine.sequence import Sequence, Status
+from graphpool.engine.values import parse_bytes
 from graphpool.pool import FallbackReason
 
 
@@ -117,7 +118,7 @@ def test_a_max_batch_size_below_the_split_gives_every_size_its_own_graph() -> No
 
 
 def test_resolve_device_gives_an_indexed_cuda_device(monkeypatch: pytest.MonkeyPatch) -> None:
-    from graphpool.engine.config import resolve_device
+    from graphpool.engine.values import resolve_device
 
     assert resolve_device("cpu") == torch.device("cpu")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

@@ -86,7 +86,7 @@ def resolve_api_args(args: argparse.Namespace) -> str | None:
 
 
 def _byte_size(value: str) -> int:
-    from graphpool.engine.config import parse_bytes
+    from graphpool.engine.values import parse_bytes
 
     try:
         size = parse_bytes(value)

@@ -24,7 +24,7 @@ from graphpool.bench.trace.replay import replay_trace
 from graphpool.bench.trace.report import RunResult, summarize_run, write_trace_report
 from graphpool.bench.trace.warmup import WarmupReport, warm_engine
 from graphpool.bench.workload import generate_trace, summarize_trace
-from graphpool.engine.config import resolve_device
+from graphpool.engine.values import resolve_device
 
 
 def warm_process(cfg: TraceBenchConfig) -> WarmupReport:
