@@ -193,3 +193,12 @@ def test_the_cache_folder_is_configured_once(tmp_path: Path, monkeypatch: pytest
     add_engine_args(parser)
     config = engine_config_from_args(parser.parse_args(["--cache-dir", str(tmp_path / "c")]))
     assert config.tokenizer_cache == tmp_path / "c"
+
+
+def test_an_unwritable_cache_still_gives_the_tokenizer(converted: Tokenizer, tmp_path: Path,
+                                                       caplog: pytest.LogCaptureFixture) -> None:
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("")  # the cache's folder cannot be made under a file
+    assert isinstance(tokenizer_cache.store(blocked, default_gguf_path(), converted), BackendTokenizer)
+    assert "cannot cache the tokenizer" in caplog.text
+    assert tokenizer_cache.load_cached(blocked, default_gguf_path(), (2,)) is None
