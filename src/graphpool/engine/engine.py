@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 import torch
 
+from graphpool.engine.admission import check_request, encode_prompt
 from graphpool.engine.async_scheduling import AsyncDecode
 from graphpool.engine.config import EngineConfig
 from graphpool.engine.cpu_threads import apply_cpu_threads
@@ -28,7 +29,7 @@ from graphpool.engine.outputs import (
 )
 from graphpool.engine.runner import ModelRunner
 from graphpool.engine.sampler import Sampler
-from graphpool.engine.sampling_params import InvalidParam, SamplingParams, check_text
+from graphpool.engine.sampling_params import SamplingParams
 from graphpool.engine.scheduler import ScheduledBatch, Scheduler
 from graphpool.engine.sequence import Sequence
 from graphpool.engine.startup import StartupClock, StartupTimes
@@ -147,23 +148,8 @@ class LLMEngine(EngineIntrospection):
         if not isinstance(params, SamplingParams):
             raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
         token_ids = self.encode(prompt)
-        n = len(token_ids)
-        if n >= self.max_model_len:
-            raise InvalidParam(
-                "prompt", f"the prompt has {n} tokens; max_model_len is {self.max_model_len}, which leaves no "
-                "room for output (a prompt must be shorter than max_model_len)"
-            )
-        vocab = self.model_config.vocab_size
-        bad_stops = [t for t in params.stop_token_ids or () if t >= vocab]
-        if bad_stops:
-            raise InvalidParam("stop_token_ids",
-                               f"stop_token_ids {bad_stops} are outside the vocabulary [0, {vocab})")
-        total = min(n + params.max_tokens, self.max_model_len)
-        if self.block_manager.blocks_for(total) > self.block_manager.num_usable_blocks:
-            raise ValueError(
-                f"the request needs up to {total} tokens of KV cache, more than the whole cache holds "
-                f"({self.block_manager.num_usable_blocks * self.config.block_size} tokens)"
-            )
+        check_request(len(token_ids), params, self.max_model_len, self.model_config.vocab_size,
+                      self.block_manager, self.config.block_size)
         stop_ids = set(params.stop_token_ids or ())
         if not params.ignore_eos:
             stop_ids |= self.eos_token_ids
@@ -175,20 +161,7 @@ class LLMEngine(EngineIntrospection):
         self.scheduler.add(seq)
 
     def encode(self, prompt: str | list[int]) -> list[int]:
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise InvalidParam("prompt",
-                                   f"model {self.model_name!r} has no tokenizer: give prompts as token ids")
-            check_text(prompt, "prompt")
-            token_ids = self.tokenizer.encode(prompt)
-        else:
-            token_ids = list(prompt)
-            vocab = self.model_config.vocab_size
-            if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in token_ids):
-                raise InvalidParam("prompt", f"prompt token ids must be ints in [0, {vocab})")
-        if not token_ids:
-            raise InvalidParam("prompt", "the prompt is empty")
-        return token_ids
+        return encode_prompt(prompt, self.tokenizer, self.model_config.vocab_size, self.model_name)
 
     def abort_request(self, request_id: str) -> None:
         """Drop a request now and free its KV blocks; it produces no further output. Unknown id: no-op."""
