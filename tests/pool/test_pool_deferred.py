@@ -13,6 +13,13 @@ from graphpool.pool.testing import EagerCapturer
 ADMIT = dict(admit_after=3, admit_window=8, max_padding_ratio=0.5)
 
 
+def _ask_for_six(pool: GraphPool) -> None:
+    """8 warmed up, then three steps of 6 rows: 6 is admitted at the third (8 serves it within the ratio)."""
+    pool.warmup([8])
+    for seed in range(3):
+        check(pool, 6, seed=seed)
+
+
 def test_an_admitted_size_is_served_padded_then_captured_when_asked() -> None:
     pool, cap = make(defer_captures=True, **ADMIT)
     pool.warmup([8])
@@ -29,9 +36,7 @@ def test_an_admitted_size_is_served_padded_then_captured_when_asked() -> None:
 
 def test_without_defer_the_admitted_size_is_captured_in_the_step() -> None:
     pool, cap = make(**ADMIT)
-    pool.warmup([8])
-    for seed in range(3):
-        check(pool, 6, seed=seed)
+    _ask_for_six(pool)
     assert cap.captured == [8, 6] and pool.wanted_sizes == ()
 
 
@@ -51,9 +56,7 @@ def test_a_size_no_resident_graph_can_serve_is_captured_in_the_step() -> None:
 
 def test_a_wanted_size_that_stopped_being_frequent_is_dropped() -> None:
     pool, cap = make(defer_captures=True, **ADMIT)
-    pool.warmup([8])
-    for seed in range(3):
-        check(pool, 6, seed=seed)
+    _ask_for_six(pool)
     for seed in range(8):  # the window moves on: 6 is no longer admitted, and 8 serves it within the ratio
         check(pool, 8, seed=seed)
     assert pool.wanted_sizes == (6,)
@@ -78,17 +81,13 @@ def test_tensor_parallel_pools_do_not_defer() -> None:
     cap = EagerCapturer()
     pool = GraphPool(step, SPECS, PoolConfig(defer_captures=True, **ADMIT), device="cpu",  # type: ignore[arg-type]
                      capturer=cap, capture_sync=same)
-    pool.warmup([8])
-    for seed in range(3):
-        check(pool, 6, seed=seed)
+    _ask_for_six(pool)
     assert cap.captured == [8, 6] and pool.wanted_sizes == ()
 
 
 def test_capture_wanted_on_a_closed_or_empty_pool_does_nothing() -> None:
     pool, cap = make(defer_captures=True, **ADMIT)
     assert pool.capture_wanted() is False
-    pool.warmup([8])
-    for seed in range(3):
-        check(pool, 6, seed=seed)
+    _ask_for_six(pool)
     pool.close()
     assert pool.capture_wanted() is False and cap.captured == [8]
