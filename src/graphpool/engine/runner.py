@@ -271,16 +271,15 @@ class ModelRunner(PrefillPaths):
     def capture_deferred(self) -> bool:
         """Captures the next deferred warm-up graph (never evicting: one the pool has no room for is skipped),
         else the pool's next wanted size; True while more remain."""
-        if not self._deferred:
-            if self.pool.wanted_sizes:
-                with torch.inference_mode():
-                    self.pool.capture_wanted()
-            return self.idle_captures_left > 0
-        t0 = time.perf_counter()
-        self._deferred_done += len(self._capture([self._deferred.pop(0)]))
-        self._deferred_s += time.perf_counter() - t0
-        if not self._deferred:
-            log.info("warm-up graphs: %d captured while idle, in %.2f s", self._deferred_done, self._deferred_s)
+        if self._deferred:
+            t0 = time.perf_counter()
+            self._deferred_done += len(self._capture([self._deferred.pop(0)]))
+            self._deferred_s += time.perf_counter() - t0
+            if not self._deferred:
+                log.info("warm-up graphs: %d captured while idle, in %.2f s", self._deferred_done, self._deferred_s)
+        elif self.pool.wanted_sizes:
+            with torch.inference_mode():
+                self.pool.capture_wanted()
         return self.idle_captures_left > 0
 
     def capture_graphs(self, sizes: str | tuple[int, ...]) -> list[int]:

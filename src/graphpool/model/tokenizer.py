@@ -17,10 +17,12 @@ class Tokenizer:
 
     def __init__(self, hf_tokenizer: Any, eos_token_ids: Sequence[int] = ()) -> None:
         self.hf = hf_tokenizer
-        ids = list(eos_token_ids)
-        if hf_tokenizer.eos_token_id is not None and hf_tokenizer.eos_token_id not in ids:
-            ids.append(int(hf_tokenizer.eos_token_id))
-        self.eos_token_ids: tuple[int, ...] = tuple(ids)
+        self.eos_token_ids = with_eos(eos_token_ids, hf_tokenizer.eos_token_id)
+
+    @property
+    def chat_template(self) -> str | dict[str, str] | None:
+        """The model's own chat template: a Jinja source, a name -> source dict, or None."""
+        return self.hf.chat_template  # type: ignore[no-any-return]
 
     @property
     def vocab_size(self) -> int:
@@ -45,8 +47,11 @@ class Tokenizer:
     def chat_template_source(self, chat_template: str | None = None, tools: bool = False) -> str | None:
         """The Jinja source `apply_chat_template` renders with (the tool-use one of a model that has several
         when `tools`); None when there is none."""
-        if not (chat_template or self.hf.chat_template):
+        if not (chat_template or self.chat_template):
             return None
+        return self._choose_template(chat_template, tools)
+
+    def _choose_template(self, chat_template: str | None, tools: bool) -> str:
         return str(self.hf.get_chat_template(chat_template, tools=[{}] if tools else None))
 
     def has_token(self, text: str) -> bool:
@@ -64,12 +69,25 @@ class Tokenizer:
     ) -> list[int]:
         """The conversation as token ids; `chat_template` (a Jinja source) replaces the model's own; `tools`
         (OpenAI function tools) go to the template as its `tools` variable."""
-        if not (chat_template or self.hf.chat_template):
+        if not (chat_template or self.chat_template):
             raise ValueError("this model's tokenizer has no chat template; use raw text prompts")
-        text = self.hf.apply_chat_template(list(messages), chat_template=chat_template, tokenize=False,
-                                           add_generation_prompt=add_generation_prompt, tools=tools)
+        text = self.render_chat(messages, chat_template, add_generation_prompt, tools)
         # NOTE: the rendered template already holds its special tokens; by default add none of our own.
         return self.encode(text, add_special_tokens=add_special_tokens)
+
+    def render_chat(self, messages: Sequence[Mapping[str, Any]], chat_template: str | None = None,
+                    add_generation_prompt: bool = True, tools: list[dict[str, Any]] | None = None) -> str:
+        """The conversation as text through the chat template (`apply_chat_template` before it is encoded)."""
+        return str(self.hf.apply_chat_template(list(messages), chat_template=chat_template, tokenize=False,
+                                               add_generation_prompt=add_generation_prompt, tools=tools))
+
+
+def with_eos(eos_token_ids: Sequence[int], eos_token_id: int | None) -> tuple[int, ...]:
+    """The model's stop ids with the tokenizer's own end-of-text id added (when it has one not among them)."""
+    ids = list(eos_token_ids)
+    if eos_token_id is not None and eos_token_id not in ids:
+        ids.append(int(eos_token_id))
+    return tuple(ids)
 
 
 def tokenizer_from_gguf(path: Path, chat_template: str | None, eos_token_ids: Sequence[int]) -> Tokenizer:

@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from graphpool.model.chat_render import render_chat
-from graphpool.model.tokenizer import Tokenizer
+from graphpool.model.tokenizer import Tokenizer, with_eos
 
 SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 
@@ -22,12 +22,8 @@ class BackendTokenizer(Tokenizer):
                  chat_template: str | dict[str, str] | None, eos_token_ids: Sequence[int] = ()) -> None:
         self.backend = backend
         self.special_tokens = {k: v for k, v in special_tokens.items() if k in SPECIAL_TOKEN_NAMES and v is not None}
-        self.chat_template = chat_template
-        eos = self._token_id("eos_token")
-        ids = list(eos_token_ids)
-        if eos is not None and eos not in ids:
-            ids.append(eos)
-        self.eos_token_ids = tuple(ids)
+        self._chat_template = chat_template
+        self.eos_token_ids = with_eos(eos_token_ids, self._token_id("eos_token"))
 
     @classmethod
     def from_hf(cls, hf: Any, eos_token_ids: Sequence[int] = ()) -> BackendTokenizer:
@@ -40,6 +36,10 @@ class BackendTokenizer(Tokenizer):
     def _token_id(self, name: str) -> int | None:
         text = self.special_tokens.get(name)
         return None if text is None else self.backend.token_to_id(text)
+
+    @property
+    def chat_template(self) -> str | dict[str, str] | None:
+        return self._chat_template
 
     @functools.cached_property
     def hf(self) -> Any:  # type: ignore[override]
@@ -70,12 +70,7 @@ class BackendTokenizer(Tokenizer):
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return str(self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens))
 
-    def chat_template_source(self, chat_template: str | None = None, tools: bool = False) -> str | None:
-        if not (chat_template or self.chat_template):
-            return None
-        return self._template(chat_template, tools)
-
-    def _template(self, chat_template: str | None, tools: bool) -> str:
+    def _choose_template(self, chat_template: str | None, tools: bool) -> str:
         """transformers' choice: the given source (or the name of one of the model's), else the model's own (its
         `tool_use` one when there are tools, else its `default`)."""
         own = self.chat_template
@@ -98,18 +93,7 @@ class BackendTokenizer(Tokenizer):
     def token_strs(self, ids: Sequence[int]) -> list[str]:
         return [str(self.backend.id_to_token(int(i))) for i in ids]
 
-    def apply_chat_template(
-        self, messages: Sequence[Mapping[str, Any]], chat_template: str | None = None,
-        add_generation_prompt: bool = True, add_special_tokens: bool = False,
-        tools: list[dict[str, Any]] | None = None,
-    ) -> list[int]:
-        text = self.render_chat(messages, chat_template, add_generation_prompt, tools)
-        return self.encode(text, add_special_tokens=add_special_tokens)
-
     def render_chat(self, messages: Sequence[Mapping[str, Any]], chat_template: str | None = None,
                     add_generation_prompt: bool = True, tools: list[dict[str, Any]] | None = None) -> str:
-        """The conversation as text through the chat template (`apply_chat_template` before it is encoded)."""
-        if not (chat_template or self.chat_template):
-            raise ValueError("this model's tokenizer has no chat template; use raw text prompts")
-        return render_chat(self._template(chat_template, tools is not None), messages, self.special_tokens,
+        return render_chat(self._choose_template(chat_template, tools is not None), messages, self.special_tokens,
                            add_generation_prompt=add_generation_prompt, tools=tools)

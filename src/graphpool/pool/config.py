@@ -40,8 +40,9 @@ class PoolConfig:
     max_padding_ratio: float = 0.5  # "admit": a miss may use a resident graph of size <= bucket*(1+ratio)
     admit_after: int = 3  # "admit": capture a size once requested this often within the window ...
     admit_window: int = 128  # ... of the last this-many graph-eligible steps
-    # "admit": a size admitted while a resident larger graph can serve it padded is not captured in the step (a
-    # capture stalls every row of it) but queued for capture_wanted(), which the engine calls when idle
+    # a capture the miss policy asks for while a larger graph is resident is not made in the step (it stalls every
+    # row of it): the step pads into that graph and the size waits for capture_wanted(), which the engine calls
+    # when idle
     defer_captures: bool = False
     enabled: bool = True  # False = disable_cudagraph: every step eager
     num_microbatches: int = 1  # 2 = two microbatches in one graph (overlap mode)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import traceback
 from collections.abc import Callable, Iterable, Sequence
@@ -16,7 +17,7 @@ from graphpool.pool.failures import CaptureError, CaptureFailureLog
 from graphpool.pool.inputs import Batch, InputSpec, StaticInputs
 from graphpool.pool.lockstep import CaptureSync, Decision, agree_on_capture
 from graphpool.pool.management import PoolManagement
-from graphpool.pool.policy import CAPTURE, CaptureOnMiss, Choice, ResidencyBook, make_policy
+from graphpool.pool.policy import CAPTURE, CaptureOnMiss, Choice, ResidencyBook, make_policy, nearest_larger
 from graphpool.pool.routing import Route, _EvictionLog, graphs_off
 from graphpool.pool.stats import FallbackReason, PoolStats, StatsCounters
 
@@ -129,8 +130,8 @@ class GraphPool(PoolManagement):
                 return None
             if bucket in self._graphs:
                 return Decision("hit", bucket, bucket)
-            larger = [s for s in self._graphs if s > bucket]
-            return Decision("pad", bucket, min(larger)) if larger else None
+            larger = nearest_larger(self._graphs, bucket, math.inf)
+            return Decision("pad", bucket, larger) if larger is not None else None
 
     def run(self, inputs: Batch | Sequence[Batch], max_len_in_batch: int = 0, *, clone: bool = False,
             decision: Decision | None = None) -> Any:
@@ -204,10 +205,12 @@ class GraphPool(PoolManagement):
                     raise ValueError(f"miss policy answered bs={bucket} with {choice!r}: neither CAPTURE, "
                                      "a FallbackReason nor a resident size above the bucket")
                 return Decision("pad", bucket, choice, missed=True)
-        larger = [s for s in self._graphs if s > bucket] if self.config.defer_captures and self._sync is None else []
-        if larger:  # NOTE: tensor-parallel ranks decide in lockstep, so they capture in the step
+        # NOTE: tensor-parallel ranks decide in lockstep, so they capture in the step
+        defer = self.config.defer_captures and self._sync is None
+        larger = nearest_larger(self._graphs, bucket, math.inf) if defer else None
+        if larger is not None:
             self._wanted[bucket] = None
-            return Decision("pad", bucket, min(larger), missed=True)
+            return Decision("pad", bucket, larger, missed=True)
         return Decision("capture", bucket, bucket, missed=True)
 
     def _policy_choice(self, bucket: int) -> Choice:
