@@ -9,7 +9,9 @@
 # KILL 15 s later); every run is saved as it finishes and the report is rebuilt from what was saved.
 # Settings (environment): CONFIGS (default "default full-pool vllm"), SEEDS (servers started per configuration, in
 # turn: 2 gives a first start and a restart), DURATION (s of arrivals per workload), RATE
-# (req/s), CONCURRENCY (most requests in flight; 1: single stream), TEMPERATURES (default "0 0.8"), VLLM_ARGS,
+# (req/s), CONCURRENCY (most requests in flight; 1: single stream), LOADS (several loads against each server
+# start, replacing RATE and CONCURRENCY: e.g. "16 2:1", 16 req/s and then a single stream at 2 req/s),
+# TEMPERATURES (default "0 0.8"), VLLM_ARGS,
 # VLLM_MODEL (vLLM's model folder; needed for any MODEL but random:<preset>, e.g. the embedded default converted
 # by shared/device/vllm's gguf2hf.py), STEP_TIMELINE=1 (graphpool keeps its step timeline and every client gap over
 # 10 ms is attributed to what ran in it; off by default: the recording adds two events a step), PRECOMPILE=0
@@ -53,8 +55,10 @@ timeline=(--no-step-timeline)
 vllm_args=()
 for a in $VLLM_ARGS; do vllm_args+=("--vllm-arg=$a"); done
 # NOTE: graphpool first, vLLM last: a server's memory is all back before the next one sizes its KV cache
-args=(serve --model "$MODEL" --configs $CONFIGS --temperatures $TEMPERATURES --seeds "${SEEDS:-1}" --rate "$RATE"
-      ${CONCURRENCY:+--concurrency "$CONCURRENCY"} ${VLLM_MODEL:+--vllm-model "$VLLM_MODEL"}
+load=(--rate "$RATE" ${CONCURRENCY:+--concurrency "$CONCURRENCY"})
+[ -n "${LOADS:-}" ] && load=(--loads $LOADS)
+args=(serve --model "$MODEL" --configs $CONFIGS --temperatures $TEMPERATURES --seeds "${SEEDS:-1}" "${load[@]}"
+      ${VLLM_MODEL:+--vllm-model "$VLLM_MODEL"}
       --duration "$DURATION" --prompt-mean 300 --prompt-cap 1024 --max-tokens-mean 128 --max-tokens-cap 384
       "${timeline[@]}" --startup-timeout 300 --vllm-python python3 --vllm-pythonpath "$VK_SITE"
       "${vllm_args[@]}" --out "$OUT")

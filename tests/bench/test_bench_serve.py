@@ -18,8 +18,10 @@ from graphpool.bench.latency import RequestTimeline
 from graphpool.bench.serve.client import ClientRun, RequestResult, text_prompt
 from graphpool.bench.serve.clients import process_caps
 from graphpool.bench.serve.configs import CONFIG_NAMES, full_pool_sizes, ladder_size, serve_configs
-from graphpool.bench.serve.report import RunSummary, evaluate_targets, spread, summarize_run
+from graphpool.bench.serve.options import Load
+from graphpool.bench.serve.report import evaluate_targets
 from graphpool.bench.serve.run import ServeBenchConfig, config_from_args
+from graphpool.bench.serve.runs import RunSummary, spread, summarize_run
 from graphpool.bench.serve.server import parse_metrics
 from graphpool.bench.workload import generate_trace
 from graphpool.engine.args import add_engine_args, engine_config_from_args
@@ -28,16 +30,16 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 
 
 def _bench_config(**kw: object) -> ServeBenchConfig:
-    base = dict(model="smollm2-135m-instruct", dtype=None, rate=4.0, duration_s=10.0, seeds=(0,), configs=("no-graphs",),
-                budget="256MiB", prompt_mean=50.0, prompt_cap=128, output_mean=20.0, output_cap=64, sigma=1.0,
-                concurrency=None, url=None, server_args=(), startup_timeout_s=60.0, stop_timeout_s=10.0,
+    base = dict(model="smollm2-135m-instruct", dtype=None, loads=(Load(4.0),), duration_s=10.0, seeds=(0,),
+                configs=("no-graphs",), budget="256MiB", prompt_mean=50.0, prompt_cap=128, output_mean=20.0,
+                output_cap=64, sigma=1.0, url=None, server_args=(), startup_timeout_s=60.0, stop_timeout_s=10.0,
                 resume=False)
     return ServeBenchConfig(**(base | kw))  # type: ignore[arg-type]
 
 
 def test_arrival_schedule_is_seeded() -> None:
     cfg = _bench_config()
-    a, b, c = (generate_trace(cfg.trace(s)) for s in (0, 0, 1))
+    a, b, c = (generate_trace(cfg.trace(s, cfg.loads[0])) for s in (0, 0, 1))
     assert a == b and a != c
     arrivals = [r.arrival_s for r in a]
     assert arrivals == sorted(arrivals) and arrivals[0] > 0 and arrivals[-1] < cfg.duration_s
@@ -83,18 +85,35 @@ def test_configs_and_ladder() -> None:
     with pytest.raises(ValueError, match="names of no-graphs, capture-all, "):
         _bench_config(configs=("z",))
     with pytest.raises(ValueError, match="rate"):
-        _bench_config(rate=0.0)
+        _bench_config(loads=(Load(0.0),))
     args = SimpleNamespace(model="random:llama3.2-1b", dtype=None, rate=1.0, duration=5.0, seeds=2, first_seed=3,
                            configs=["lru16-capture-on-miss", "default"], budget="1GiB", prompt_mean=10.0, prompt_cap=20, max_tokens_mean=5.0,
                            max_tokens_cap=10, sigma=1.0, concurrency=None, url=None, server_arg=["--max-num-seqs=8"],
                            startup_timeout=10.0, stop_timeout=5.0, resume=False, prime=True,
                            step_timeline=False, client_processes=2, temperatures=[0.0, 0.8], vllm_python="python3",
-                           vllm_model=None, vllm_pythonpath="/tmp/vllm-site", vllm_arg=[])
+                           vllm_model=None, vllm_pythonpath="/tmp/vllm-site", vllm_arg=[], loads=None)
     cfg = config_from_args(args)  # type: ignore[arg-type]
+    assert cfg.loads == (Load(1.0),) and cfg.load_tag(cfg.loads[0]) == ""
     assert not cfg.step_timeline and cfg.client_processes == 2 and cfg.temperatures == (0.0, 0.8)
     assert cfg.seeds == (3, 4) and cfg.token_ids and cfg.engine_flags()[-1] == "--max-num-seqs=8"
     with pytest.raises(ValueError, match="--seeds"):
         config_from_args(SimpleNamespace(**{**vars(args), "seeds": 0}))  # type: ignore[arg-type]
+
+
+def test_loads_parse_name_runs_and_refuse_repeats() -> None:
+    assert Load.parse("16") == Load(16.0) and Load.parse("2:1") == Load(2.0, 1)
+    assert Load(16.0).tag == "16rps" and Load(2.0, 1).tag == "2rps-c1" and Load(0.5, 4).tag == "0.5rps-c4"
+    for bad in ("x", "2:0", "2:y", ""):
+        with pytest.raises(ValueError, match="load"):
+            Load.parse(bad)
+    cfg = _bench_config(loads=(Load(16.0), Load(2.0, 1)))
+    assert [cfg.load_tag(x) for x in cfg.loads] == ["16rps", "2rps-c1"]
+    assert [len(generate_trace(cfg.trace(0, x))) > 0 for x in cfg.loads] == [True, True]
+    assert len(generate_trace(cfg.trace(0, cfg.loads[0]))) > len(generate_trace(cfg.trace(0, cfg.loads[1])))
+    with pytest.raises(ValueError, match="distinct"):
+        _bench_config(loads=(Load(2.0, 1), Load(2.0, 1)))
+    with pytest.raises(ValueError, match="rate"):
+        _bench_config(loads=(Load(16.0), Load(-1.0)))
 
 
 def test_metrics_names_match_the_server() -> None:
@@ -212,7 +231,8 @@ def test_spread_and_targets() -> None:
 def test_report_from_saved_runs(tmp_path: Path) -> None:
     """Runs saved one by one (NaN included) are read back into one report: JSON, Markdown with the targets, PNG."""
     from graphpool.bench.common import collect_env
-    from graphpool.bench.serve.report import load_runs, save_run, write_serve_report
+    from graphpool.bench.serve.report import write_serve_report
+    from graphpool.bench.serve.runs import load_runs, save_run
 
     runs = [_run("capture-all", 0, 10.0, 5.0, 0), _run("default", 0, 10.5, 0.2, 1), _run("default", 1, 12.0, 0.3, 2)]
     for r in runs:

@@ -105,9 +105,9 @@ def test_vllm_command_matches_graphpool_settings() -> None:
 
 
 def test_foreign_server_end_to_end(tmp_path: Path) -> None:
-    """A stand-in vLLM (no graphpool_* series on /metrics) is measured greedy and sampled: ready on /health,
-    start-up reported, graphs and graph memory read from its log, vllm:* counters read, run with only its own
-    PYTHONPATH."""
+    """A stand-in vLLM (no graphpool_* series on /metrics) is measured under two loads, greedy and sampled, all
+    four workloads against one start: ready on /health, start-up reported, graphs and graph memory read from its
+    log, vllm:* counters read, run with only its own PYTHONPATH."""
     pytest.importorskip("openai")
     site = tmp_path / "vsite"
     cli = site / "vllm" / "entrypoints" / "cli"
@@ -119,7 +119,7 @@ def test_foreign_server_end_to_end(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "graphpool.bench", "serve", "--configs", "vllm", "--model", "random:smollm2-135m",
            "--vllm-python", sys.executable, "--vllm-pythonpath", str(site), "--vllm-model", str(tmp_path / "model"),
            "--vllm-arg=--gpu-memory-utilization=0.5", "--server-arg=--max-model-len=256", "--temperatures", "0",
-           "0.8", "--seeds", "1", "--rate", "4", "--duration", "1.5", "--prompt-mean", "6", "--prompt-cap", "12",
+           "0.8", "--seeds", "1", "--loads", "4", "3:1", "--duration", "1.5", "--prompt-mean", "6", "--prompt-cap", "12",
            "--max-tokens-mean", "5", "--max-tokens-cap", "10", "--startup-timeout", "300", "--out", str(out)]
     # NOTE: the parent has vLLM's site on its PYTHONPATH too (install.sh env): the children still get theirs
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), str(site)])}
@@ -130,8 +130,8 @@ def test_foreign_server_end_to_end(tmp_path: Path) -> None:
     assert f"fake vllm PYTHONPATH={site}\n" in log
     assert "--max-model-len 256" in log and "--gpu-memory-utilization=0.5" in log and "--load-format dummy" in log
     data = json.loads((out / "serve.json").read_text())["results"]
-    runs = {r["temperature"]: r for r in data["runs"]}
-    assert set(runs) == {0.0, 0.8}
+    runs = {(r["load"], r["temperature"]): r for r in data["runs"]}
+    assert set(runs) == {(load, t) for load in ("4rps", "3rps-c1") for t in (0.0, 0.8)}
     for r in runs.values():
         assert r["config"] == "vllm" and r["server"] == "vllm" and r["errors"] == 0 and r["requests"] > 0
         assert r["startup_s"] >= 0.5  # the stand-in logs for 0.5 s before it listens
@@ -139,26 +139,34 @@ def test_foreign_server_end_to_end(tmp_path: Path) -> None:
         assert r["startup_phases"]["graph capture"] == 1.0
         assert r["engine"]["generation_tokens"] == r["output_tokens"]  # the trace only, not the warm-up
         assert r["engine"]["requests_finished"] == r["requests"]
-    assert runs[0.0]["startup_s"] == runs[0.8]["startup_s"]  # one server for both workloads
+    assert len({r["startup_s"] for r in runs.values()}) == 1  # one server for every workload
+    single = [r for (load, _), r in runs.items() if load == "3rps-c1"]
+    assert all(r["concurrency"] == 1 and r["max_in_flight"] == 1 and r["rate"] == 3.0 for r in single)
+    assert all(r["concurrency"] is None and r["rate"] == 4.0 for (load, _), r in runs.items() if load == "4rps")
     side = data["side_by_side"]
-    assert set(side) == {"greedy", "sampled, temperature 0.8"}
-    assert side["greedy"]["vllm"]["ratio.itl_ms.p50"] == pytest.approx(1.0)
+    assert set(side) == {"4 req/s, greedy", "4 req/s, sampled, temperature 0.8", "single stream, 3 req/s, greedy",
+                         "single stream, 3 req/s, sampled, temperature 0.8"}
+    assert side["4 req/s, greedy"]["vllm"]["ratio.itl_ms.p50"] == pytest.approx(1.0)
     md = (out / "serve.md").read_text()
-    assert "### Side by side" in md and "| (vllm@T0.8) vLLM defaults |" in md and "graph capture" in md
+    assert "### Side by side" in md and "| (vllm@T0.8@3rps-c1) vLLM defaults |" in md and "graph capture" in md
+    assert "single stream, 3 req/s, sampled, temperature 0.8:" in md
     assert (out / "serve_compare.png").stat().st_size > 10_000
-    assert (out / "runs" / "vllm-t0.8-seed0.json").exists() and (out / "runs" / "vllm-seed0.json").exists()
+    assert (out / "serve_itl_cdf.png").stat().st_size > 10_000
+    assert (out / "runs" / "3rps-c1-vllm-t0.8-seed0.json").exists() and (out / "runs" / "4rps-vllm-seed0.json").exists()
+    again = subprocess.run([*cmd, "--resume"], capture_output=True, text=True, timeout=900, env=env)
+    assert again.returncode == 0 and "0 runs" in again.stderr, again.stderr[-3000:]  # every workload was saved
 
 
 def test_bench_config_child_env(monkeypatch: pytest.MonkeyPatch) -> None:
     """The environments bench serve starts its children with: graphpool's (server and prime) without vLLM's
     site, vLLM's with only it."""
     from graphpool.bench.serve.foreign import VllmLaunch as Launch
-    from graphpool.bench.serve.options import ServeBenchConfig
+    from graphpool.bench.serve.options import Load, ServeBenchConfig
 
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(["/vs", "/gp/site", "/gp/src"]))
-    cfg = ServeBenchConfig(model="random:llama3.2-1b", dtype=None, rate=1.0, duration_s=2.0, seeds=(0,),
+    cfg = ServeBenchConfig(model="random:llama3.2-1b", dtype=None, loads=(Load(1.0),), duration_s=2.0, seeds=(0,),
                            configs=("vllm", "default"), budget="1GiB", prompt_mean=4.0, prompt_cap=8, output_mean=4.0,
-                           output_cap=8, sigma=1.0, concurrency=None, url=None, server_args=(), startup_timeout_s=9.0,
+                           output_cap=8, sigma=1.0, url=None, server_args=(), startup_timeout_s=9.0,
                            stop_timeout_s=9.0, resume=False, vllm=Launch(pythonpath="/vs"))
     assert cfg.child_env("graphpool")["PYTHONPATH"] == os.pathsep.join(["/gp/site", "/gp/src"])
     assert cfg.child_env("vllm")["PYTHONPATH"] == "/vs"
@@ -171,7 +179,7 @@ def test_graphpool_graph_facts_in_a_run() -> None:
     scrape right after start-up."""
     from graphpool.bench.latency import RequestTimeline
     from graphpool.bench.serve.client import ClientRun, RequestResult
-    from graphpool.bench.serve.report import summarize_run
+    from graphpool.bench.serve.runs import summarize_run
 
     res = RequestResult(0, 0.0, 4, 3, RequestTimeline(0.0, 3, token_times=[0.1, 0.2, 0.3], finished=True), end_s=0.3,
                         prompt_tokens=4, completion_tokens=3)

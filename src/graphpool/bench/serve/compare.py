@@ -1,4 +1,4 @@
-"""`bench serve` side by side: per workload (temperature) one row per configuration, graphpool's and vLLM's,
+"""`bench serve` side by side: per workload (load and temperature) one row per configuration, graphpool's and vLLM's,
 with each number's ratio to vLLM's; the start-up phases each server reports; one bar chart."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from graphpool.bench.common import md_table, ratio
-from graphpool.bench.serve.report import RunSummary, spread
+from graphpool.bench.serve.runs import RunSummary, load_label, spread
 
 REFERENCE = "vllm"  # the configuration the ratios are to
 COLUMNS = (
@@ -23,15 +23,17 @@ _NO_RATIO = {"graphs", "errors"}  # counts: the ratio says nothing a reader cann
 _PLOTTED = ("ttft_ms.p50", "ttft_ms.p99", "itl_ms.p50", "itl_ms.p99", "e2e_ms.p50")
 
 
-def workload_label(temperature: float) -> str:
-    return "greedy" if temperature == 0 else f"sampled, temperature {temperature:g}"
+def workload_label(run: RunSummary) -> str:
+    """'greedy' or 'sampled, temperature 0.8', after the load where the bench ran several."""
+    drawn = "greedy" if run.temperature == 0 else f"sampled, temperature {run.temperature:g}"
+    return f"{load_label(run)}, {drawn}" if run.load else drawn
 
 
 def by_workload(runs: Sequence[RunSummary]) -> dict[str, dict[str, list[RunSummary]]]:
     """{workload label: {config: its runs}}, in the order the runs come (the report's order)."""
     out: dict[str, dict[str, list[RunSummary]]] = {}
     for r in runs:
-        out.setdefault(workload_label(r.temperature), {}).setdefault(r.config, []).append(r)
+        out.setdefault(workload_label(r), {}).setdefault(r.config, []).append(r)
     return out
 
 

@@ -14,10 +14,37 @@ from graphpool.bench.workload import TraceConfig
 
 
 @dataclass(frozen=True)
+class Load:
+    """A workload's arrivals: Poisson ``rate`` requests/s, at most ``concurrency`` in flight (None: no cap)."""
+
+    rate: float
+    concurrency: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.concurrency is not None and self.concurrency < 1:
+            raise ValueError(f"serve bench: a load's concurrency must be >= 1, got {self.concurrency}")
+
+    @classmethod
+    def parse(cls, text: str) -> Load:
+        """``RATE`` or ``RATE:CONCURRENCY``, e.g. ``16`` or ``2:1`` (single stream)."""
+        rate, _, cap = text.partition(":")
+        try:
+            return cls(float(rate), int(cap) if cap else None)
+        except ValueError as e:
+            raise ValueError(f"serve bench: a load is RATE or RATE:CONCURRENCY (e.g. 16 or 2:1), got {text!r}: "
+                             f"{e}") from None
+
+    @property
+    def tag(self) -> str:
+        """The load in run names (files, report rows): ``16rps``, ``2rps-c1``."""
+        return f"{self.rate:g}rps" + (f"-c{self.concurrency}" if self.concurrency is not None else "")
+
+
+@dataclass(frozen=True)
 class ServeBenchConfig:
     model: str
     dtype: str | None
-    rate: float
+    loads: tuple[Load, ...]  # one workload each (per temperature), against the same server
     duration_s: float
     seeds: tuple[int, ...]
     configs: tuple[str, ...]
@@ -27,7 +54,6 @@ class ServeBenchConfig:
     output_mean: float
     output_cap: int
     sigma: float
-    concurrency: int | None
     url: str | None
     server_args: tuple[str, ...]
     startup_timeout_s: float
@@ -51,8 +77,8 @@ class ServeBenchConfig:
                              "the one that server runs")
         if self.client_processes < 1:
             raise ValueError(f"serve bench: --client-processes must be >= 1, got {self.client_processes}")
-        if self.concurrency is not None and self.concurrency < 1:
-            raise ValueError(f"serve bench: --concurrency must be >= 1, got {self.concurrency}")
+        if not self.loads or len(set(self.loads)) != len(self.loads):
+            raise ValueError(f"serve bench: --loads are distinct, got {' '.join(x.tag for x in self.loads)}")
         if not (self.startup_timeout_s > 0 and self.stop_timeout_s > 0):
             raise ValueError("serve bench: the start-up and stop timeouts must be > 0")
         if not self.temperatures or any(t < 0 for t in self.temperatures) or len(set(self.temperatures)) != len(
@@ -60,14 +86,19 @@ class ServeBenchConfig:
             raise ValueError(f"serve bench: --temperatures are distinct numbers >= 0, got {self.temperatures}")
         if not self.url and any(c in VLLM_CONFIGS for c in self.configs):
             self.vllm.resolved_model_dir(self.model)  # raises without a model folder
-        self.trace(0)  # TraceConfig checks rate, duration and lengths
+        for load in self.loads:
+            self.trace(0, load)  # TraceConfig checks rate, duration and lengths
 
     @property
     def token_ids(self) -> bool:
         return self.model.startswith("random:")
 
-    def trace(self, seed: int) -> TraceConfig:
-        return TraceConfig(rate=self.rate, duration_s=self.duration_s, prompt_mean=self.prompt_mean,
+    def load_tag(self, load: Load) -> str:
+        """``load``'s part of a run's name: none when the bench has one load (the names runs had before loads)."""
+        return load.tag if len(self.loads) > 1 else ""
+
+    def trace(self, seed: int, load: Load) -> TraceConfig:
+        return TraceConfig(rate=load.rate, duration_s=self.duration_s, prompt_mean=self.prompt_mean,
                            prompt_cap=self.prompt_cap, output_mean=self.output_mean, output_cap=self.output_cap,
                            sigma=self.sigma, seed=seed)
 
@@ -103,6 +134,10 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tokens-cap", type=int, default=768)
     p.add_argument("--sigma", type=float, default=1.0, help="lognormal shape of both lengths")
     p.add_argument("--concurrency", type=int, default=None, help="most requests in flight (default: no cap)")
+    p.add_argument("--loads", nargs="+", default=None, metavar="RATE[:CONCURRENCY]",
+                   help="several loads, each a workload against the same server (one start per configuration), "
+                        "e.g. 16 2:1 (16 req/s uncapped, then a single stream at 2 req/s); replaces --rate and "
+                        "--concurrency")
     p.add_argument("--url", default=None, help="an existing server (one --configs name; never stopped)")
     p.add_argument("--server-arg", action="append", default=[], metavar="ARG",
                    help="one more graphpool server flag, e.g. --server-arg=--max-num-seqs=64 (repeatable; vLLM "
@@ -137,12 +172,13 @@ def config_from_args(args: argparse.Namespace) -> ServeBenchConfig:
         raise ValueError(f"serve bench: --seeds must be >= 1, got {args.seeds}")
     vllm = VllmLaunch(python=args.vllm_python, model_dir=args.vllm_model, pythonpath=args.vllm_pythonpath,
                       args=tuple(args.vllm_arg))
+    loads = tuple(Load.parse(x) for x in args.loads) if args.loads else (Load(args.rate, args.concurrency),)
     return ServeBenchConfig(
-        model=args.model, dtype=args.dtype, rate=args.rate, duration_s=args.duration,
+        model=args.model, dtype=args.dtype, loads=loads, duration_s=args.duration,
         seeds=tuple(range(args.first_seed, args.first_seed + args.seeds)), configs=tuple(args.configs),
         budget=args.budget, prompt_mean=args.prompt_mean, prompt_cap=args.prompt_cap,
         output_mean=args.max_tokens_mean, output_cap=args.max_tokens_cap, sigma=args.sigma,
-        concurrency=args.concurrency, url=args.url, server_args=tuple(args.server_arg),
+        url=args.url, server_args=tuple(args.server_arg),
         startup_timeout_s=args.startup_timeout, stop_timeout_s=args.stop_timeout, resume=args.resume,
         prime=args.prime, step_timeline=args.step_timeline,
         client_processes=args.client_processes if args.client_processes is not None else default_processes(),

@@ -1,176 +1,26 @@
-"""`bench serve` results: one summary per (configuration, seed), median and min-max over seeds, the targets,
-and the JSON / Markdown / ITL-CDF report."""
+"""`bench serve` results: the targets, and the JSON / Markdown / ITL-CDF report over the saved runs
+(serve/runs.py)."""
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from graphpool.bench import common
-from graphpool.bench.common import MIB, md_table, median, percentile
-from graphpool.bench.latency import all_itls_ms
-from graphpool.bench.serve.attribution import split_client_stalled
+from graphpool.bench.common import md_table
 from graphpool.bench.serve.configs import config_order
-
-# serving-time deltas of the pool's counters (after the run minus right after start-up)
-DELTA_KEYS = ("captures", "hits", "padded_hits", "misses", "evictions", "eager_steps", "fallbacks")
-# the engine's counters over the run (graphpool's and vLLM's alike: serve/server.VLLM_COUNTERS)
-ENGINE_KEYS = ("generation_tokens", "prompt_tokens", "preemptions", "requests_finished")
-
-
-@dataclass(frozen=True)
-class RunSummary:
-    config: str  # the configuration's name (serve/configs.py)
-    label: str
-    seed: int
-    model: str
-    rate: float
-    trace_s: float
-    requests: int
-    errors: int
-    itl_gaps: int
-    output_tokens: int
-    output_tok_s: float
-    ttft_ms: dict[str, float]  # p50 / p99 / p99.9
-    itl_ms: dict[str, float]
-    e2e_ms: dict[str, float]
-    itl_max_ms: float
-    startup_s: float  # process start to GET /health 200 (NaN for --url)
-    startup_capture_s: float  # graphpool_graph_capture_seconds right after start-up (0 when graphs are off)
-    startup_captures: float
-    serving: dict[str, float]  # DELTA_KEYS: after the run minus after start-up
-    resident_graphs: float
-    resident_mib: float
-    prompt_tokens_mean: float
-    max_in_flight: int
-    stop_s: float
-    killed: bool
-    errors_sample: list[str] = field(default_factory=list)
-    # client-side gaps over 10 ms by cause, from the server's step timeline (serve/attribution.attribute)
-    gap_causes: dict[str, Any] = field(default_factory=dict)
-    client_loop_lag_ms: dict[str, float] = field(default_factory=dict)  # p50 / p99 / max lateness of a 10-ms timer
-    client_cpu_share: float = math.nan  # client CPU time / wall time (1.0 = one core busy)
-    client_processes: int = 1
-    temperature: float = 0.0  # the workload's sampling temperature (0: greedy)
-    server: str = "graphpool"  # or "vllm" (a foreign server)
-    graphs: float = math.nan  # graphpool: resident after the run; vLLM: captured at start-up (its log)
-    graph_mib: float = math.nan  # graphpool: resident bytes (arena included); vLLM: what its log says capture took
-    arena_mib: float = math.nan  # graphpool: the resident graphs' shared arena (part of graph_mib)
-    startup_phases: dict[str, float] = field(default_factory=dict)  # seconds by phase, where the server says
-    engine: dict[str, float] = field(default_factory=dict)  # ENGINE_KEYS over the run, where published
-    itl_first_ms: dict[str, float] = field(default_factory=dict)  # each request's first gap (the step after its prefill)
-    # the TTFTs of requests whose wait overlapped no client loop stall of >= 10 ms, and how many did overlap one
-    ttft_unstalled_ms: dict[str, float] = field(default_factory=dict)
-    ttft_client_stalled: int = 0
-
-
-def pcts(xs: Sequence[float]) -> dict[str, float]:
-    return {"p50": percentile(xs, 50), "p99": percentile(xs, 99), "p99.9": percentile(xs, 99.9)}
-
-
-def group_key(run: RunSummary) -> str:
-    """A configuration under one workload: its name, with the temperature when it samples."""
-    return run.config if run.temperature == 0 else f"{run.config}@T{run.temperature:g}"
-
-
-def run_stem(config: str, seed: int, temperature: float) -> str:
-    """A run's file name under <out>/runs (greedy runs keep the name they had before temperatures)."""
-    return f"{config}-seed{seed}" if temperature == 0 else f"{config}-t{temperature:g}-seed{seed}"
-
-
-def summarize_run(config: str, label: str, seed: int, model: str, rate: float, trace_s: float, client: Any,
-                  before: Mapping[str, float], after: Mapping[str, float], startup_s: float, stop: tuple[float, bool],
-                  gap_causes: Mapping[str, Any] | None = None, *, boot: Mapping[str, float] | None = None,
-                  temperature: float = 0.0, server: str = "graphpool", log_info: Any = None
-                  ) -> tuple[RunSummary, list[float]]:
-    """A run's summary and its ITLs in ms (``client``: serve_client.ClientRun; ``boot``: /metrics right after
-    start-up, default ``before``; ``log_info``: a foreign server's foreign.VllmLogInfo)."""
-    boot = before if boot is None else boot
-    ok = [r for r in client.results if r.error is None]
-    itls = all_itls_ms([r.timeline for r in ok])
-    ttfts = [t * 1e3 for r in ok if (t := r.timeline.ttft()) is not None]
-    unstalled, stalled = split_client_stalled(ok, getattr(client, "late_spans", []),
-                                              getattr(client, "t0_monotonic", 0.0))
-    tokens = sum(r.completion_tokens for r in client.results)
-    summary = RunSummary(
-        config=config, label=label, seed=seed, model=model, rate=rate, trace_s=trace_s,
-        requests=len(client.results), errors=len(client.results) - len(ok), itl_gaps=len(itls),
-        output_tokens=tokens, output_tok_s=tokens / client.duration_s if client.duration_s > 0 else math.nan,
-        ttft_ms=pcts(ttfts), itl_ms=pcts(itls), e2e_ms=pcts([r.e2e_s() * 1e3 for r in ok]),
-        itl_max_ms=max(itls) if itls else math.nan, startup_s=startup_s,
-        startup_capture_s=boot.get("capture_seconds", 0.0), startup_captures=boot.get("captures", math.nan),
-        # NOTE: no pool series (graphs off): NaN, shown as "-", not a count of 0
-        serving={k: after.get(k, math.nan) - before.get(k, 0.0) for k in DELTA_KEYS},
-        resident_graphs=after.get("resident", math.nan), resident_mib=after.get("resident_bytes", math.nan) / MIB,
-        prompt_tokens_mean=sum(r.prompt_tokens for r in ok) / len(ok) if ok else math.nan,
-        max_in_flight=client.max_in_flight, stop_s=stop[0], killed=stop[1], errors_sample=client.errors_sample,
-        gap_causes=dict(gap_causes or {}),
-        client_loop_lag_ms={"p50": percentile(client.loop_lag_ms, 50), "p99": percentile(client.loop_lag_ms, 99),
-                            "max": max(client.loop_lag_ms, default=math.nan)},
-        client_cpu_share=client.cpu_share, client_processes=getattr(client, "processes", 1),
-        temperature=temperature, server=server, **_graph_facts(after, boot, log_info),
-        engine={k: after[k] - before.get(k, 0.0) for k in ENGINE_KEYS if k in after},
-        itl_first_ms=pcts([g[0] * 1e3 for r in ok if (g := r.timeline.itls())]),
-        ttft_unstalled_ms=pcts(unstalled), ttft_client_stalled=stalled,
-    )
-    return summary, itls
-
-
-def _graph_facts(after: Mapping[str, float], boot: Mapping[str, float], log_info: Any) -> dict[str, Any]:
-    """Graph count, graph memory and start-up phases: from the server's log (foreign) or its /metrics."""
-    from graphpool.bench.serve.server import PHASE_PREFIX
-
-    if log_info is not None:
-        return {"graphs": log_info.graphs, "graph_mib": log_info.graph_gib * 1024,
-                "startup_phases": dict(log_info.phases)}
-    return {"graphs": after.get("resident", math.nan), "graph_mib": after.get("resident_bytes", math.nan) / MIB,
-            "arena_mib": after.get("arena_bytes", math.nan) / MIB,
-            "startup_phases": {k.removeprefix(PHASE_PREFIX): v for k, v in boot.items() if k.startswith(PHASE_PREFIX)}}
-
-
-def _restore_nan(v: Any) -> Any:
-    """JSON holds NaN as null (common._jsonable); a run read back has its NaNs again."""
-    if isinstance(v, dict):
-        return {k: _restore_nan(x) for k, x in v.items()}
-    return math.nan if v is None else v
-
-
-def load_runs(runs_dir: Path) -> list[RunSummary]:
-    runs = [RunSummary(**{k: _restore_nan(v) for k, v in json.loads(p.read_text()).items()})
-            for p in sorted(runs_dir.glob("*.json"))]
-    shapes = {(r.model, r.rate, r.trace_s) for r in runs}
-    if len(shapes) > 1:
-        raise ValueError(f"{runs_dir} holds runs of different models/rates/durations {sorted(shapes)}: "
-                         "give each its own --out")
-    return runs
-
-
-def save_run(runs_dir: Path, run: RunSummary, itls_ms: Sequence[float]) -> Path:
-    import numpy as np
-
-    runs_dir.mkdir(parents=True, exist_ok=True)
-    stem = run_stem(run.config, run.seed, run.temperature)
-    np.save(runs_dir / f"{stem}.itl.npy", np.asarray(itls_ms, dtype=np.float32))
-    path = runs_dir / f"{stem}.json"
-    path.write_text(json.dumps(common._jsonable(asdict(run)), indent=1) + "\n")
-    return path
-
-
-def _get(run: RunSummary, key: str) -> float:
-    """A number of a run by dotted key: 'itl_ms.p99.9' style for the dicts (split on the first dot)."""
-    head, _, rest = key.partition(".")
-    v = getattr(run, head)
-    return float(v.get(rest, math.nan) if rest else v)
-
-
-def spread(runs: Sequence[RunSummary], key: str) -> tuple[float, float, float]:
-    """(median, min, max) over seeds, NaNs left out."""
-    xs = [x for r in runs if not math.isnan(x := _get(r, key))]
-    return (median(xs), min(xs), max(xs)) if xs else (math.nan, math.nan, math.nan)
+from graphpool.bench.serve.runs import (
+    RunSummary,
+    group_key,
+    load_label,
+    load_order,
+    load_runs,
+    spread,
+    stem_of,
+)
 
 
 def _num(v: float) -> str:
@@ -247,7 +97,10 @@ def markdown(by_config: Mapping[str, Sequence[RunSummary]], targets: Sequence[Ta
     first = next(r for rs in by_config.values() for r in rs)
     rows = [[f"({k}) {rs[0].label}", len(rs), *(_cell(rs, key) for _, key in COLUMNS[1:])]
             for k, rs in by_config.items()]
-    body = (f"Model `{first.model}`, Poisson {first.rate:g} req/s for {first.trace_s:g} s per run; each cell is the "
+    tagged = {r.load: load_label(r) for rs in by_config.values() for r in rs if r.load}
+    arrivals = ("Poisson arrivals at each workload's load (" + "; ".join(f"`@{t}`: {w}" for t, w in tagged.items())
+                + ")" if tagged else f"Poisson {first.rate:g} req/s")
+    body = (f"Model `{first.model}`, {arrivals} for {first.trace_s:g} s per run; each cell is the "
             "median over seeds [min-max]. Latencies are client-side (openai AsyncOpenAI, streamed completions); "
             "ITL = gaps between streamed chunks that carry tokens; captures and the other pool counters are "
             "/metrics after the run minus /metrics right before it (after start-up, the warm-up graphs a server "
@@ -294,7 +147,7 @@ def write_serve_report(out_dir: Path, env: common.EnvInfo, extra: Mapping[str, A
     if not runs:
         raise ValueError(f"no runs under {out_dir / 'runs'}")
     by_config: dict[str, list[RunSummary]] = {}
-    for r in sorted(runs, key=lambda r: (r.temperature, config_order(r.config), r.seed)):
+    for r in sorted(runs, key=lambda r: (load_order(r), r.temperature, config_order(r.config), r.seed)):
         by_config.setdefault(group_key(r), []).append(r)
     targets = evaluate_targets(by_config)
     png = None
@@ -302,12 +155,15 @@ def write_serve_report(out_dir: Path, env: common.EnvInfo, extra: Mapping[str, A
         from graphpool.bench.plots import plot_itl_cdfs
 
         # NOTE: a run saved without its gaps (e.g. rebuilt from a report) is left out of the plot only
-        files = {k: [f for r in rs if (f := out_dir / "runs" / f"{run_stem(r.config, r.seed, r.temperature)}.itl.npy"
-                                          ).exists()]
-                 for k, rs in by_config.items()}
-        itls = {f"({k}) {rs[0].label}": [float(x) for f in files[k] for x in np.load(f)]
-                for k, rs in by_config.items() if files[k]}
-        png = plot_itl_cdfs({f"{runs[0].model} @ {runs[0].rate:g} req/s": itls}, out_dir / "serve_itl_cdf.png").name
+        panels: dict[str, dict[str, list[float]]] = {}
+        for k, rs in by_config.items():
+            files = [f for r in rs if (f := out_dir / "runs" / f"{stem_of(r)}.itl.npy").exists()]
+            if files:  # one panel per load; a configuration keeps its colour across them
+                name = k.removesuffix(f"@{rs[0].load}") if rs[0].load else k
+                panels.setdefault(f"{rs[0].model} @ {load_label(rs[0])}", {})[f"({name}) {rs[0].label}"] = [
+                    float(x) for f in files for x in np.load(f)]
+        png = plot_itl_cdfs(panels or {f"{runs[0].model} @ {load_label(runs[0])}": {}},
+                            out_dir / "serve_itl_cdf.png").name
     body = markdown(by_config, targets, png)
     more_md, more_json = section([r for rs in by_config.values() for r in rs], out_dir, plot) if section else ("", {})
     body += more_md

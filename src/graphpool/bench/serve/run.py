@@ -2,9 +2,9 @@
 streaming openai client.
 
 For each configuration and seed: start the server as a subprocess (start-up = process start to ready: GET
-/health 200, or for a foreign server /v1/models), scrape /metrics, then per temperature: one untimed warm-up
-completion, a seeded Poisson trace of streaming completions between two /metrics scrapes; stop the server
-(SIGTERM, then SIGKILL). Each run is saved under <out>/runs; the report covers every run there, so a long
+/health 200, or for a foreign server /v1/models), scrape /metrics, then per load (--loads) and temperature: one
+untimed warm-up completion, a seeded Poisson trace of streaming completions between two /metrics scrapes; stop
+the server (SIGTERM, then SIGKILL). Each run is saved under <out>/runs; the report covers every run there, so a long
 benchmark can be split over several calls (--resume skips the runs already saved).
 """
 
@@ -26,8 +26,9 @@ from graphpool.bench.serve.client import ClientRun, run_trace
 from graphpool.bench.serve.clients import run_trace_processes
 from graphpool.bench.serve.configs import ServeConfig, full_pool_sizes, ladder_size, serve_configs
 from graphpool.bench.serve.foreign import VllmLogInfo, parse_vllm_log, vllm_command
-from graphpool.bench.serve.options import ServeBenchConfig, add_args, config_from_args
-from graphpool.bench.serve.report import run_stem, save_run, summarize_run, write_serve_report
+from graphpool.bench.serve.options import Load, ServeBenchConfig, add_args, config_from_args
+from graphpool.bench.serve.report import write_serve_report
+from graphpool.bench.serve.runs import run_stem, save_run, summarize_run
 from graphpool.bench.serve.server import (
     ServerFailed,
     ServerProcess,
@@ -48,8 +49,9 @@ __all__ = ["ServeBenchConfig", "add_args", "config_from_args", "main", "run_serv
 
 @dataclass(frozen=True)
 class Workload:
-    """One temperature's trace against a live server: what the client saw and the server's counters."""
+    """One load's trace at one temperature against a live server: what the client saw and the server's counters."""
 
+    load: Load
     temperature: float
     client: ClientRun
     before: dict[str, float]
@@ -58,13 +60,13 @@ class Workload:
 
 
 def run_one(cfg: ServeBenchConfig, sc: ServeConfig, seed: int, out_dir: Path) -> None:
-    """One server of configuration ``sc``: started (or connected to), every workload (temperature) sent to
-    it in turn, stopped; then one saved run per workload."""
-    trace = generate_trace(cfg.trace(seed))
+    """One server of configuration ``sc``: started (or connected to), every workload (load x temperature) sent
+    to it in turn, stopped; then one saved run per workload."""
+    traces = {load: generate_trace(cfg.trace(seed, load)) for load in cfg.loads}
     name = f"({sc.key}) {sc.label}, seed {seed}"
     where = f"existing server {cfg.url}" if cfg.url else f"server flags: {shlex.join(sc.flags) or '(none)'}"
-    progress(f"{name}: {len(trace)} requests over {cfg.duration_s:g} s x temperatures "
-             f"{' '.join(f'{t:g}' for t in cfg.temperatures)}; {where}")
+    progress(f"{name}: {' + '.join(f'{len(t)} requests ({load.tag})' for load, t in traces.items())} over "
+             f"{cfg.duration_s:g} s each x temperatures {' '.join(f'{t:g}' for t in cfg.temperatures)}; {where}")
     server = connect(cfg.url, foreign=sc.foreign) if cfg.url else _start(cfg, sc, seed, out_dir)
     if not cfg.url:
         progress(f"{name}: ready {server.startup_s:.1f} s after process start (log {server.log_path})")
@@ -77,18 +79,20 @@ def run_one(cfg: ServeBenchConfig, sc: ServeConfig, seed: int, out_dir: Path) ->
             progress(f"{name}: {boot['warmup_pending']:.0f} warm-up graphs captured while idle, "
                      f"{wait_warmup(server.url, cfg.startup_timeout_s):.2f} s after ready")
         model = _served_model(server.url)
-        for temp in cfg.temperatures:
-            label = f"{name}, T={temp:g}"
-            warm = warm_up(server.url, model, list(range(1, 9)) if cfg.token_ids else "the of and to", temp)
-            progress(f"{label}: untimed warm-up completion {warm:.2f} s")
-            before: dict[str, float] = {}
-            # NOTE: scraped once the clients' own untimed requests are done: the counters cover the trace only
-            client = run_trace_processes(
-                server.url, model, trace, seed, cfg.token_ids, cfg.concurrency, label, cfg.client_processes,
-                temperature=temp,
-                on_ready=lambda before=before: before.update(scrape(server.url, engine_series=not sc.foreign)))
-            after = scrape(server.url, engine_series=not sc.foreign)
-            workloads.append(Workload(temp, client, before, after, fetch_timeline(server.url) if timelines else None))
+        for load, trace in traces.items():
+            for temp in cfg.temperatures:
+                label = f"{name}, {load.tag}, T={temp:g}" if cfg.load_tag(load) else f"{name}, T={temp:g}"
+                warm = warm_up(server.url, model, list(range(1, 9)) if cfg.token_ids else "the of and to", temp)
+                progress(f"{label}: untimed warm-up completion {warm:.2f} s")
+                before: dict[str, float] = {}
+                # NOTE: scraped once the clients' own untimed requests are done: the counters cover the trace only
+                client = run_trace_processes(
+                    server.url, model, trace, seed, cfg.token_ids, load.concurrency, label, cfg.client_processes,
+                    temperature=temp,
+                    on_ready=lambda before=before: before.update(scrape(server.url, engine_series=not sc.foreign)))
+                after = scrape(server.url, engine_series=not sc.foreign)
+                workloads.append(Workload(load, temp, client, before, after,
+                                          fetch_timeline(server.url) if timelines else None))
     finally:
         stop = server.stop(cfg.stop_timeout_s)
     # NOTE: read once the server has exited, so its log is complete
@@ -111,9 +115,10 @@ def _start(cfg: ServeBenchConfig, sc: ServeConfig, seed: int, out_dir: Path) -> 
 
 def _save(cfg: ServeBenchConfig, sc: ServeConfig, seed: int, out_dir: Path, w: Workload, boot: dict[str, float],
           startup_s: float, stop: tuple[float, bool], info: VllmLogInfo | None) -> None:
-    name = f"({sc.key}) {sc.label}, seed {seed}, T={w.temperature:g}"
+    tag = cfg.load_tag(w.load)
+    name = f"({sc.key}) {sc.label}, seed {seed}, {tag + ', ' if tag else ''}T={w.temperature:g}"
     client, causes = w.client, None
-    stem = run_stem(sc.key, seed, w.temperature)
+    stem = run_stem(sc.key, seed, w.temperature, tag)
     if w.timeline is not None:
         ok = [r for r in client.results if r.error is None]
         causes = attribute([[client.t0_monotonic + t for t in r.timeline.token_times] for r in ok],
@@ -123,9 +128,9 @@ def _save(cfg: ServeBenchConfig, sc: ServeConfig, seed: int, out_dir: Path, w: W
             {**w.timeline, "client_t0_monotonic": client.t0_monotonic}) + "\n")
         progress(f"{name}: {causes['gaps']} gaps over {causes['threshold_ms']:g} ms: "
                  + ", ".join(f"{k} {v}" for k, v in causes["counts"].items() if v))
-    run, itls = summarize_run(sc.key, sc.label, seed, cfg.model, cfg.rate, cfg.duration_s, client, w.before,
+    run, itls = summarize_run(sc.key, sc.label, seed, cfg.model, w.load.rate, cfg.duration_s, client, w.before,
                               w.after, startup_s, stop, causes, boot=boot, temperature=w.temperature,
-                              server=sc.server, log_info=info)
+                              server=sc.server, log_info=info, concurrency=w.load.concurrency, load=tag)
     save_run(out_dir / "runs", run, itls)
     progress(f"{name}: {run.errors} errors, {run.itl_gaps} ITL gaps, ITL p50/p99/p99.9 "
              f"{run.itl_ms['p50']:.1f}/{run.itl_ms['p99']:.1f}/{run.itl_ms['p99.9']:.1f} ms, TTFT p99 "
@@ -191,8 +196,9 @@ def run_serve_bench(cfg: ServeBenchConfig, out_dir: Path, argv: Sequence[str] | 
             for k in (cfg.configs[s % n:] + cfg.configs[:s % n])]
     if cfg.resume:
         todo = [(sc, s) for sc, s in todo if not all(
-            (out_dir / "runs" / f"{run_stem(sc.key, s, t)}.json").exists() for t in cfg.temperatures)]
-    trace0 = summarize_trace(generate_trace(cfg.trace(cfg.seeds[0])), cfg.duration_s)
+            (out_dir / "runs" / f"{run_stem(sc.key, s, t, cfg.load_tag(load))}.json").exists()
+            for load in cfg.loads for t in cfg.temperatures)]
+    trace0 = summarize_trace(generate_trace(cfg.trace(cfg.seeds[0], cfg.loads[0])), cfg.duration_s)
     progress(f"serve bench: {len(todo)} runs ({' '.join(cfg.configs)} x seeds {list(cfg.seeds)}), "
              f"model {cfg.model}, seed {cfg.seeds[0]} trace: {trace0['requests']} requests, "
              f"{trace0.get('output_tokens', 0)} output tokens")
