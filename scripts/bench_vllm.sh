@@ -14,7 +14,7 @@
 # TEMPERATURES (default "0 0.8"), VLLM_ARGS,
 # VLLM_MODEL (vLLM's model folder; needed for any MODEL but random:<preset>, e.g. the embedded default converted
 # by shared/device/vllm's gguf2hf.py), STEP_TIMELINE=1 (graphpool keeps its step timeline and every client gap over
-# 10 ms is attributed to what ran in it; off by default: the recording adds two events a step), PRECOMPILE=0
+# 10 ms, or GAP_MS, is attributed to what ran in it; off by default: the recording adds two events a step), PRECOMPILE=0
 # (leaves the packages' bytecode as it is), LIMIT_S, OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -51,7 +51,7 @@ mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv | tee "$OUT/gpu.txt"
 
 timeline=(--no-step-timeline)
-[ "${STEP_TIMELINE:-0}" = 1 ] && timeline=()
+[ "${STEP_TIMELINE:-0}" = 1 ] && timeline=(${GAP_MS:+--gap-threshold-ms "$GAP_MS"})
 vllm_args=()
 for a in $VLLM_ARGS; do vllm_args+=("--vllm-arg=$a"); done
 # NOTE: graphpool first, vLLM last: a server's memory is all back before the next one sizes its KV cache

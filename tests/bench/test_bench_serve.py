@@ -91,9 +91,12 @@ def test_configs_and_ladder() -> None:
                            max_tokens_cap=10, sigma=1.0, concurrency=None, url=None, server_arg=["--max-num-seqs=8"],
                            startup_timeout=10.0, stop_timeout=5.0, resume=False, prime=True,
                            step_timeline=False, client_processes=2, temperatures=[0.0, 0.8], vllm_python="python3",
-                           vllm_model=None, vllm_pythonpath="/tmp/vllm-site", vllm_arg=[], loads=None)
+                           vllm_model=None, vllm_pythonpath="/tmp/vllm-site", vllm_arg=[], loads=None,
+                           gap_threshold_ms=2.0)
     cfg = config_from_args(args)  # type: ignore[arg-type]
-    assert cfg.loads == (Load(1.0),) and cfg.load_tag(cfg.loads[0]) == ""
+    assert cfg.loads == (Load(1.0),) and cfg.load_tag(cfg.loads[0]) == "" and cfg.gap_threshold_ms == 2.0
+    with pytest.raises(ValueError, match="--gap-threshold-ms"):
+        config_from_args(SimpleNamespace(**{**vars(args), "gap_threshold_ms": 0.0}))  # type: ignore[arg-type]
     assert not cfg.step_timeline and cfg.client_processes == 2 and cfg.temperatures == (0.0, 0.8)
     assert cfg.seeds == (3, 4) and cfg.token_ids and cfg.engine_flags()[-1] == "--max-num-seqs=8"
     with pytest.raises(ValueError, match="--seeds"):

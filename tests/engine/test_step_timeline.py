@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from graphpool import LLM, SamplingParams
-from graphpool.bench.serve.attribution import CAUSES, attribute, gap_parts
+from graphpool.bench.serve.attribution import CAUSES, attribute, cause_table, gap_parts, merge
 from graphpool.engine.timeline import StepRecord, StepTimeline, records_from_export
 from graphpool.pool.testing import EagerCapturer
 
@@ -99,6 +99,13 @@ def test_attribute_names_the_largest_part() -> None:
                              "client event loop late": 0}
     assert set(got["counts"]) == set(CAUSES)
     assert got["steps"]["prefill step"]["steps"] == 1 and got["steps"]["graph capture"]["host_ms_max"] == 50.0
+    # a lower threshold takes the 2 ms gap of stream 2 too (150 -> 152 ms: its token waited to be delivered)
+    fine = attribute([[0.0021, 0.0541, 0.0861], [0.0861, 0.150, 0.152, 0.2021]], steps, threshold_ms=1.5)
+    assert fine["gaps"] == 5 and fine["counts"]["delivery (HTTP, event loop, client)"] == 2
+    merged = merge([fine, fine])
+    assert merged["threshold_ms"] == 1.5 and merged["gaps"] == 10
+    assert "| gap threshold ms | gaps over it |" in cause_table({"c": merged}) and "| c | 1.5 | 10 |" in cause_table(
+        {"c": merged})
 
 
 def test_server_serves_the_timeline_only_when_asked() -> None:

@@ -116,10 +116,11 @@ def step_summary(steps: Sequence[StepRecord]) -> dict[str, dict[str, float]]:
 
 
 def merge(attributions: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Counts and seconds summed over runs (seeds) of one configuration."""
+    """Counts and seconds summed over runs (seeds) of one configuration (their threshold: the first's)."""
     counts = {c: sum(a["counts"].get(c, 0) for a in attributions) for c in CAUSES}
     seconds = {c: sum(a["seconds"].get(c, 0.0) for a in attributions) for c in CAUSES}
-    return {"gaps": sum(counts.values()), "counts": counts, "seconds": seconds}
+    threshold = attributions[0].get("threshold_ms", THRESHOLD_MS) if attributions else THRESHOLD_MS
+    return {"threshold_ms": threshold, "gaps": sum(counts.values()), "counts": counts, "seconds": seconds}
 
 
 def cause_table(by_config: Mapping[str, Mapping[str, Any]]) -> str:
@@ -130,8 +131,8 @@ def cause_table(by_config: Mapping[str, Mapping[str, Any]]) -> str:
         total = sum(att["seconds"].values())
         cells = [f"{100 * att['counts'][c] / n:.0f}% ({100 * att['seconds'][c] / total:.0f}%)" if n else "-"
                  for c in CAUSES]
-        rows.append([label, str(n), *cells])
-    return md_table(["configuration", f"gaps > {THRESHOLD_MS:g} ms", *CAUSES], rows)
+        rows.append([label, f"{att.get('threshold_ms', THRESHOLD_MS):g}", str(n), *cells])
+    return md_table(["configuration", "gap threshold ms", "gaps over it", *CAUSES], rows)
 
 
 def step_table(by_config: Mapping[str, Mapping[str, Any]]) -> str:

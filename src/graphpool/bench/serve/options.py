@@ -7,6 +7,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from graphpool.bench.serve.attribution import THRESHOLD_MS
 from graphpool.bench.serve.clients import default_processes
 from graphpool.bench.serve.configs import CONFIG_HELP, CONFIG_LABELS, DEFAULT_CONFIGS, VLLM_CONFIGS
 from graphpool.bench.serve.foreign import VLLM_SITE, VllmLaunch, graphpool_env, vllm_env
@@ -63,6 +64,7 @@ class ServeBenchConfig:
     step_timeline: bool = True  # the server keeps a step timeline, and the client's gaps are attributed by it
     client_processes: int = 1  # client processes streaming the trace (serve/clients.py says why)
     temperatures: tuple[float, ...] = (0.0,)  # one workload each, against the same server (0: greedy)
+    gap_threshold_ms: float = THRESHOLD_MS  # client gaps over this are attributed to the server's steps
     vllm: VllmLaunch = field(default_factory=VllmLaunch)
 
     def __post_init__(self) -> None:
@@ -79,6 +81,8 @@ class ServeBenchConfig:
             raise ValueError(f"serve bench: --client-processes must be >= 1, got {self.client_processes}")
         if not self.loads or len(set(self.loads)) != len(self.loads):
             raise ValueError(f"serve bench: --loads are distinct, got {' '.join(x.tag for x in self.loads)}")
+        if not self.gap_threshold_ms > 0:
+            raise ValueError(f"serve bench: --gap-threshold-ms must be > 0, got {self.gap_threshold_ms}")
         if not (self.startup_timeout_s > 0 and self.stop_timeout_s > 0):
             raise ValueError("serve bench: the start-up and stop timeouts must be > 0")
         if not self.temperatures or any(t < 0 for t in self.temperatures) or len(set(self.temperatures)) != len(
@@ -159,6 +163,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--client-processes", type=int, default=None,
                    help="client processes sharing the trace (default: one per 4 cores, at most 4), so the client's "
                         "event loop does not fall behind the server")
+    p.add_argument("--gap-threshold-ms", type=float, default=THRESHOLD_MS, metavar="MS",
+                   help="attribute the client's inter-token gaps over this to the server's steps (default %(default)s; "
+                        "e.g. 2x the median gap to see the tail of a single stream)")
     p.add_argument("--no-step-timeline", dest="step_timeline", action="store_false",
                    help="start the servers without --record-step-timeline (no attribution of the ITL gaps)")
     p.add_argument("--resume", action="store_true", help="skip the runs already saved under <out>/runs")
@@ -182,4 +189,4 @@ def config_from_args(args: argparse.Namespace) -> ServeBenchConfig:
         startup_timeout_s=args.startup_timeout, stop_timeout_s=args.stop_timeout, resume=args.resume,
         prime=args.prime, step_timeline=args.step_timeline,
         client_processes=args.client_processes if args.client_processes is not None else default_processes(),
-        temperatures=tuple(args.temperatures), vllm=vllm)
+        temperatures=tuple(args.temperatures), gap_threshold_ms=args.gap_threshold_ms, vllm=vllm)

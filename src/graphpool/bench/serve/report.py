@@ -127,7 +127,7 @@ def _attribution_section(by_config: Mapping[str, Sequence[RunSummary]]) -> str:
         return ""
     steps = {f"({k}) {rs[0].label}, seed {r.seed}": r.gap_causes["steps"]
              for k, rs in by_config.items() for r in [r for r in rs if r.gap_causes][:1]}
-    return ("\nWhere the client's inter-token gaps over 10 ms come from (every seed with a server step timeline; "
+    return ("\nWhere the client's inter-token gaps over the threshold come from (every seed with a server step timeline; "
             "each gap counted under its largest part, in brackets each cause's share of those gaps' time; "
             "bench/serve/attribution.py says how):\n\n" + cause_table(causes)
             + "\nThe server's steps (GET /debug/steps; host ms = the engine thread's wall time of a step, device "

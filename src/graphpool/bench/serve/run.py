@@ -122,7 +122,8 @@ def _save(cfg: ServeBenchConfig, sc: ServeConfig, seed: int, out_dir: Path, w: W
     if w.timeline is not None:
         ok = [r for r in client.results if r.error is None]
         causes = attribute([[client.t0_monotonic + t for t in r.timeline.token_times] for r in ok],
-                           records_from_export(w.timeline), late_spans=[client.late_spans[r.worker] for r in ok])
+                           records_from_export(w.timeline), threshold_ms=cfg.gap_threshold_ms,
+                           late_spans=[client.late_spans[r.worker] for r in ok])
         (out_dir / "timelines").mkdir(parents=True, exist_ok=True)
         (out_dir / "timelines" / f"{stem}.json").write_text(json.dumps(
             {**w.timeline, "client_t0_monotonic": client.t0_monotonic}) + "\n")

@@ -49,7 +49,8 @@ class RunSummary:
     stop_s: float
     killed: bool
     errors_sample: list[str] = field(default_factory=list)
-    # client-side gaps over 10 ms by cause, from the server's step timeline (serve/attribution.attribute)
+    # client-side gaps over the threshold (10 ms unless --gap-threshold-ms) by cause, from the server's step
+    # timeline (serve/attribution.attribute)
     gap_causes: dict[str, Any] = field(default_factory=dict)
     client_loop_lag_ms: dict[str, float] = field(default_factory=dict)  # p50 / p99 / max lateness of a 10-ms timer
     client_cpu_share: float = math.nan  # client CPU time / wall time (1.0 = one core busy)
