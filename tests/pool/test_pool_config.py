@@ -80,6 +80,7 @@ def test_padding_cover_serves_every_size() -> None:
         ({"admit_after": 0}, "admit_after"),
         ({"admit_after": 5, "admit_window": 4}, "admit_window"),
         ({"num_microbatches": 3}, "num_microbatches"),
+        ({"defer_max_padded_steps": 0}, "defer_max_padded_steps"),
     ],
 )
 def test_nonsense_config_raises(kwargs: dict[str, object], match: str) -> None:

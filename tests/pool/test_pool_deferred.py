@@ -34,6 +34,20 @@ def test_an_admitted_size_is_served_padded_then_captured_when_asked() -> None:
     assert pool.stats().hits == 1
 
 
+def test_a_size_waiting_past_its_padded_steps_is_captured_in_the_step() -> None:
+    pool, cap = make(defer_captures=True, defer_max_padded_steps=2, **ADMIT)
+    pool.warmup([8])
+    for seed in range(4):
+        check(pool, 6, seed=seed)  # admitted at the third; padded at the third and fourth
+    assert cap.captured == [8] and pool.wanted_sizes == (6,)
+    check(pool, 6, seed=4)  # a third padded step would pass the bound: no idle moment came, so now
+    assert cap.captured == [8, 6] and pool.wanted_sizes == ()
+    st = pool.stats()
+    assert (st.padded_hits, st.captures) == (4, 2)
+    check(pool, 3, seed=5)  # the count is per size: 3 (padded into 6) starts its own
+    assert pool.wanted_sizes == (3,)
+
+
 def test_without_defer_the_admitted_size_is_captured_in_the_step() -> None:
     pool, cap = make(**ADMIT)
     _ask_for_six(pool)

@@ -44,6 +44,9 @@ class PoolConfig:
     # row of it): the step pads into that graph and the size waits for capture_wanted(), which the engine calls
     # when idle
     defer_captures: bool = False
+    # ... for at most this many of its own steps: a size still waiting then (no idle moment came) is captured in
+    # the step, so a steady load does not pay the padding for ever (a capture costs a few dozen steps' time)
+    defer_max_padded_steps: int = 64
     enabled: bool = True  # False = disable_cudagraph: every step eager
     num_microbatches: int = 1  # 2 = two microbatches in one graph (overlap mode)
     _ladder: BucketLadder = field(init=False, repr=False, compare=False)
@@ -81,6 +84,8 @@ class PoolConfig:
                 f"admit_window ({self.admit_window}) must be >= admit_after ({self.admit_after}), "
                 "or no size could ever be admitted"
             )
+        if self.defer_max_padded_steps < 1:
+            raise ValueError(f"defer_max_padded_steps must be >= 1, got {self.defer_max_padded_steps}")
         if self.num_microbatches not in (1, 2):
             raise ValueError(f"num_microbatches must be 1 or 2, got {self.num_microbatches}")
         if not isinstance(self.pinned, tuple):

@@ -28,7 +28,7 @@ class PoolManagement:
     _book: ResidencyBook
     _graphs: dict[int, CapturedGraph]
     _blocked: dict[int, FallbackReason]
-    _wanted: dict[int, None]
+    _wanted: dict[int, int]
     _inputs: StaticInputs
     _closed: bool
     _off: FallbackReason | None

@@ -68,7 +68,8 @@ class GraphPool(PoolManagement):
         self._book = ResidencyBook(config.max_graph_pool_size, config.graph_memory_budget, config.pinned)
         self._graphs: dict[int, CapturedGraph] = {}
         self._blocked: dict[int, FallbackReason] = {}  # sizes never replayed again
-        self._wanted: dict[int, None] = {}  # sizes admitted while served padded (defer_captures), oldest first
+        # sizes admitted while served padded (defer_captures), oldest first: the steps each was served padded since
+        self._wanted: dict[int, int] = {}
         self._counters = StatsCounters()
         self._evictions = _EvictionLog()
         self._failures = CaptureFailureLog(logger)
@@ -209,8 +210,11 @@ class GraphPool(PoolManagement):
         defer = self.config.defer_captures and self._sync is None
         larger = nearest_larger(self._graphs, bucket, math.inf) if defer else None
         if larger is not None:
-            self._wanted[bucket] = None
-            return Decision("pad", bucket, larger, missed=True)
+            padded = self._wanted.get(bucket, 0) + 1
+            if padded <= self.config.defer_max_padded_steps:
+                self._wanted[bucket] = padded
+                return Decision("pad", bucket, larger, missed=True)
+        self._wanted.pop(bucket, None)
         return Decision("capture", bucket, bucket, missed=True)
 
     def _policy_choice(self, bucket: int) -> Choice:
