@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -368,3 +369,37 @@ def test_each_client_process_warms_its_client_up_untimed() -> None:
     assert kw["prompt"] == list(range(8)) and kw["max_tokens"] == 1 and kw["stream"] and kw["temperature"] == 0.8
     assert kw["extra_body"] == {"ignore_eos": True} and kw["stream_options"] == {"include_usage": True}
     assert asyncio.run(_warm_up(client, "broken", "a b c", 0.0)) == "warm-up request: ConnectionError: refused"
+
+
+def test_the_clients_start_up_heap_is_frozen_for_the_trace_only() -> None:
+    """Collections during the trace walk only what it makes: the objects alive after the warm-up request are
+    frozen from before time 0 to the end, then unfrozen (a test process's collector is left as it was)."""
+    pytest.importorskip("openai")
+    import asyncio
+    import gc
+    import threading
+    from http.server import ThreadingHTTPServer
+
+    from fake_vllm_server import make_handler
+
+    from graphpool.bench.serve.client import run_trace
+    from graphpool.bench.workload import TraceRequest
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), make_handler("m", 64))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    frozen_at_start: list[int] = []
+
+    def ready() -> float:
+        frozen_at_start.append(gc.get_freeze_count())
+        return time.monotonic()
+
+    assert gc.get_freeze_count() == 0
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        run = asyncio.run(run_trace(url, "m", [TraceRequest(0, 0.0, 4, 3)], 0, True, 1, "t", progress_every_s=0,
+                                    ready=ready))
+    finally:
+        server.shutdown()
+    assert run.results[0].error is None and run.results[0].completion_tokens == 3
+    assert frozen_at_start[0] > 1000  # openai's and httpx's objects, and the warm-up's
+    assert gc.get_freeze_count() == 0

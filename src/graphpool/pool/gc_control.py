@@ -1,5 +1,5 @@
-"""The cyclic garbage collector around captures (paused for one capture, frozen for a warm-up of many) and
-after a start-up (its objects frozen for good)."""
+"""The cyclic garbage collector around captures (paused for one capture, frozen for a warm-up of many), after a
+start-up (its objects frozen for good), and over a benchmark client's trace (its start-up objects frozen)."""
 
 from __future__ import annotations
 
@@ -28,18 +28,25 @@ def collect_and_freeze() -> None:
 
 
 @contextlib.contextmanager
-def gc_frozen() -> Iterator[None]:
-    """One full collection, then every live object frozen and the collector off until the block ends.
-
-    The collection frees start-up garbage (dead tensors too) before the first capture measures device bytes,
-    so no later collection moves those measurements; frozen and off, no collection that walks every object of
-    the loaded model pauses the warm-up between captures. On exit the objects are unfrozen (unless some were
-    frozen before: whoever froze them unfreezes) and the collector is as it was."""
+def heap_frozen() -> Iterator[None]:
+    """One full collection, then every live object frozen until the block ends (collections meanwhile walk
+    only what the block makes). On exit the objects are unfrozen, unless some were frozen before: whoever froze
+    them unfreezes."""
     owns_freeze = gc.get_freeze_count() == 0
     collect_and_freeze()
     try:
-        with gc_paused():
-            yield
+        yield
     finally:
         if owns_freeze:
             gc.unfreeze()
+
+
+@contextlib.contextmanager
+def gc_frozen() -> Iterator[None]:
+    """`heap_frozen`, and the collector off until the block ends.
+
+    The collection frees start-up garbage (dead tensors too) before the first capture measures device bytes,
+    so no later collection moves those measurements; frozen and off, no collection that walks every object of
+    the loaded model pauses the warm-up between captures. On exit the collector is as it was."""
+    with heap_frozen(), gc_paused():
+        yield
