@@ -1,12 +1,13 @@
-"""The one-row GEMV (kernels/gemv.py) and programmatic dependent launch (kernels/pdl.py) on the GPU: the GEMV
-against float64 at the projections' shapes of llama3.2-1b and llama3-8b (no worse than cuBLAS's own error by
-more than an output rounding); a chain of norm -> GEMV -> SwiGLU -> GEMV layers captured in a CUDA graph gives
-the same bits with and without PDL (a GEMV reading x before the kernel ahead of it finished would not) and
-replays as it ran eagerly; inside the engine (random llama3.2-1b, bf16, one sequence at a time, so every decode
-step has one row) against cuBLAS: argmaxes agree except at near-ties, and a graph step equals an eager one.
-An engine with a bitwise kernel switched off (`--disable-kernels`: the qkv GEMV + rotary + KV write, the step's
-argmax) gives the defaults' very logits; the qkv GEMV + rotary + KV write also against the GEMV and the rotary
-kernel it replaces (bitwise, over 96 rows at random positions), eagerly and replayed."""
+"""The one-row GEMV (kernels/gemv.py), its few-row form and programmatic dependent launch (kernels/pdl.py) on the
+GPU: the GEMV against float64 at the projections' shapes of llama3.2-1b and llama3-8b (no worse than cuBLAS's
+own error by more than an output rounding), at 2-4 rows too (each row the one-row kernel's bits where K fits
+one tile); a chain of norm -> GEMV -> SwiGLU -> GEMV layers captured in a CUDA graph gives the same bits with
+and without PDL (a GEMV reading x before the kernel ahead of it finished would not) and replays as it ran
+eagerly; inside the engine (random llama3.2-1b, bf16, one sequence at a time, so every decode step has one
+row; then four at a time) against cuBLAS: argmaxes agree except at near-ties, and a graph step equals an eager
+one. An engine with a bitwise kernel switched off (`--disable-kernels`: the qkv GEMV + rotary + KV write, the
+step's argmax) gives the defaults' very logits; the qkv GEMV + rotary + KV write also against the GEMV and the
+rotary kernel it replaces (bitwise, over 96 rows at random positions), eagerly and replayed."""
 
 from __future__ import annotations
 
@@ -49,6 +50,32 @@ def test_gemv_is_as_close_to_float64_as_cublas(n: int, k: int, dtype: torch.dtyp
             y = gemv_triton(x, w, b, pdl=pdl)
             assert y.shape == cublas.shape and y.dtype == dtype
             assert _max_err(y, ref) <= _max_err(cublas, ref) + ulp, (b is not None, pdl)
+
+
+@pytest.mark.parametrize("m", [2, 3, 4])
+@pytest.mark.parametrize(("n", "k"), SHAPES)
+def test_few_row_gemv_is_as_close_to_float64_as_cublas_and_each_row_the_one_row_kernels(n: int, k: int,
+                                                                                         m: int) -> None:
+    """2-4 rows (bf16): no further from float64 than cuBLAS plus one output rounding; with K in one tile each
+    row is the one-row kernel's very bits (so a sequence decodes alike at batch sizes 1 to 4); a replay in a
+    CUDA graph gives the eager bits."""
+    from graphpool.kernels._triton_gemv import MAX_BLOCK_K, gemv_triton
+
+    gen = torch.Generator(device="cuda").manual_seed(n + k + m)
+    w = (torch.randn(n, k, device="cuda", generator=gen) / k**0.5).bfloat16()
+    bias = torch.randn(n, device="cuda", generator=gen).bfloat16()
+    x = torch.randn(m, k, device="cuda", generator=gen).bfloat16()
+    for b in (None, bias):
+        ref = x.double() @ w.double().T + (0.0 if b is None else b.double())
+        cublas = torch.nn.functional.linear(x, w, b)
+        ulp = float(ref.abs().max()) * torch.finfo(torch.bfloat16).eps
+        y = gemv_triton(x, w, b)
+        assert y.shape == cublas.shape and _max_err(y, ref) <= _max_err(cublas, ref) + ulp, b is not None
+        if k <= MAX_BLOCK_K:
+            one = torch.cat([gemv_triton(x[i:i + 1], w, b) for i in range(m)])
+            assert torch.equal(y, one)
+    eager, graph = _graph_outputs(lambda: [gemv_triton(x, w, bias)])
+    assert torch.equal(eager[0], graph[0])
 
 
 def _chain(layers: list[tuple[torch.Tensor, ...]], x: torch.Tensor, ops: ModelOps) -> list[torch.Tensor]:
@@ -104,9 +131,9 @@ def test_pdl_gives_the_bits_of_plain_launches() -> None:
     assert all(d == d for d in drift)  # no NaN
 
 
-def _engine(loaded, **kwargs) -> LLMEngine:
+def _engine(loaded, max_num_seqs: int = 1, **kwargs) -> LLMEngine:
     config = EngineConfig(model=PRESET, device="cuda", dtype="bfloat16", max_model_len=MAX_MODEL_LEN,
-                          num_kv_blocks=200, max_num_seqs=1, **kwargs)  # fmt: skip
+                          num_kv_blocks=200, max_num_seqs=max_num_seqs, **kwargs)  # fmt: skip
     return LLMEngine(config, loaded=loaded)
 
 
@@ -140,6 +167,28 @@ def test_engine_with_the_gemv_matches_cublas(monkeypatch: pytest.MonkeyPatch) ->
     eager = run(_engine(loaded, disable_cudagraph=True), _work(1))
     graphed = run(_engine(loaded, graph_miss_policy="capture"), _work(1), forced=eager)
     compare(eager, graphed, tie=0.3, logit_tol=0.3, min_agree=0.93)
+
+
+def test_engine_with_the_few_row_gemv_matches_cublas(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Four sequences at a time (decode steps of 1-4 rows): the few-row GEMV against cuBLAS (`gemv_rows` off),
+    argmaxes agreeing except at near-ties."""
+    from graphpool.kernels import _triton_gemv
+
+    loaded = build(torch.bfloat16, kernel_ops())
+    rows: list[int] = []
+    launch = _triton_gemv.gemv_triton
+    monkeypatch.setattr(_triton_gemv, "gemv_triton",
+                        lambda *a, **kw: rows.append(a[0].numel() // a[1].shape[1]) or launch(*a, **kw))
+    # NOTE: synchronous, as test_engine_gpu.make says why: rows are recorded by their sequence's position
+    ref = run(_engine(None, 4, graph_miss_policy="capture", disabled_kernels="gemv_rows", async_scheduling=False),
+              _work(3))
+    assert rows and max(rows) == 1  # one-row steps only (a sequence decoding alone)
+    rows.clear()
+    got: Record = run(_engine(loaded, 4, graph_miss_policy="capture", async_scheduling=False), _work(3), forced=ref)
+    assert got.graph_steps > 20 and max(rows) > 1
+    compare(ref, got, tie=0.3, logit_tol=0.3, min_agree=0.93)
+    flips = sum(got.argmax[k] != ref.argmax[k] for k in ref.argmax)
+    report("few-row gemv engine bf16 argmax flips vs cuBLAS", f"{flips} of {len(ref.argmax)}")
 
 
 @pytest.mark.parametrize("switch", ["gemv_rope", "step_argmax"])

@@ -42,6 +42,49 @@ def test_gemv_matches_float64_in_the_interpreter() -> None:
     assert errors[4] == errors[9] == 0.0
 
 
+_ROWS_SCRIPT = """
+from graphpool.kernels._triton_gemv import MAX_ROWS, Tiles, gemv_triton
+
+gen = torch.Generator().manual_seed(1)
+out = []
+for dtype in (torch.float32, torch.float16):
+    for m in range(2, MAX_ROWS + 1):
+        for n, k, block_n, block_k, bias in ((70, 300, 8, 512, False), (33, 1000, 16, 256, True)):
+            x = torch.randn(m, 2 * k, generator=gen).to(dtype)[:, ::2]  # strided rows: copied first
+            w = (torch.randn(n, k, generator=gen) / k**0.5).to(dtype)
+            b = torch.randn(n, generator=gen).to(dtype) if bias else None
+            tiles = Tiles(block_n, block_k, num_stages=1)
+            y = gemv_triton(x, w, b, tiles=tiles)
+            ref = x.double() @ w.double().T + (b.double() if bias else 0.0)
+            err = float((y.double() - ref).abs().max() / ref.abs().max()) if y.shape == (m, n) else 1.0
+            # one weight tile (K <= BLOCK_K): each row is the one-row kernel's very bits
+            one = torch.cat([gemv_triton(x[i:i + 1], w, b, tiles=tiles) for i in range(m)])
+            same = float(torch.equal(y, one)) if k <= block_k else 1.0
+            out.append([err, same])
+    y3 = gemv_triton(torch.randn(3, 1, 24).to(dtype), torch.randn(5, 24).to(dtype))
+    out.append([0.0 if y3.shape == (3, 1, 5) else 1.0, 1.0])
+print(json.dumps(out))
+"""
+
+
+def test_the_few_row_gemv_matches_float64_and_the_one_row_kernel_in_the_interpreter() -> None:
+    """2 to MAX_ROWS rows: against float64 (K no multiple of the tile, a bias, strided rows, a leading shape),
+    and row by row the one-row kernel's bits where K fits one tile."""
+    got = run_in_triton_interpreter(_ROWS_SCRIPT)
+    assert len(got) == 2 * (3 * 2 + 1)
+    errors = [e for e, _ in got]
+    assert max(errors[:7]) < 1e-5 and max(errors[7:]) < 1e-2  # fp32, then fp16's output rounding
+    assert all(same == 1.0 for _, same in got)
+
+
+def test_the_gemv_refuses_more_rows_than_it_takes() -> None:
+    pytest.importorskip("triton")
+    from graphpool.kernels._triton_gemv import MAX_ROWS, gemv_triton
+
+    with pytest.raises(ValueError, match=f"1 to {MAX_ROWS} rows"):
+        gemv_triton(torch.randn(MAX_ROWS + 1, 16), torch.randn(8, 16))
+
+
 def test_switches_name_kernels() -> None:
     assert check_switches("pdl, gemv,pdl") == ("gemv", "pdl")  # the switches' order, no repeats
     assert check_switches(["attn_stages"]) == ("attn_stages",) and check_switches("") == ()
@@ -80,7 +123,11 @@ def test_dispatch_rules() -> None:
     w = torch.randn(8, 16, dtype=torch.bfloat16)
     assert uses_gemv(cuda_like(torch.randn(1, 16, dtype=torch.bfloat16)), w)
     assert uses_gemv(cuda_like(torch.randn(1, 1, 16, dtype=torch.bfloat16)), w)
-    assert not uses_gemv(cuda_like(torch.randn(2, 16, dtype=torch.bfloat16)), w)
+    assert not uses_gemv(cuda_like(torch.randn(2, 16, dtype=torch.bfloat16)), w)  # one row unless asked
+    assert uses_gemv(cuda_like(torch.randn(4, 16, dtype=torch.bfloat16)), w, max_rows=4)
+    assert uses_gemv(cuda_like(torch.randn(3, 1, 16, dtype=torch.bfloat16)), w, max_rows=4)
+    assert not uses_gemv(cuda_like(torch.randn(5, 16, dtype=torch.bfloat16)), w, max_rows=4)
+    assert not uses_gemv(cuda_like(torch.randn(0, 16, dtype=torch.bfloat16)), w, max_rows=4)
     assert not uses_gemv(cuda_like(torch.randn(1, 16)), w.float())  # fp32 stays on cuBLAS
     assert not uses_gemv(cuda_like(torch.randn(1, 16, dtype=torch.bfloat16)), w.T.contiguous().T)
     assert not uses_gemv(cuda_like(torch.randn(1, 8, dtype=torch.bfloat16)), w)  # K mismatch: torch's error
@@ -104,6 +151,8 @@ def test_kernel_ops_resolve_the_switches() -> None:
         assert fn.keywords == {"pdl": False}  # type: ignore[attr-defined]
     pdl_off = kernel_ops(["pdl"])
     assert pdl_off.linear.func is gemv.linear and pdl_off.linear.keywords == {"pdl": False}  # type: ignore[attr-defined]
+    rows_off = kernel_ops(["gemv_rows"]).linear
+    assert rows_off.func is gemv.linear and rows_off.keywords == {"rows": False}  # type: ignore[attr-defined]
     assert kernel_ops(["gemv_rope"]).fused_linear_rope is no_fusion and kernel_ops(["gemv_rope"]).linear is gemv.linear
     assert resolve_ops("torch", torch.device("cpu")) is TORCH_OPS
     assert resolve_ops("torch", torch.device("cpu"), ["step_argmax"]).step_argmax is argmax_torch
@@ -113,18 +162,28 @@ def test_kernel_ops_resolve_the_switches() -> None:
         kernel_ops(["argmax"])
 
 
-def test_the_pdl_switch_reaches_the_launch(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`pdl` off in the op set: the GEMV's launcher is asked for no PDL (is_cuda faked, the launcher recorded)."""
+def test_the_pdl_and_rows_switches_reach_the_launch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`pdl` off in the op set: the GEMV's launcher is asked for no PDL; `gemv_rows` off: 2-4 rows are not
+    launched (is_cuda faked, the launcher recorded)."""
     from types import SimpleNamespace
 
-    from graphpool.kernels import gemv
+    from graphpool.kernels import _triton_gemv, gemv
     from graphpool.model.ops import kernel_ops
 
-    calls: list[bool] = []
-    fake = SimpleNamespace(gemv_triton=lambda x, w, b, *, pdl: calls.append(pdl) or torch.zeros(1, w.shape[0]))
-    monkeypatch.setattr(gemv, "triton_impl", lambda module: fake)
+    calls: list[tuple[int, bool]] = []
+
+    def launch(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, *, pdl: bool) -> torch.Tensor:
+        calls.append((x.shape[0], pdl))
+        return torch.zeros(x.shape[0], w.shape[0])
+
+    monkeypatch.setattr(gemv, "triton_impl", lambda module: SimpleNamespace(gemv_triton=launch))
     x, w = cuda_like(torch.randn(1, 16, dtype=torch.bfloat16)), torch.randn(8, 16, dtype=torch.bfloat16)
     kernel_ops().linear(x, w, None)
     kernel_ops(["pdl"]).linear(x, w, None)
     kernel_ops(["gemv"]).linear(x.as_subclass(torch.Tensor), w, None)  # nn.functional.linear: no launch
-    assert calls == [True, False]
+    x4 = cuda_like(torch.randn(4, 16, dtype=torch.bfloat16))
+    kernel_ops().linear(x4, w, None)
+    kernel_ops(["gemv_rows"]).linear(x4.as_subclass(torch.Tensor), w, None)  # 4 rows: nn.functional.linear
+    kernel_ops(["gemv_rows"]).linear(x, w, None)  # one row still takes it
+    assert calls == [(1, True), (1, False), (4, True), (1, True)]
+    assert gemv.MAX_ROWS == _triton_gemv.MAX_ROWS

@@ -1,4 +1,5 @@
-"""Triton kernel for ``w @ x (+ bias)`` with one input row: a decode step's projections at batch size 1.
+"""Triton kernels for ``w @ x (+ bias)`` with one input row (a decode step's projections at batch size 1) and
+with 2 to MAX_ROWS rows (batch sizes 2-4), whose programs load each weight tile once for all rows.
 
 Each program owns BLOCK_N output features: it streams its ``[BLOCK_N, K]`` slice of the weight in ``[BLOCK_N,
 BLOCK_K]`` tiles (one tile when K <= BLOCK_K: 1B's qkv, o and gate_up), keeps an fp32 partial product per
@@ -30,6 +31,7 @@ BLOCK_N = 4  # output features per program: N / 4 programs (512 for a 2048-wide 
 MAX_BLOCK_K = 2048  # weight columns per tile: 16 KB of bf16
 NUM_WARPS = 4
 NUM_STAGES = 1
+MAX_ROWS = 4  # the few-row kernel's most rows: every row's products are CUDA-core FMAs on one weight load
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,71 @@ def _gemv_kernel(
     tl.store(y_ptr + offs_n, y.to(y_ptr.dtype.element_ty), mask=n_mask)
 
 
+@triton.jit
+def _rows_tile(w, x_ptr, stride_xm, k, k_mask, acc0, acc1, acc2, acc3, M: tl.constexpr):
+    """Each row's products with one ``[BLOCK_N, BLOCK_K]`` weight tile, reduced over k and added to its
+    accumulator (one tile, as at K <= BLOCK_K: the one-row kernel's very sums)."""
+    wf = w.to(tl.float32)
+    x = tl.load(x_ptr + k, mask=k_mask, other=0.0).to(tl.float32)
+    acc0 += tl.sum(wf * x[None, :], 1)
+    if M > 1:
+        x = tl.load(x_ptr + stride_xm + k, mask=k_mask, other=0.0).to(tl.float32)
+        acc1 += tl.sum(wf * x[None, :], 1)
+    if M > 2:
+        x = tl.load(x_ptr + 2 * stride_xm + k, mask=k_mask, other=0.0).to(tl.float32)
+        acc2 += tl.sum(wf * x[None, :], 1)
+    if M > 3:
+        x = tl.load(x_ptr + 3 * stride_xm + k, mask=k_mask, other=0.0).to(tl.float32)
+        acc3 += tl.sum(wf * x[None, :], 1)
+    return acc0, acc1, acc2, acc3
+
+
+@triton.jit
+def _store_row(y_ptr, acc, bias, offs_n, n_mask, HAS_BIAS: tl.constexpr):
+    if HAS_BIAS:
+        acc += bias
+    tl.store(y_ptr + offs_n, acc.to(y_ptr.dtype.element_ty), mask=n_mask)
+
+
+@triton.jit
+def _gemv_rows_kernel(
+    x_ptr, w_ptr, b_ptr, y_ptr, N, stride_wn, stride_xm,
+    K: tl.constexpr, M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr,
+    PDL: tl.constexpr,
+):  # fmt: skip
+    """``y[m] = w @ x[m] (+ b)`` for M (2..MAX_ROWS) rows: each program's weight tiles are loaded once and
+    multiplied by every row (the first before the PDL wait); y is ``[M, N]``, contiguous."""
+    pid = tl.program_id(0)
+    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    offs_k = tl.arange(0, BLOCK_K)
+    rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
+    acc0 = tl.zeros([BLOCK_N], dtype=tl.float32)
+    acc1 = tl.zeros([BLOCK_N], dtype=tl.float32)
+    acc2 = tl.zeros([BLOCK_N], dtype=tl.float32)
+    acc3 = tl.zeros([BLOCK_N], dtype=tl.float32)
+    k_mask = offs_k < K
+    w = tl.load(rows + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+    if PDL:
+        gdc_wait()  # NOTE: after the first weight tile's load, before the first read of x
+    acc0, acc1, acc2, acc3 = _rows_tile(w, x_ptr, stride_xm, offs_k, k_mask, acc0, acc1, acc2, acc3, M)
+    for k0 in range(BLOCK_K, K, BLOCK_K):
+        k = k0 + offs_k
+        k_mask = k < K
+        w = tl.load(rows + k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+        acc0, acc1, acc2, acc3 = _rows_tile(w, x_ptr, stride_xm, k, k_mask, acc0, acc1, acc2, acc3, M)
+    bias = tl.zeros([BLOCK_N], dtype=tl.float32)
+    if HAS_BIAS:
+        bias = tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+    _store_row(y_ptr, acc0, bias, offs_n, n_mask, HAS_BIAS)
+    if M > 1:
+        _store_row(y_ptr + N, acc1, bias, offs_n, n_mask, HAS_BIAS)
+    if M > 2:
+        _store_row(y_ptr + 2 * N, acc2, bias, offs_n, n_mask, HAS_BIAS)
+    if M > 3:
+        _store_row(y_ptr + 3 * N, acc3, bias, offs_n, n_mask, HAS_BIAS)
+
+
 def _row(x: torch.Tensor, k: int) -> torch.Tensor:
     row = x.reshape(k)
     return row if row.stride(0) == 1 else row.contiguous()
@@ -96,16 +163,30 @@ def gemv_triton(
     pdl: bool = True,
     tiles: Tiles = DEFAULT_TILES,
 ) -> torch.Tensor:
-    """``x [..., K]`` holding one row -> ``[..., N]``; `pdl`: launched with PDL where the device has it (the
-    ``pdl`` switch). The caller checks shapes (`gemv.linear`)."""
+    """``x [..., K]`` holding one row, or 2 to MAX_ROWS rows -> ``[..., N]``; `pdl`: launched with PDL where
+    the device has it (the ``pdl`` switch). The caller checks shapes (`gemv.linear`)."""
     n, k = weight.shape
-    out = torch.empty(n, dtype=x.dtype, device=x.device)
+    m = x.numel() // k if k > 0 else 0
+    if not 1 <= m <= MAX_ROWS:
+        raise ValueError(f"the GEMV takes 1 to {MAX_ROWS} rows of {k}, got x of shape {tuple(x.shape)}")
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     pdl = pdl_on(x.device, pdl)
     block_k = tiles.block_k if tiles.block_k is not None else min(MAX_BLOCK_K, triton.next_power_of_2(k))
     if n > 0:
-        _gemv_kernel[(triton.cdiv(n, tiles.block_n),)](
-            _row(x, k), weight, bias if bias is not None else weight, out, n, weight.stride(0),
-            K=k, BLOCK_N=tiles.block_n, BLOCK_K=block_k, HAS_BIAS=bias is not None, PDL=pdl,
-            num_warps=tiles.num_warps, num_stages=tiles.num_stages, launch_pdl=pdl,
-        )  # fmt: skip
+        grid = (triton.cdiv(n, tiles.block_n),)
+        bias_arg = bias if bias is not None else weight
+        if m == 1:
+            _gemv_kernel[grid](
+                _row(x, k), weight, bias_arg, out, n, weight.stride(0),
+                K=k, BLOCK_N=tiles.block_n, BLOCK_K=block_k, HAS_BIAS=bias is not None, PDL=pdl,
+                num_warps=tiles.num_warps, num_stages=tiles.num_stages, launch_pdl=pdl,
+            )  # fmt: skip
+        else:
+            rows = x.reshape(m, k)
+            rows = rows if rows.stride(1) == 1 else rows.contiguous()
+            _gemv_rows_kernel[grid](
+                rows, weight, bias_arg, out, n, weight.stride(0), rows.stride(0),
+                K=k, M=m, BLOCK_N=tiles.block_n, BLOCK_K=block_k, HAS_BIAS=bias is not None, PDL=pdl,
+                num_warps=tiles.num_warps, num_stages=tiles.num_stages, launch_pdl=pdl,
+            )  # fmt: skip
     return out.view(*x.shape[:-1], n)

@@ -1,7 +1,8 @@
 """The names of the kernel switches: default-on kernels a user (or a benchmark's side-by-side run) may turn off.
 
 `gemv`: the one-row GEMV (`gemv.linear`); `pdl`: programmatic dependent launch (`pdl.py`); `gemv_rope`: the
-one-row qkv GEMV + rotary + KV write (`gemv.fused_linear_rope`); `step_argmax`: the Triton row argmax
+one-row qkv GEMV + rotary + KV write (`gemv.fused_linear_rope`); `gemv_rows`: the GEMV at 2-4 rows (those
+go to cuBLAS without it); `step_argmax`: the Triton row argmax
 of a greedy batch's logits (`argmax.py`); `step_sample`: the Triton draw of a sampled batch's (`sample.py`);
 `attn_stages`: the decode attention's shallower pipeline on large grids
 (`attention_grid.choose_num_stages`). The engine resolves them once, when it builds the model's operations.
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-KERNEL_SWITCHES = ("gemv", "pdl", "gemv_rope", "step_argmax", "step_sample", "attn_stages")
+KERNEL_SWITCHES = ("gemv", "pdl", "gemv_rope", "gemv_rows", "step_argmax", "step_sample", "attn_stages")
 
 
 def check_switches(names: str | Iterable[str]) -> tuple[str, ...]:

@@ -121,7 +121,7 @@ def kernel_ops(disabled: Iterable[str] = ()) -> ModelOps:
         _bind(add_rms_norm, pdl=pdl),
         apply_rotary_and_write_kv,
         _bind(silu_mul, pdl=pdl),
-        torch.nn.functional.linear if "gemv" in off else _bind(linear, pdl=pdl),
+        torch.nn.functional.linear if "gemv" in off else _bind(linear, pdl=pdl, rows="gemv_rows" not in off),
         no_fusion if "gemv" in off or "gemv_rope" in off else _bind(fused_linear_rope, pdl=pdl),
         argmax_torch if "step_argmax" in off else argmax_rows,
         no_draw if "step_sample" in off else sample_rows,
