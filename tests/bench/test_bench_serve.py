@@ -26,6 +26,7 @@ from graphpool.bench.serve.runs import RunSummary, spread, summarize_run
 from graphpool.bench.serve.server import parse_metrics
 from graphpool.bench.workload import generate_trace
 from graphpool.engine.args import add_engine_args, engine_config_from_args
+from graphpool.engine.timeline import records_from_export
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 
@@ -299,7 +300,7 @@ def test_real_run_on_cpu(tmp_path: Path) -> None:
 
     default_gguf_path()  # the default model is installed (fails with the reason otherwise)
     cmd = [sys.executable, "-m", "graphpool.bench", "serve", "--configs", "no-graphs", "--seeds", "1", "--rate", "3",
-           "--duration", "3", "--prompt-mean", "12", "--prompt-cap", "24", "--max-tokens-mean", "8",
+           "--temperatures", "0", "0.8", "--duration", "3", "--prompt-mean", "12", "--prompt-cap", "24", "--max-tokens-mean", "8",
            "--max-tokens-cap", "16", "--out", str(tmp_path), "--server-arg=--max-model-len=128",
            "--startup-timeout", "600", "--stop-timeout", "300", "--no-prime"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1200,
@@ -307,14 +308,20 @@ def test_real_run_on_cpu(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert re.search(r"\d+/\d+ requests done/sent of \d+, \d+ in flight, 0 errors, [\d.]+ s elapsed", proc.stderr)
     data = json.loads((tmp_path / "serve.json").read_text())
-    (run,) = data["results"]["runs"]
+    run, sampled = data["results"]["runs"]
+    assert (run["temperature"], sampled["temperature"]) == (0.0, 0.8)
+    # the second workload's steps are its own: the server's timeline also holds the first's
+    export = json.loads((tmp_path / "timelines" / "no-graphs-t0.8-seed0.json").read_text())
+    counted = sum(int(v["steps"]) for v in sampled["gap_causes"]["steps"].values())
+    assert 0 < counted == sum(s.start >= export["client_t0_monotonic"] for s in records_from_export(export))
+    assert counted < len(export["steps"])
     assert run["config"] == "no-graphs" and run["errors"] == 0 and run["requests"] > 0, run["errors_sample"]
     assert run["itl_gaps"] > 0 and run["output_tokens"] > run["requests"]
     assert 0 < run["startup_s"] < 600 and run["startup_capture_s"] == 0 and not run["killed"]  # stopped by SIGTERM
     for key in ("ttft_ms", "itl_ms", "e2e_ms"):
         assert 0 < run[key]["p50"] <= run[key]["p99"] <= run[key]["p99.9"], run[key]
     assert run["prompt_tokens_mean"] > 0
-    assert data["results"]["targets"][0] == {"name": "0 errors", "met": True, "detail": "0 errors in 1 runs"}
+    assert data["results"]["targets"][0] == {"name": "0 errors", "met": True, "detail": "0 errors in 2 runs"}
     md = (tmp_path / "serve.md").read_text()
     assert "| (no-graphs) no graphs | 1 | 0 |" in md and "met: 0 errors" in md
     assert (tmp_path / "serve_itl_cdf.png").stat().st_size > 10_000

@@ -121,9 +121,10 @@ def _save(cfg: ServeBenchConfig, sc: ServeConfig, seed: int, out_dir: Path, w: W
     stem = run_stem(sc.key, seed, w.temperature, tag)
     if w.timeline is not None:
         ok = [r for r in client.results if r.error is None]
-        causes = attribute([[client.t0_monotonic + t for t in r.timeline.token_times] for r in ok],
-                           records_from_export(w.timeline), threshold_ms=cfg.gap_threshold_ms,
-                           late_spans=[client.late_spans[r.worker] for r in ok])
+        # NOTE: the server's timeline holds every step since it started: this workload's begin at its time 0
+        steps = [s for s in records_from_export(w.timeline) if s.start >= client.t0_monotonic]
+        causes = attribute([[client.t0_monotonic + t for t in r.timeline.token_times] for r in ok], steps,
+                           threshold_ms=cfg.gap_threshold_ms, late_spans=[client.late_spans[r.worker] for r in ok])
         (out_dir / "timelines").mkdir(parents=True, exist_ok=True)
         (out_dir / "timelines" / f"{stem}.json").write_text(json.dumps(
             {**w.timeline, "client_t0_monotonic": client.t0_monotonic}) + "\n")
