@@ -350,3 +350,40 @@ def test_the_engine_loop_does_the_engines_idle_work_between_requests_and_then_bl
         assert engine.idle_calls == 6  # asked once more after serving (steps may leave captures), then blocks
     finally:
         async_engine.shutdown()
+
+
+def test_on_the_cpu_a_token_is_handed_out_before_the_next_step_is_computed() -> None:
+    """Off CUDA a step's forward is its own work: a token held for the next step's `before_wait` hook would
+    reach its stream a whole step late. The third step waits until the stream has the second token (a
+    30 s bound only ends a hang)."""
+    from graphpool.engine.config import EngineConfig
+    from graphpool.engine.engine import LLMEngine
+
+    engine = LLMEngine(EngineConfig(model="random:smollm2-135m?layers=1", device="cpu", max_model_len=64,
+                                    num_kv_blocks=16))
+    second_token = threading.Event()
+    waited: list[bool] = []
+    step = engine.step
+
+    def gated_step():  # type: ignore[no-untyped-def]
+        if engine.generation_tokens_total == 2:  # about to compute the third token
+            waited.append(second_token.wait(30))
+        return step()
+
+    engine.step = gated_step  # type: ignore[method-assign]
+    async_engine = AsyncEngine(engine)
+    async_engine.start()
+    try:
+        async def stream() -> int:
+            got = 0
+            async for out in await async_engine.add_request("r", [5, 6, 7], SamplingParams(max_tokens=4,
+                                                                                            ignore_eos=True)):
+                got += len(out.new_token_ids)
+                if got >= 2:
+                    second_token.set()
+            return got
+
+        assert asyncio.run(stream()) == 4
+    finally:
+        async_engine.shutdown()
+    assert waited == [True]  # the second token arrived while the third step waited for it

@@ -6,10 +6,11 @@ commands over through a thread-safe queue; outputs come back to each request's a
 commands) the thread hands the observer the engine to publish a snapshot from, so that readers such as
 /metrics never wait for a step.
 
-NOTE: a step's outputs are handed out from the next step's `before_wait` hook (LLMEngine), once that step's
-device work is enqueued: the event loop then streams them while the engine thread waits for the GPU, not
-while it launches the next step (the two threads share one interpreter lock, and a launch that waits for it
-leaves the GPU idle). When no step follows at once, they are handed out right after their own step.
+NOTE: on CUDA a step's outputs are handed out from the next step's `before_wait` hook (LLMEngine), once that
+step's device work is enqueued: the event loop then streams them while the engine thread waits for the GPU,
+not while it launches the next step (the two threads share one interpreter lock, and a launch that waits for
+it leaves the GPU idle). When no step follows at once, and on the CPU (where a step's forward is its own work,
+so the hook comes only once the next step is computed), they are handed out right after their own step.
 """
 
 from __future__ import annotations
@@ -67,8 +68,9 @@ class AsyncEngine:
         self.draining = False
         self._drain: Drain | None = None  # engine thread only
         self._held: dict[asyncio.AbstractEventLoop, list[tuple[RequestStream, RequestOutput]]] = {}
-        # NOTE: an engine without the hook (test doubles) gets its outputs handed out right after its step
-        self._hooked = hasattr(engine, "before_wait")
+        # NOTE: an engine without the hook (test doubles), or off CUDA, gets its outputs handed out right after
+        # its step (the module's note)
+        self._hooked = hasattr(engine, "before_wait") and getattr(getattr(engine, "device", None), "type", None) == "cuda"
         if self._hooked:
             engine.before_wait = self._flush
 
