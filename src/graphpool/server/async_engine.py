@@ -68,9 +68,11 @@ class AsyncEngine:
         self.draining = False
         self._drain: Drain | None = None  # engine thread only
         self._held: dict[asyncio.AbstractEventLoop, list[tuple[RequestStream, RequestOutput]]] = {}
+        device = getattr(engine, "device", None)  # NOTE: test doubles may have none
+        self._cuda = device if getattr(device, "type", None) == "cuda" else None
         # NOTE: an engine without the hook (test doubles), or off CUDA, gets its outputs handed out right after
         # its step (the module's note)
-        self._hooked = hasattr(engine, "before_wait") and getattr(getattr(engine, "device", None), "type", None) == "cuda"
+        self._hooked = hasattr(engine, "before_wait") and self._cuda is not None
         if self._hooked:
             engine.before_wait = self._flush
 
@@ -167,8 +169,8 @@ class AsyncEngine:
     # ---- engine thread ----
     def _run(self) -> None:
         try:
-            device = getattr(self.engine, "device", None)
-            if getattr(device, "type", None) == "cuda":
+            device = self._cuda
+            if device is not None:
                 import torch
 
                 # NOTE: the current device is per thread; lazy captures on this thread use its current stream.

@@ -81,7 +81,7 @@ def run_one(cfg: ServeBenchConfig, sc: ServeConfig, seed: int, out_dir: Path) ->
         model = _served_model(server.url)
         for load, trace in traces.items():
             for temp in cfg.temperatures:
-                label = f"{name}, {load.tag}, T={temp:g}" if cfg.load_tag(load) else f"{name}, T={temp:g}"
+                label = _workload_name(name, cfg.load_tag(load), temp)
                 warm = warm_up(server.url, model, list(range(1, 9)) if cfg.token_ids else "the of and to", temp)
                 progress(f"{label}: untimed warm-up completion {warm:.2f} s")
                 before: dict[str, float] = {}
@@ -101,6 +101,11 @@ def run_one(cfg: ServeBenchConfig, sc: ServeConfig, seed: int, out_dir: Path) ->
         _save(cfg, sc, seed, out_dir, w, boot, server.startup_s, stop, info)
 
 
+def _workload_name(server: str, load_tag: str, temperature: float) -> str:
+    """A workload in the progress lines: its server's name, its load (where the bench has several), its T."""
+    return f"{server}, {load_tag + ', ' if load_tag else ''}T={temperature:g}"
+
+
 def _start(cfg: ServeBenchConfig, sc: ServeConfig, seed: int, out_dir: Path) -> ServerProcess:
     log = out_dir / "logs" / f"{sc.key}-seed{seed}.log"
     if sc.foreign:
@@ -116,7 +121,7 @@ def _start(cfg: ServeBenchConfig, sc: ServeConfig, seed: int, out_dir: Path) -> 
 def _save(cfg: ServeBenchConfig, sc: ServeConfig, seed: int, out_dir: Path, w: Workload, boot: dict[str, float],
           startup_s: float, stop: tuple[float, bool], info: VllmLogInfo | None) -> None:
     tag = cfg.load_tag(w.load)
-    name = f"({sc.key}) {sc.label}, seed {seed}, {tag + ', ' if tag else ''}T={w.temperature:g}"
+    name = _workload_name(f"({sc.key}) {sc.label}, seed {seed}", tag, w.temperature)
     client, causes = w.client, None
     stem = run_stem(sc.key, seed, w.temperature, tag)
     if w.timeline is not None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -162,9 +162,12 @@ def _restore_nan(v: Any) -> Any:
     return math.nan if v is None else v
 
 
+# NOTE: the fields whose null is a value of theirs (concurrency's: no cap), not a NaN JSON could not hold
+_OPTIONAL = frozenset(f.name for f in fields(RunSummary) if "None" in str(f.type))
+
+
 def load_runs(runs_dir: Path) -> list[RunSummary]:
-    # NOTE: concurrency's null is "no cap", not a lost NaN
-    runs = [RunSummary(**{k: v if k == "concurrency" else _restore_nan(v) for k, v in json.loads(p.read_text()).items()})
+    runs = [RunSummary(**{k: v if k in _OPTIONAL else _restore_nan(v) for k, v in json.loads(p.read_text()).items()})
             for p in sorted(runs_dir.glob("*.json"))]
     shapes = {(r.model, r.trace_s) for r in runs}
     loads = {(r.load, r.rate, r.concurrency) for r in runs}
