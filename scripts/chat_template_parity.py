@@ -16,9 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-TOOLS = [{"type": "function", "function": {
-    "name": "get_weather", "description": "The weather in a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+from graphpool.model.tokenizer_cache import PROBE_TOOLS as TOOLS
+
 CHATS = [
     [{"role": "user", "content": "Hi"}],
     [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "Hi"},
