@@ -1,7 +1,8 @@
-"""Decode throughput of N concurrent greedy streams on the CPU (default model, float32), through LLMEngine.
+"""Decode throughput of N concurrent greedy streams on the CPU (default model), through LLMEngine.
 
-    .venv/bin/python scripts/cpu_streams.py --max-model-len 2048 --new-tokens 64 --streams 1,16
+    .venv/bin/python scripts/cpu_streams.py --max-model-len 2048 --new-tokens 64 --streams 1,16 [--no-int4-weights]
 
+The engine's CPU defaults (4-bit linear weights, bfloat16) unless `--no-int4-weights` or `--dtype` say otherwise.
 Every stream gets the same 15-token prompt and `--new-tokens` tokens (ignore_eos). "decode" is the decode
 tokens over the wall time of the decode steps alone (`engine.last_step.seconds`); "end-to-end" includes the
 prefill. Run against another tree with PYTHONPATH=<tree>/src.
@@ -24,8 +25,12 @@ def main() -> None:
     parser.add_argument("--max-model-len", type=int, default=2048)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--streams", default="1,16", help="comma-separated stream counts, run one after another")
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--int4-weights", action=argparse.BooleanOptionalAction, default=None)
     args = parser.parse_args()
-    engine = LLMEngine(EngineConfig(device="cpu", dtype="float32", max_model_len=args.max_model_len))
+    engine = LLMEngine(EngineConfig(device="cpu", dtype=args.dtype, int4_weights=args.int4_weights,
+                                    max_model_len=args.max_model_len))
+    print(f"dtype {engine.dtype}, int4 weights {engine.config.int4_weights}, {engine.cpu_threads} threads", flush=True)
     prompt = engine.encode(PROMPT)
     params = SamplingParams(temperature=0, max_tokens=args.new_tokens, ignore_eos=True)
     for n in (int(s) for s in args.streams.split(",")):

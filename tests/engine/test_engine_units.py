@@ -87,7 +87,8 @@ def test_engine_config_pool_config_and_defaults() -> None:
     assert c.len_bound == 1024  # clamped to max_model_len
     assert c.graph_memory_budget == 64 * 2**20
     assert c.graph_warmup == (1, 2, 4)
-    assert c.torch_dtype == torch.float32 and c.graphs_off is FallbackReason.NO_CUDA
+    # NOTE: the default model is a GGUF: 4-bit linear weights and bfloat16 on the CPU (tests/model/test_model_int4.py)
+    assert c.torch_dtype == torch.bfloat16 and c.graphs_off is FallbackReason.NO_CUDA
     pc = c.pool_config
     assert pc.max_graph_pool_size == 4 and pc.graph_memory_budget == 64 * 2**20 and pc.max_len_in_batch == 1024
     assert not EngineConfig(device="cpu", disable_cudagraph=True).pool_config.enabled

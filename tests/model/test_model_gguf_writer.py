@@ -5,16 +5,22 @@ by our GGUF path and compared with transformers' logits."""
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
+import gguf
 import numpy as np
 import pytest
 import torch
 
 from graphpool.model import AttentionMetadata, load_model
+from graphpool.model.gguf_loader import unpermute_qk
+from graphpool.model.int4 import Int4Linear, int4_matmul_available
+from graphpool.model.linear import _Linear
 from model_reference import TINY_HF_ROPE_SCALING, tiny_hf_model
 
 SCALING = TINY_HF_ROPE_SCALING
+Q = gguf.GGMLQuantizationType
 
 
 def _llama_cpp_permute(w: np.ndarray, heads: int) -> np.ndarray:
@@ -41,8 +47,8 @@ def _llama3_rope_factors(head_dim: int, theta: float) -> np.ndarray:
     return np.array(out, dtype=np.float32)
 
 
-def _write_gguf(model: torch.nn.Module, kind: str, path: Path) -> None:
-    import gguf
+def _write_gguf(model: torch.nn.Module, kind: str, path: Path, q4: bool = False) -> None:
+    """`q4`: every linear weight quantized (q/k/v Q4_0, the others Q4_1) instead of one Q8_0 tensor."""
 
     cfg = model.config
     w = gguf.GGUFWriter(str(path), kind)
@@ -86,13 +92,22 @@ def _write_gguf(model: torch.nn.Module, kind: str, path: Path) -> None:
                 array = _llama_cpp_permute(array, cfg.num_attention_heads)
             elif kind == "llama" and module == "self_attn.k_proj":
                 array = _llama_cpp_permute(array, cfg.num_key_value_heads)
-        if gname == "blk.0.ffn_up.weight":
-            # one quantized tensor; the reference model gets the same dequantized values
-            q8 = gguf.quants.quantize(array, gguf.GGMLQuantizationType.Q8_0)
-            w.add_tensor(gname, q8, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
-            deq = gguf.quants.dequantize(q8, gguf.GGMLQuantizationType.Q8_0)
+        qtype = None
+        if q4 and name.endswith("_proj.weight"):
+            qtype = Q.Q4_0 if re.search(r"\.[qkv]_proj\.", name) else Q.Q4_1
+        elif not q4 and gname == "blk.0.ffn_up.weight":
+            qtype = Q.Q8_0
+        if qtype is not None:
+            # a quantized tensor; the reference model gets the same dequantized values (un-permuted)
+            raw = gguf.quants.quantize(array, qtype)
+            w.add_tensor(gname, raw, raw_dtype=qtype)
+            deq = torch.from_numpy(gguf.quants.dequantize(raw, qtype))
+            if kind == "llama" and ".q_proj." in name:
+                deq = unpermute_qk(deq, cfg.num_attention_heads)
+            elif kind == "llama" and ".k_proj." in name:
+                deq = unpermute_qk(deq, cfg.num_key_value_heads)
             with torch.no_grad():
-                model.get_parameter(name).copy_(torch.from_numpy(deq))
+                model.get_parameter(name).copy_(deq)
         else:
             w.add_tensor(gname, np.ascontiguousarray(array))
     if kind == "llama":
@@ -122,3 +137,31 @@ def test_written_gguf_matches_transformers(kind: str, tied: bool, tmp_path: Path
         ours = model.compute_logits(model(ids, meta, kv))
         ref = hf(ids[None]).logits[0].float()
     torch.testing.assert_close(ours, ref, atol=1e-4, rtol=1e-4)
+
+
+def _logits(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    kv = model.allocate_kv_caches(8, 16)
+    n = len(ids)
+    meta = AttentionMetadata(True, torch.arange(n), torch.arange(n) + 16, seq_lens=[n])
+    with torch.no_grad():
+        return model.compute_logits(model(ids, meta, kv)).double()
+
+
+@pytest.mark.skipif(not int4_matmul_available(), reason="this torch has no CPU int4 matmul")
+@pytest.mark.parametrize(("kind", "tied"), [("llama", False), ("qwen2", True)])
+def test_q4_linears_load_4bit_and_match_transformers(kind: str, tied: bool, tmp_path: Path) -> None:
+    """Q4_0 and Q4_1 weights, q/k un-permuted (llama) or with bias (qwen2), fused into q|k|v and gate|up,
+    loaded 4-bit: within bfloat16's error of transformers on the same dequantized values."""
+    hf = tiny_hf_model(kind, tied)
+    path = tmp_path / "tiny-q4.gguf"
+    _write_gguf(hf, kind, path, q4=True)
+    model, cfg, _ = load_model(path, dtype=torch.bfloat16, int4=True)
+    linears = [m for m in model.modules() if isinstance(m, _Linear)]
+    assert len(linears) == 4 * cfg.num_layers
+    assert all(isinstance(m.linear, Int4Linear) and m.weight.is_meta for m in linears)
+    ids = torch.randint(0, cfg.vocab_size, (40,), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        ref = hf(ids[None]).logits[0].double()
+    bf16, _, _ = load_model(path, dtype=torch.bfloat16)  # the same weights dequantized, in bfloat16
+    err, err_bf16 = (_logits(model, ids) - ref).abs().max(), (_logits(bf16, ids) - ref).abs().max()
+    assert err <= 2 * err_bf16 + 1e-3, (err, err_bf16)

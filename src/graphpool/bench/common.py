@@ -65,7 +65,7 @@ def device_and_dtype(device: str, dtype: str) -> tuple[torch.device, torch.dtype
     `auto` dtype bfloat16 on CUDA and float32 on the CPU."""
     from graphpool.engine.config import EngineConfig
 
-    config = EngineConfig(device=device, dtype=dtype)
+    config = EngineConfig(device=device, dtype=dtype, int4_weights=False)  # NOTE: benches load float weights
     return config.torch_device, config.torch_dtype
 
 

@@ -27,7 +27,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("model and KV cache")
     add("--model", "model", help="'smollm2-135m-instruct' (embedded default), a .gguf file, a Hugging Face "
         "folder, a Hugging Face hub id org/name[@revision], or random:<preset> (random weights, e.g. "
-        "random:llama3.2-1b). A GGUF is dequantized on loading: a Q4 file takes full-precision memory")
+        "random:llama3.2-1b). A GGUF is dequantized on loading (a Q4 file takes full-precision memory), "
+        "except its Q4 linear weights on the CPU (--int4-weights)")
     add("--revision", "revision", help="hub id revision: a branch, tag or commit (default: main)")
     add("--download-dir", "download_dir", help="hub cache folder (default: huggingface_hub's, under HF_HOME; "
         "HF_HUB_OFFLINE=1 reads only the cache)")
@@ -39,7 +40,11 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
              "graphpool's own")
     add("--device", "device", help="auto (default), cpu, cuda, cuda:N")
     add("--dtype", "dtype", choices=["auto", "float32", "bfloat16", "float16"],
-        help="auto: bfloat16 on CUDA, float32 on CPU")
+        help="auto: bfloat16 on CUDA and with 4-bit weights on the CPU, else float32")
+    _ENGINE_FLAGS["--int4-weights"] = "int4_weights"
+    group.add_argument("--int4-weights", dest="int4_weights", action=argparse.BooleanOptionalAction, default=None,
+                       help="keep a GGUF's Q4_0/Q4_1 linear weights 4-bit on the CPU, bfloat16 activations (default: "
+                            "on for a GGUF on the CPU with --dtype auto and one rank)")
     add("--attn-backend", "attn_backend", choices=["auto", "torch", "triton"],
         help="decode attention: auto = triton on CUDA, torch on CPU")
     add("--disable-kernels", "disabled_kernels", metavar="NAMES",

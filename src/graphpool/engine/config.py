@@ -13,7 +13,8 @@ import torch
 from graphpool.engine.generation_defaults import GENERATION_CONFIG_MODES
 from graphpool.engine.values import parse_bytes, resolve_device
 from graphpool.kernels.switches import check_switches
-from graphpool.model.loader import DEFAULT_MODEL
+from graphpool.model.int4 import int4_matmul_available
+from graphpool.model.loader import DEFAULT_MODEL, names_gguf
 from graphpool.pool import FallbackReason, graphs_off
 from graphpool.pool.buckets import BucketLadder
 from graphpool.pool.config import DEFAULT_MAX_GRAPH_POOL_SIZE, PoolConfig
@@ -37,7 +38,11 @@ class EngineConfig:
     cache_dir: str | None = None
     generation_config: str = "auto"  # engine/generation_defaults.py; "none": graphpool's own sampling defaults
     device: str = "auto"
-    dtype: str = "auto"  # auto: bfloat16 on CUDA, float32 on CPU
+    dtype: str = "auto"  # auto: bfloat16 on CUDA and with int4_weights, else float32 on CPU
+    # a GGUF's Q4_0 / Q4_1 linear weights kept 4-bit on the CPU (model/int4.py; bfloat16 activations). None ->
+    # on for a GGUF on the CPU at dtype auto, one rank, where torch has the kernel: the step reads a fraction of
+    # the bytes (docs/benchmarks.md, "4-bit weights on the CPU")
+    int4_weights: bool | None = None
     max_num_seqs: int = 256
     max_model_len: int = 2048
     block_size: int = 16
@@ -139,8 +144,9 @@ class EngineConfig:
         if self.async_scheduling is None:
             object.__setattr__(self, "async_scheduling",
                                self.torch_device.type == "cuda" and self.profile_steps is False)
+        self._resolve_int4()
         for name in ("disable_cudagraph", "profile_steps", "enable_prefix_caching", "record_step_timeline",
-                     "enable_mixed_steps", "async_scheduling", "enable_microbatch_overlap"):
+                     "enable_mixed_steps", "async_scheduling", "enable_microbatch_overlap", "int4_weights"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         self._check_tensor_parallel()
@@ -151,6 +157,15 @@ class EngineConfig:
         self._resolve_pool_size()
         # NOTE: the pool's own settings are validated by PoolConfig; build it now so errors surface here.
         _ = self.pool_config
+
+    def _resolve_int4(self) -> None:
+        where = (self.torch_device.type == "cpu" and self.dtype in ("auto", "bfloat16", "bf16")
+                 and self.tensor_parallel_size == 1 and int4_matmul_available())
+        if self.int4_weights is None:
+            object.__setattr__(self, "int4_weights", where and self.dtype == "auto" and names_gguf(self.model))
+        elif self.int4_weights is True and not where:
+            raise ValueError("int4_weights needs the CPU device, dtype auto or bfloat16, tensor_parallel_size 1 "
+                             f"and torch's CPU int4 matmul (torch >= 2.5; this is {torch.__version__})")
 
     def _check_graph_prefill(self) -> None:
         if self.graph_prefill_max_tokens is None:
@@ -229,7 +244,7 @@ class EngineConfig:
     def torch_dtype(self) -> torch.dtype:
         dtype = _DTYPES[self.dtype]
         if dtype is None:
-            return torch.bfloat16 if self.torch_device.type == "cuda" else torch.float32
+            return torch.bfloat16 if self.torch_device.type == "cuda" or self.int4_weights else torch.float32
         return dtype
 
     @property

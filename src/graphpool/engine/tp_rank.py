@@ -47,7 +47,7 @@ def load_model_for(config: EngineConfig, device: torch.device) -> LoadedModel:
     return load_model(config.model, device, config.torch_dtype, config.resolved_attn_backend,  # type: ignore[arg-type]
                       seed=config.seed, max_positions=config.max_model_len, disabled_kernels=config.disabled_kernels,
                       revision=config.revision, download_dir=config.download_dir,
-                      tokenizer_cache=config.tokenizer_cache)
+                      tokenizer_cache=config.tokenizer_cache, int4=bool(config.int4_weights))
 
 
 def load_shard(config: EngineConfig, tp: TPGroup) -> LoadedModel:

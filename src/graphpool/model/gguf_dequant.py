@@ -24,7 +24,7 @@ def _shifts(values: tuple[int, ...], blocks: Blocks) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.uint8, device=blocks.device)
 
 
-def _split_nibbles(qs: Blocks, group: int) -> torch.Tensor:
+def split_nibbles(qs: Blocks, group: int) -> torch.Tensor:
     """Each run of `group` bytes as its low nibbles then its high nibbles: (n, bytes // group, 2, group)."""
     q = qs.reshape(qs.shape[0], -1, 1, group) >> _shifts((0, 4), qs).reshape(1, 1, 2, 1)
     return q & 0x0F
@@ -37,12 +37,12 @@ def _bits(qh: Blocks, group: int, count: int, width: int) -> torch.Tensor:
 
 
 def _q4_0(b: Blocks) -> torch.Tensor:
-    q = _split_nibbles(b[:, 2:], 16).reshape(b.shape[0], -1).to(torch.int8) - 8
+    q = split_nibbles(b[:, 2:], 16).reshape(b.shape[0], -1).to(torch.int8) - 8
     return _f16(b, 0) * q.float()
 
 
 def _q4_1(b: Blocks) -> torch.Tensor:
-    q = _split_nibbles(b[:, 4:], 16).reshape(b.shape[0], -1).float()
+    q = split_nibbles(b[:, 4:], 16).reshape(b.shape[0], -1).float()
     return (_f16(b, 0) * q) + _f16(b, 2)
 
 
@@ -50,7 +50,7 @@ def _q5(b: Blocks, qh_at: int) -> torch.Tensor:
     """The 5-bit values of Q5_0 / Q5_1: low nibbles from `qs`, the fifth bit from the 32-bit mask `qh`."""
     n = b.shape[0]
     qh = _bits(b[:, qh_at : qh_at + 4], 1, 8, 1).reshape(n, 32)  # value j: bit j of the little-endian word
-    ql = _split_nibbles(b[:, qh_at + 4 :], 16).reshape(n, -1)
+    ql = split_nibbles(b[:, qh_at + 4 :], 16).reshape(n, -1)
     return ql | (qh << 4)
 
 
@@ -108,14 +108,14 @@ def _k_scales(b: Blocks) -> tuple[torch.Tensor, torch.Tensor]:
 def _q4_k(b: Blocks) -> torch.Tensor:
     n = b.shape[0]
     d, dm = _k_scales(b)
-    q = _split_nibbles(b[:, 16:], 32).reshape(n, -1, 32).float()
+    q = split_nibbles(b[:, 16:], 32).reshape(n, -1, 32).float()
     return (d * q - dm).reshape(n, QK_K)
 
 
 def _q5_k(b: Blocks) -> torch.Tensor:
     n = b.shape[0]
     d, dm = _k_scales(b)
-    ql = _split_nibbles(b[:, 48:], 32).reshape(n, -1, 32)
+    ql = split_nibbles(b[:, 48:], 32).reshape(n, -1, 32)
     qh = _bits(b[:, 16:48], 32, 8, 1).reshape(n, -1, 32)
     return (d * (ql | (qh << 4)).float() - dm).reshape(n, QK_K)
 
@@ -125,7 +125,7 @@ def _q6_k(b: Blocks) -> torch.Tensor:
     ql, qh = b[:, : QK_K // 2], b[:, QK_K // 2 : QK_K // 2 + QK_K // 4]
     scales = b[:, 192:208].contiguous().view(torch.int8).float()
     d = (_f16(b, 208) * scales).reshape(n, QK_K // 16, 1)
-    low = _split_nibbles(ql, 64).reshape(n, -1, 32)
+    low = split_nibbles(ql, 64).reshape(n, -1, 32)
     high = _bits(qh, 32, 4, 2).reshape(n, -1, 32)
     q = ((low | (high << 4)).to(torch.int8) - 32).reshape(n, QK_K // 16, -1).float()
     return (d * q).reshape(n, QK_K)

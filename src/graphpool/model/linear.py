@@ -14,6 +14,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from graphpool.model.int4 import Int4Blocks, Int4Linear
 from graphpool.model.tp_group import SINGLE, TPGroup
 
 LinearFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
@@ -45,6 +46,13 @@ class _Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.linear(x, self.weight, self.bias)
+
+    def use_int4(self, blocks: Int4Blocks) -> None:
+        """Multiply by the 4-bit weight `blocks` from now on (model/int4.py); the float weight becomes a
+        placeholder of its shape on the meta device: no memory, and any read of it fails loudly."""
+        self.linear = Int4Linear(blocks)
+        self.weight = nn.Parameter(torch.empty(self.weight.shape, device="meta", dtype=self.weight.dtype),
+                                   requires_grad=False)
 
 
 class ColumnLinear(_Linear):

@@ -21,6 +21,7 @@ from graphpool.model.gguf_loader import (
     open_gguf,
 )
 from graphpool.model.hub import hub_snapshot, parse_hub_id
+from graphpool.model.int4 import int4_matmul_available
 from graphpool.model.llama import AttnBackend, LlamaModel
 from graphpool.model.presets import PRESETS, first_layers
 from graphpool.model.tokenizer import Tokenizer, tokenizer_from_folder, tokenizer_from_gguf_metadata
@@ -62,6 +63,16 @@ def model_source(name_or_path: str | Path | None, *, revision: str | None = None
     if name == DEFAULT_MODEL:
         return ("gguf", default_gguf_path())
     path = Path(name).expanduser()
+    local = _local_source(path)
+    if local is not None:
+        return local
+    ref = parse_hub_id(name) if not path.exists() else None
+    if ref is not None:
+        return ("hf", hub_snapshot(ref, revision, download_dir))
+    raise ValueError(f"unknown model {name!r}; accepted models: {accepted_models()}")
+
+
+def _local_source(path: Path) -> tuple[str, Path] | None:
     if path.is_file() and path.suffix == ".gguf":
         return ("gguf", path)
     if path.is_dir() and (path / "config.json").is_file():
@@ -70,10 +81,16 @@ def model_source(name_or_path: str | Path | None, *, revision: str | None = None
         ggufs = sorted(path.glob("*.gguf"))
         if len(ggufs) == 1:
             return ("gguf", ggufs[0])
-    ref = parse_hub_id(name) if not path.exists() else None
-    if ref is not None:
-        return ("hf", hub_snapshot(ref, revision, download_dir))
-    raise ValueError(f"unknown model {name!r}; accepted models: {accepted_models()}")
+    return None
+
+
+def names_gguf(name_or_path: str | Path | None) -> bool:
+    """Whether a model name names a GGUF file (the embedded default, a .gguf path, a folder of one), told
+    without reading it or asking the hub."""
+    if name_or_path is None or str(name_or_path) == DEFAULT_MODEL:
+        return True
+    local = _local_source(Path(str(name_or_path)).expanduser())
+    return local is not None and local[0] == "gguf"
 
 
 def model_config(name_or_path: str | Path | None = None, *, revision: str | None = None,
@@ -112,13 +129,15 @@ def load_model(
     revision: str | None = None,
     download_dir: str | None = None,
     tokenizer_cache: Path | None = None,
+    int4: bool = False,
 ) -> tuple[LlamaModel, ModelConfig, Tokenizer | None]:
     """Build and fill the model. Returns (model, config, tokenizer or None for random presets).
 
     `max_positions` caps the rotary cache (defaults to the model's max_position_embeddings);
     `disabled_kernels`: kernel switches off in the model's operations (`kernels/switches.py`);
     `revision`, `download_dir`: for a hub id (model/hub.py); `tokenizer_cache`: the folder a converted tokenizer
-    is kept in (model/tokenizer_cache.py; None: converted on every load).
+    is kept in (model/tokenizer_cache.py; None: converted on every load); `int4`: a GGUF's Q4_0 / Q4_1 linear
+    weights stay 4-bit (model/int4.py: the CPU only, with bfloat16 `dtype`; other models load as without it).
     """
     kwargs = {"device": torch.device(device), "dtype": dtype, "attn_backend": attn_backend,
               "max_positions": max_positions, "disabled_kernels": disabled_kernels}
@@ -128,12 +147,15 @@ def load_model(
         init_random_weights(model, seed=seed)
         return model.eval(), source, None
     kind, path = source
+    if int4 and (torch.device(device).type != "cpu" or dtype != torch.bfloat16 or not int4_matmul_available()):
+        raise ValueError(f"4-bit weights need the CPU, bfloat16 and torch's CPU int4 matmul (torch >= 2.5), got "
+                         f"{device}, {dtype} and torch {torch.__version__}")
     if kind == "gguf":
-        return _load_gguf(path, tokenizer_cache, **kwargs)
+        return _load_gguf(path, tokenizer_cache, int4, **kwargs)
     return _load_hf_folder(path, tokenizer_cache, **kwargs)
 
 
-def _load_gguf(path: Path, tokenizer_cache: Path | None,
+def _load_gguf(path: Path, tokenizer_cache: Path | None, int4: bool,
                **kwargs: object) -> tuple[LlamaModel, ModelConfig, Tokenizer | None]:
     """One read of the file's header shared by the config, the weights and the tokenizer; the tokenizer is
     built on a second thread while the weights are dequantized (numpy and torch release the GIL there)."""
@@ -144,7 +166,7 @@ def _load_gguf(path: Path, tokenizer_cache: Path | None,
                      if gguf_has_tokenizer(reader) else None)
         model = build_model(config, **kwargs)
         loader = WeightLoader(model)
-        for name, tensor in iter_gguf_weights(reader, config, model.device):
+        for name, tensor in iter_gguf_weights(reader, config, model.device, int4):
             loader.load(name, tensor)
         loader.finish()
         return model.eval(), config, tokenizer.result() if tokenizer is not None else None

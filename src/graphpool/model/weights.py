@@ -6,8 +6,9 @@ import re
 
 import torch
 
+from graphpool.model.int4 import GROUP, Int4Blocks
 from graphpool.model.layers import RMSNorm
-from graphpool.model.linear import ColumnLinear
+from graphpool.model.linear import ColumnLinear, _Linear
 from graphpool.model.llama import LlamaModel
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
@@ -43,17 +44,22 @@ _IGNORED = re.compile(r"(rotary_emb\.inv_freq|\.masked_bias|\.attn\.bias)$")
 
 class WeightLoader:
     """Copies Hugging Face-named tensors into a model (fusing q/k/v and gate/up); `finish()` checks that
-    every parameter was written."""
+    every parameter was written. A linear layer's weight may come as 4-bit `Int4Blocks` (model/int4.py): its
+    parts are gathered (a fused layer's from several tensors) and the layer switched to them in `finish()`."""
 
     def __init__(self, model: LlamaModel) -> None:
         self.model = model
         self._params = dict(model.named_parameters())
         self._written: dict[str, int] = {}  # parameter name -> elements written
+        self._int4: dict[str, Int4Blocks] = {}  # linear weight name -> its 4-bit parts, filled row by row
 
-    def load(self, name: str, tensor: torch.Tensor) -> None:
+    def load(self, name: str, tensor: torch.Tensor | Int4Blocks) -> None:
         if _IGNORED.search(name):
             return
-        tensor = self.model.from_checkpoint(name, tensor)
+        if isinstance(tensor, torch.Tensor):
+            tensor = self.model.from_checkpoint(name, tensor)
+        elif not name.endswith("_proj.weight"):
+            raise ValueError(f"{name}: only a linear layer's weight can be loaded 4-bit")
         if name == "lm_head.weight":
             if self.model.lm_head is None:
                 return  # tied: the head is the embedding
@@ -88,7 +94,8 @@ class WeightLoader:
         else:
             raise ValueError(f"unexpected weight {name!r}")
 
-    def _copy(self, param_name: str, tensor: torch.Tensor, rows: slice | tuple[int, slice] | None = None) -> None:
+    def _copy(self, param_name: str, tensor: torch.Tensor | Int4Blocks,
+              rows: slice | tuple[int, slice] | None = None) -> None:
         param = self._params.get(param_name)
         if param is None:
             raise ValueError(f"the model has no parameter {param_name!r} (config and weights disagree)")
@@ -100,14 +107,37 @@ class WeightLoader:
                 f"shape mismatch for {param_name}{'' if rows is None else _index_text(rows)}: "
                 f"model {tuple(dest.shape)}, weights {tuple(tensor.shape)}"
             )
-        dest.copy_(tensor)
+        if isinstance(tensor, Int4Blocks):
+            self._copy_int4(param_name, param, tensor, rows)
+        else:
+            dest.copy_(tensor)
         self._written[param_name] = self._written.get(param_name, 0) + dest.numel()
+
+    def _copy_int4(self, param_name: str, param: torch.Tensor, blocks: Int4Blocks,
+                   rows: slice | tuple[int, slice] | None) -> None:
+        if isinstance(rows, tuple) or param.dim() != 2 or param.shape[1] % GROUP:
+            raise ValueError(f"{param_name} cannot hold a 4-bit weight")
+        into = self._int4.get(param_name)
+        if into is None:
+            n, k = param.shape
+            into = self._int4[param_name] = Int4Blocks(torch.zeros(n, k, dtype=torch.uint8),
+                                                       torch.zeros(n, k // GROUP), torch.zeros(n, k // GROUP))
+        span = slice(None) if rows is None else rows
+        for dest, part in zip((into.codes, into.scales, into.zeros), (blocks.codes, blocks.scales, blocks.zeros),
+                              strict=True):
+            dest[span] = part
 
     def finish(self) -> None:
         missing = [n for n, p in self._params.items() if self._written.get(n, 0) < p.numel()]
         if missing:
             shown = ", ".join(missing[:8]) + (" ..." if len(missing) > 8 else "")
             raise ValueError(f"{len(missing)} parameters were not found in the weights: {shown}")
+        for param_name, blocks in self._int4.items():
+            module = self.model.get_submodule(param_name.removesuffix(".weight"))
+            if not isinstance(module, _Linear):
+                raise ValueError(f"{param_name} is not a linear layer's weight: it cannot be 4-bit")
+            module.use_int4(blocks)
+        self._int4.clear()
 
 
 def _index_text(rows: slice | tuple[int, slice]) -> str:

@@ -13,7 +13,8 @@ def describe_startup(engine: Any, config: Any, load_seconds: float) -> list[str]
 
     stats = engine.stats()
     lines = [
-        f"model {engine.model_name} on {config.torch_device} ({str(config.torch_dtype).removeprefix('torch.')}), "
+        f"model {engine.model_name} on {config.torch_device} ({str(config.torch_dtype).removeprefix('torch.')}"
+        f"{', 4-bit linear weights' if getattr(config, 'int4_weights', False) else ''}), "
         f"loaded in {load_seconds:.1f} s; max_model_len {engine.max_model_len}"
         + (f"; tensor parallel over {config.tensor_parallel_size} ranks (this process is rank 0)"
            if getattr(config, "tensor_parallel_size", 1) > 1 else "")

@@ -1,0 +1,83 @@
+"""A GGUF's Q4_0 / Q4_1 linear weights kept 4-bit on the CPU.
+
+A CPU decode step is bound by reading the weights: dequantized to float32 the default model's linear layers are
+~420 MB a step. torch's int4 weight-only matmul for the CPU (`aten._weight_int4pack_mm_for_cpu`, bfloat16
+activations, one bfloat16 scale and zero per 32 values along the input) reads ~4.5 bits a weight instead, and
+both Q4 formats are that layout exactly: Q4_1's value `d * q + m` is `(q - 8) * d + (m + 8 d)`, Q4_0's `d * (q -
+8)` the same with zero 0. Only the scale and zero are rounded (to bfloat16, as a bfloat16 weight would be).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from gguf import GGMLQuantizationType
+
+from graphpool.model.gguf_dequant import split_nibbles
+
+GROUP = 32  # values per Q4 block: one scale and zero each
+_FORMATS = (GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1)
+
+
+def int4_matmul_available() -> bool:
+    """Whether this torch has the CPU int4 matmul (torch 2.5 and later)."""
+    return hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu")
+
+
+@dataclass(frozen=True)
+class Int4Blocks:
+    """A weight as 4-bit codes: value = (code - 8) * scale + zero, one scale and zero per `GROUP` columns."""
+
+    codes: torch.Tensor  # uint8 (rows, cols), 0..15
+    scales: torch.Tensor  # float32 (rows, cols // GROUP)
+    zeros: torch.Tensor  # float32 (rows, cols // GROUP)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (int(self.codes.shape[0]), int(self.codes.shape[1]))
+
+    def rows(self, fn: object) -> Int4Blocks:
+        """The same weight with `fn` (a function of a tensor's rows, e.g. a row permutation) applied to each part."""
+        return Int4Blocks(fn(self.codes), fn(self.scales), fn(self.zeros))  # type: ignore[operator]
+
+    def dequantize(self) -> torch.Tensor:
+        """float32 values (rows, cols): what the matmul multiplies by, before its bfloat16 rounding of scale and zero."""
+        rows, cols = self.shape
+        q = self.codes.reshape(rows, cols // GROUP, GROUP).float() - 8
+        return (q * self.scales[..., None] + self.zeros[..., None]).reshape(rows, cols)
+
+
+def int4_blocks(raw: torch.Tensor, qtype: GGMLQuantizationType, shape: tuple[int, ...]) -> Int4Blocks | None:
+    """A 2-D Q4_0 / Q4_1 tensor's raw bytes (uint8) as `Int4Blocks`; None for any other format or shape."""
+    if qtype not in _FORMATS or len(shape) != 2 or shape[1] % GROUP:
+        return None
+    rows, cols = shape
+    type_size = 18 if qtype == GGMLQuantizationType.Q4_0 else 20
+    blocks = raw.reshape(-1, type_size)
+    d = blocks[:, :2].contiguous().view(torch.float16).float().reshape(rows, cols // GROUP)
+    codes = split_nibbles(blocks[:, type_size - 16 :], 16).reshape(rows, cols)
+    if qtype == GGMLQuantizationType.Q4_0:
+        return Int4Blocks(codes, d, torch.zeros_like(d))
+    m = blocks[:, 2:4].contiguous().view(torch.float16).float().reshape(rows, cols // GROUP)
+    return Int4Blocks(codes, d, m + 8 * d)
+
+
+class Int4Linear:
+    """`x @ W.T + bias` for a `LinearFn` slot (`model.linear`), W packed once for torch's CPU int4 matmul;
+    the weight argument it is called with (the layer's placeholder) is not read."""
+
+    def __init__(self, blocks: Int4Blocks) -> None:
+        self.out_features, self.in_features = blocks.shape
+        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(blocks.codes.to(torch.int32), 1)
+        # (cols // GROUP, rows, 2): scale and zero of each group, in the kernel's layout
+        self.scales_zeros = torch.stack([blocks.scales, blocks.zeros], dim=-1).transpose(0, 1).contiguous().to(torch.bfloat16)
+
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        flat = x.reshape(-1, self.in_features)
+        out = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed, GROUP, self.scales_zeros)
+        out = out.reshape(*x.shape[:-1], self.out_features)
+        return out if bias is None else out + bias
+
+    def nbytes(self) -> int:
+        return self.packed.nbytes + self.scales_zeros.nbytes

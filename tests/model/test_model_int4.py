@@ -1,0 +1,87 @@
+"""4-bit GGUF linear weights on the CPU (model/int4.py): the Q4 blocks as codes, scales and zeros hold the
+library's values, the int4 matmul computes the float matmul within bfloat16's rounding, and the engine's
+config picks them only where they apply."""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from graphpool.engine.config import EngineConfig
+from graphpool.model.int4 import Int4Blocks, Int4Linear, int4_blocks, int4_matmul_available
+from graphpool.model.loader import load_model
+from graphpool.model.weights import WeightLoader
+
+Q = gguf.GGMLQuantizationType
+pytestmark = pytest.mark.skipif(not int4_matmul_available(), reason="this torch has no CPU int4 matmul")
+
+
+def _q4(qtype: Q, rows: int = 48, cols: int = 96, seed: int = 0) -> tuple[Int4Blocks, np.ndarray]:
+    values = np.random.default_rng(seed).standard_normal((rows, cols)).astype(np.float32)
+    raw = gguf.quants.quantize(values, qtype)
+    blocks = int4_blocks(torch.from_numpy(raw.view(np.uint8).copy()), qtype, (rows, cols))
+    assert blocks is not None
+    return blocks, gguf.quants.dequantize(raw, qtype)
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1], ids=lambda q: q.name)
+def test_blocks_hold_the_librarys_values(qtype: Q) -> None:
+    blocks, ref = _q4(qtype)
+    assert blocks.codes.dtype == torch.uint8 and int(blocks.codes.max()) <= 15
+    ours = blocks.dequantize().numpy()
+    if qtype == Q.Q4_0:  # zero 0: (q - 8) * d is the library's d * (q - 8)
+        np.testing.assert_array_equal(ours, ref)
+    else:  # (q - 8) * d + (m + 8 d) against d * q + m: float32 rounding only
+        np.testing.assert_allclose(ours, ref, rtol=0, atol=4 * np.finfo(np.float32).eps * np.abs(ref).max())
+
+
+def test_other_formats_and_shapes_are_not_blocks() -> None:
+    raw = torch.zeros(2 * 34, dtype=torch.uint8)
+    assert int4_blocks(raw, Q.Q8_0, (2, 32)) is None
+    assert int4_blocks(torch.zeros(3 * 20, dtype=torch.uint8), Q.Q4_1, (3, 20)) is None  # not whole blocks
+    assert int4_blocks(torch.zeros(20, dtype=torch.uint8), Q.Q4_1, (32,)) is None  # not a matrix
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1], ids=lambda q: q.name)
+def test_int4_matmul_is_the_float_matmul_within_bfloat16(qtype: Q) -> None:
+    blocks, ref = _q4(qtype, rows=80, cols=128, seed=1)
+    linear = Int4Linear(blocks)
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(3, 5, 128, generator=gen).to(torch.bfloat16)  # any leading shape
+    bias = torch.randn(80, generator=gen).to(torch.bfloat16)
+    exact = x.double() @ torch.from_numpy(ref).double().T + bias.double()
+    out = linear(x, torch.empty(0), bias)
+    assert out.shape == (3, 5, 80) and out.dtype == torch.bfloat16
+    # NOTE: the same bound as the bfloat16 weights' own matmul would meet (scale and zero rounded to bfloat16)
+    bf16 = torch.nn.functional.linear(x, torch.from_numpy(ref).to(torch.bfloat16), bias)
+    err, err_bf16 = (out.double() - exact).abs().max(), (bf16.double() - exact).abs().max()
+    assert err <= 2 * err_bf16 and err < 0.02 * exact.abs().max()
+
+
+def test_only_a_linear_weight_loads_4bit() -> None:
+    model, _, _ = load_model("random:smollm2-135m?layers=1", "cpu", torch.bfloat16)
+    blocks, _ = _q4(Q.Q4_1, rows=576, cols=576)
+    with pytest.raises(ValueError, match="linear layer"):
+        WeightLoader(model).load("model.layers.0.input_layernorm.weight", blocks)
+
+
+def test_4bit_loading_needs_the_cpu_and_bfloat16() -> None:
+    with pytest.raises(ValueError, match="4-bit weights need"):
+        load_model(None, "cpu", torch.float32, int4=True)
+
+
+def test_engine_config_picks_4bit_weights_for_a_gguf_on_the_cpu() -> None:
+    default = EngineConfig(device="cpu")
+    assert default.int4_weights is True and default.torch_dtype == torch.bfloat16
+    # an explicit dtype, a random preset, several ranks: as before (float32 unless asked)
+    assert EngineConfig(device="cpu", dtype="float32").int4_weights is False
+    assert EngineConfig(device="cpu", dtype="bfloat16").int4_weights is False
+    preset = EngineConfig(model="random:smollm2-135m", device="cpu")
+    assert preset.int4_weights is False and preset.torch_dtype == torch.float32
+    off = EngineConfig(device="cpu", int4_weights=False)
+    assert off.torch_dtype == torch.float32
+    assert EngineConfig(device="cpu", dtype="bfloat16", int4_weights=True).int4_weights is True
+    with pytest.raises(ValueError, match="int4_weights needs"):
+        EngineConfig(device="cpu", dtype="float32", int4_weights=True)
