@@ -103,3 +103,68 @@ def test_max_model_len_past_the_models_context_is_refused_before_allocating() ->
     with pytest.raises(ValueError, match="past this model's context of 512"):
         LlamaModel(config, max_positions=99_999_999)
     assert LlamaModel(config, max_positions=512).max_positions == 512
+
+
+@pytest.mark.parametrize(("path", "field", "value"), [
+    ("/v1/completions", "max_token", 2),  # a typo of max_tokens
+    ("/v1/completions", "typical_p", 0.5),  # another server's sampler knob
+    ("/v1/completions", "max_completion_tokens", 2),  # chat's field
+    ("/v1/completions", "tools", [{"type": "function", "function": {"name": "f"}}]),
+    ("/v1/chat/completions", "echo", True),  # completions' fields
+    ("/v1/chat/completions", "best_of", 3),
+    ("/v1/chat/completions", "reasoning_effort", "high"),
+])
+def test_an_unknown_field_is_refused_by_name(base_url: str, path: str, field: str, value: object) -> None:
+    body: dict = {"max_tokens": 1, field: value}
+    body.update({"prompt": "Hi"} if path == "/v1/completions" else {"messages": [{"role": "user", "content": "Hi"}]})
+    e = error(post(base_url, body, path), 400)
+    assert e["param"] == field and "unknown field" in e["message"]
+
+
+def test_null_unknown_fields_and_bookkeeping_fields_are_accepted(base_url: str) -> None:
+    r = post(base_url, {"prompt": "Hi", "max_tokens": 1, "typical_p": None, "store": False, "service_tier": "auto",
+                        "priority": 0})
+    assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize(("field", "value"), [("max_tokens", "3"), ("temperature", True), ("n", 2.0), ("top_k", 1e20)])
+def test_values_of_the_wrong_json_type_are_not_coerced(base_url: str, field: str, value: object) -> None:
+    assert error(post(base_url, {"prompt": "Hi", "max_tokens": 1, field: value}), 400)["param"] == field
+
+
+def test_stream_options_need_a_stream_and_take_no_continuous_usage(base_url: str) -> None:
+    body = {"prompt": "Hi", "max_tokens": 1, "stream_options": {"include_usage": True}}
+    assert error(post(base_url, body), 400)["param"] == "stream_options"
+    body = {**body, "stream": True, "stream_options": {"continuous_usage_stats": True}}
+    assert error(post(base_url, body), 400)["param"] == "stream_options.continuous_usage_stats"
+
+
+def test_a_huge_integer_literal_and_echoed_ids_past_any_vocabulary_are_400s(base_url: str) -> None:
+    with httpx.Client(base_url=base_url, timeout=120) as client:  # NOTE: one connection: it must survive
+        body = b'{"prompt": "hi", "max_tokens": ' + b"9" * 4301 + b"}"
+        r = client.post("/v1/completions", content=body, headers={"Content-Type": "application/json"})
+        assert error(r, 400)["message"].startswith("Invalid JSON body")
+        for ids in ([-1], [2**32]):
+            r = client.post("/v1/completions", json={"prompt": ids, "echo": True, "max_tokens": 1})
+            assert error(r, 400)["param"] == "prompt"
+        assert client.get("/health").status_code == 200
+
+
+def _text(base_url: str, **fields: object) -> str:
+    r = post(base_url, {"prompt": "The capital of France is", "max_tokens": 4, **fields})
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]["text"]
+
+
+def test_sampling_values_at_float32s_edges_mean_what_they_say(base_url: str) -> None:
+    """A temperature under 1e-5 is greedy (divided by it, logits overflow to NaN draws), a top_p under
+    float32's smallest value keeps the top token, a top_k past int64 keeps the vocabulary (it once killed
+    the engine loop); a repetition penalty that would overflow the logits is refused."""
+    greedy = _text(base_url, temperature=0)
+    assert _text(base_url, temperature=1e-39, seed=1) == greedy
+    assert _text(base_url, temperature=1.0, top_p=1e-46, seed=1) == greedy
+    assert _text(base_url, temperature=0, top_k=2**63) == greedy
+    assert len(_text(base_url, temperature=1.0, top_k=2**64, seed=1)) > 0
+    e = error(post(base_url, {"prompt": "Hi", "max_tokens": 1, "repetition_penalty": 1e-300}), 400)
+    assert e["param"] == "repetition_penalty"
+    assert httpx.get(f"{base_url}/health", timeout=30).status_code == 200

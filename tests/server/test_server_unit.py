@@ -388,3 +388,30 @@ def test_on_the_cpu_a_token_is_handed_out_before_the_next_step_is_computed() -> 
     finally:
         async_engine.shutdown()
     assert waited == [True]  # the second token arrived while the third step waited for it
+
+
+def test_requests_added_together_start_in_the_same_step_and_a_refusal_is_returned_in_place() -> None:
+    """A request's n choices (or prompts) go to the engine in one pass: each choice's first token comes from
+    the same step (the fake engine's token is the step's letter). Awaited one by one they were taken one a
+    step. A refused one comes back as its ValueError, the others as streams."""
+    engine = FakeEngine()
+    async_engine = AsyncEngine(engine)
+    async_engine.start()
+
+    async def together() -> tuple[list[str], list[object]]:
+        params = SamplingParams(max_tokens=2)
+        streams = await async_engine.add_requests([(f"r{i}", [1, 2], params) for i in range(6)])
+        firsts = []
+        for stream in streams:
+            assert not isinstance(stream, ValueError)
+            texts = [out.delta_text async for out in stream]  # NOTE: read whole: the stream finishes
+            firsts.append(texts[0])
+        mixed = await async_engine.add_requests([("ok", [1], params), ("bad", "REFUSE", params)])
+        return firsts, mixed
+
+    try:
+        firsts, mixed = asyncio.run(together())
+    finally:
+        async_engine.shutdown()
+    assert len(set(firsts)) == 1, firsts
+    assert not isinstance(mixed[0], ValueError) and isinstance(mixed[1], ValueError)

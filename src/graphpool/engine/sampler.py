@@ -174,15 +174,17 @@ class Sampler:
         vocab = logits.shape[1]
         sorted_logits, order = logits.sort(dim=-1, descending=True)  # [bs, vocab]
         if use_k:
-            k = to_device([kk if kk > 0 else vocab for kk in top_k], torch.int64, logits.device)
+            k = to_device([min(kk, vocab) if kk > 0 else vocab for kk in top_k], torch.int64, logits.device)
             ranks = torch.arange(vocab, device=logits.device)
             sorted_logits = sorted_logits.masked_fill(ranks.unsqueeze(0) >= k.unsqueeze(1), float("-inf"))
         if use_p:
             p = to_device(top_p, torch.float32, logits.device)
             sorted_probs = torch.softmax(sorted_logits, dim=-1)
-            # NOTE: drop a token once the mass before it already reaches top_p (the top token always stays).
-            before = sorted_probs.cumsum(dim=-1) - sorted_probs
-            sorted_logits = sorted_logits.masked_fill(before >= p.unsqueeze(1), float("-inf"))
+            # NOTE: drop a token once the mass before it already reaches top_p; the top token always stays (a
+            # top_p under float32's smallest value is 0 here)
+            drop = (sorted_probs.cumsum(dim=-1) - sorted_probs) >= p.unsqueeze(1)
+            drop[:, 0] = False
+            sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
         probs_sorted = torch.softmax(sorted_logits, dim=-1)
         return torch.empty_like(probs_sorted).scatter_(1, order, probs_sorted)
 

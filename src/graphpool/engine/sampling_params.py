@@ -10,6 +10,9 @@ from graphpool.engine.guided import GuidedDecoding
 # NOTE: what torch.Generator.manual_seed accepts; a negative seed s draws the stream of 2**64 + s.
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
 PENALTY_MIN, PENALTY_MAX = -2.0, 2.0  # OpenAI's documented range for presence/frequency penalties
+# NOTE: logits divided by a smaller temperature or repetition penalty overflow float32 (inf - inf: NaN draws)
+GREEDY_BELOW = 1e-5  # a temperature under this is greedy
+REPETITION_MIN = 1e-6
 MAX_LOGPROBS = 20  # OpenAI's limit on top_logprobs (and on the completions API's logprobs)
 
 
@@ -25,12 +28,13 @@ class InvalidParam(ValueError):
 class SamplingParams:
     """How one request samples and when it stops.
 
-    temperature 0 is greedy (exact argmax); top_k 0 and top_p 1.0 switch those filters off. `seed` gives the
+    temperature 0 is greedy (exact argmax), and so is any temperature under 1e-5 (`GREEDY_BELOW`); top_k 0 and
+    top_p 1.0 switch those filters off (a top_k above the vocabulary keeps it whole; the top token always stays). `seed` gives the
     request its own random stream, so its output does not depend on what else is in the batch. `stop` strings
     end generation with the text truncated before the stop string; `stop_token_ids` (and the model's EOS unless
     `ignore_eos`) end it with the token kept in `token_ids` but not in the text.
 
-    Penalties change the logits before greedy or sampled choice, in this order: `repetition_penalty` (> 0,
+    Penalties change the logits before greedy or sampled choice, in this order: `repetition_penalty` (>= 1e-6,
     1 = off; Hugging Face semantics: a token already in the prompt or the output has its logit divided by the
     penalty if positive, multiplied if negative), then `frequency_penalty` and `presence_penalty` (OpenAI
     semantics, in [-2, 2], 0 = off: `logit - count * frequency - (count > 0) * presence`, where count is how
@@ -82,6 +86,8 @@ class SamplingParams:
             raise InvalidParam(
                 "temperature", f"temperature must be >= 0 (0 is greedy), got {self.temperature}"
             )
+        if self.temperature < GREEDY_BELOW:
+            object.__setattr__(self, "temperature", 0.0)
         _number(self.top_p, "top_p")
         if not 0 < self.top_p <= 1:
             raise InvalidParam("top_p", f"top_p must be in (0, 1], got {self.top_p}")
@@ -128,10 +134,10 @@ class SamplingParams:
             if not PENALTY_MIN <= value <= PENALTY_MAX:
                 raise InvalidParam(name, f"{name} must be in [-2, 2] (0 is off), got {value}")
         _number(self.repetition_penalty, "repetition_penalty")
-        if not self.repetition_penalty > 0:
+        if not self.repetition_penalty >= REPETITION_MIN:
             raise InvalidParam(
                 "repetition_penalty",
-                f"repetition_penalty must be > 0 (1 is off), got {self.repetition_penalty}",
+                f"repetition_penalty must be >= {REPETITION_MIN:g} (1 is off), got {self.repetition_penalty}",
             )
         self._check_guided()
         # NOTE: a plain attribute, not a property: the sampler reads it for every row of every step.

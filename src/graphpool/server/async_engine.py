@@ -20,7 +20,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from graphpool.server.streams import (
@@ -108,17 +108,35 @@ class AsyncEngine:
         self, request_id: str, prompt: str | list[int], params: SamplingParams
     ) -> RequestStream:
         """Hands the request to the engine; raises ValueError (the engine's reason) if it was refused."""
+        result = (await self.add_requests([(request_id, prompt, params)]))[0]
+        if isinstance(result, ValueError):
+            raise result
+        return result
+
+    async def add_requests(
+        self, requests: Sequence[tuple[str, str | list[int], SamplingParams]]
+    ) -> list[RequestStream | ValueError]:
+        """Hands requests to the engine together, so it takes them in one pass between two steps (awaited one
+        by one, a request's n choices were admitted one a step); each is its stream or the ValueError it was
+        refused with. Cancelled (or any other error): every one of them is aborted."""
         self._check_alive()
         loop = asyncio.get_running_loop()
-        stream = RequestStream(request_id, loop, prompt)
-        accepted: asyncio.Future[None] = loop.create_future()
-        self._submit(Add(request_id, prompt, params, stream, accepted))
+        streams: list[RequestStream] = []
         try:
-            await accepted
-        except asyncio.CancelledError:
-            self.abort(request_id)
+            accepted = []
+            for request_id, prompt, params in requests:
+                streams.append(RequestStream(request_id, loop, prompt))
+                accepted.append(loop.create_future())
+                self._submit(Add(request_id, prompt, params, streams[-1], accepted[-1]))
+            results = await asyncio.gather(*accepted, return_exceptions=True)
+            failed = next((r for r in results if isinstance(r, BaseException) and not isinstance(r, ValueError)), None)
+            if failed is not None:
+                raise failed
+        except BaseException:
+            for stream in streams:
+                self.abort(stream.request_id)
             raise
-        return stream
+        return [r if isinstance(r, ValueError) else stream for r, stream in zip(results, streams, strict=True)]
 
     def abort(self, request_id: str) -> None:
         """Aborts a request and frees its KV blocks (on the engine thread, before its next step)."""

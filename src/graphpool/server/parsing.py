@@ -7,7 +7,7 @@ import json
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 
 from graphpool.server.protocol import APIError
 
@@ -31,11 +31,15 @@ async def _read_body(raw: Request, limit: int) -> bytes:
         raise too_large(declared)
     chunks: list[bytes] = []
     size = 0
-    async for chunk in raw.stream():
-        size += len(chunk)
-        if size > limit:
-            raise too_large(f"more than {limit}")
-        chunks.append(chunk)
+    try:
+        async for chunk in raw.stream():
+            size += len(chunk)
+            if size > limit:
+                raise too_large(f"more than {limit}")
+            chunks.append(chunk)
+    except ClientDisconnect:
+        # NOTE: nobody reads the answer; a 4xx keeps it out of the error log (it is not the server's fault)
+        raise APIError(f"the client disconnected after {size} bytes of the body", code="client_disconnected") from None
     return b"".join(chunks)
 
 
@@ -44,7 +48,7 @@ async def read_json(raw: Request, max_request_bytes: int) -> dict[str, Any]:
     body = await _read_body(raw, max_request_bytes)
     try:
         data = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    except ValueError as e:  # NOTE: JSONDecodeError, UnicodeDecodeError, an integer past Python's 4300 digits
         raise APIError(f"Invalid JSON body: {e}") from None
     except RecursionError:
         raise APIError("Invalid JSON body: nested too deeply") from None

@@ -80,7 +80,7 @@ class PromptBuilder:
                 text = prompt
             else:
                 ids = prompt
-                text = self._decode(prompt) if req.echo else ""
+                text = self._echo_text(prompt, param) if req.echo else ""
             params = self._params(req, len(ids), max_tokens, guided, prompt_param=param)
             # NOTE: token ids, tokenized exactly as engine.encode does (the tokenizer's default special tokens).
             inputs += fan_out(EngineInput(prompt=ids, prompt_text=text, num_prompt_tokens=len(ids), params=params),
@@ -153,6 +153,11 @@ class PromptBuilder:
         if req.logit_bias:
             raise APIError("logit_bias is not supported by this server", param="logit_bias")
         refuse_unhonoured(req.model_extra)
+        if req.stream_options is not None and not req.stream:
+            raise APIError("stream_options needs stream: true", param="stream_options")
+        if req.stream_options is not None and req.stream_options.continuous_usage_stats:
+            raise APIError("stream_options.continuous_usage_stats is not supported by this server: usage comes "
+                           "in the last chunk (include_usage)", param="stream_options.continuous_usage_stats")
         prompt_ask(req)  # NOTE: checked before any tokenizing
         if isinstance(req.stop, list) and len(req.stop) > MAX_STOP_SEQUENCES:
             raise APIError(f"stop takes at most {MAX_STOP_SEQUENCES} sequences, got {len(req.stop)}", param="stop")
@@ -241,6 +246,12 @@ class PromptBuilder:
 
     def _decode(self, ids: list[int]) -> str:
         return self.need_tokenizer().decode(ids) if self.tokenizer is not None else ""
+
+    def _echo_text(self, ids: list[int], param: str) -> str:
+        try:
+            return self._decode(ids)
+        except (OverflowError, TypeError) as e:  # NOTE: an id the tokenizer cannot hold (negative, past 2**32)
+            raise APIError(f"prompt token ids must be ints in the vocabulary ({e})", param=param) from None
 
     def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
                     add_special_tokens: bool = False, tools: list[dict[str, Any]] | None = None) -> list[int]:

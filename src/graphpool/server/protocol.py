@@ -43,8 +43,9 @@ def error_body(
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid", strict=True)
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's: usage on every chunk (refused when true)
 
 
 # Fields of OpenAI's API or vLLM's extensions that change the output and that this server does not honour,
@@ -56,15 +57,23 @@ UNHONOURED_FIELDS: dict[str, Any] = {
     "logits_processors": None, "functions": None, "function_call": None,
     "prediction": None, "audio": None, "modalities": None, "add_generation_prompt": True,
     "continue_final_message": False, "chat_template": None, "chat_template_kwargs": None,
+    "return_tokens_as_token_ids": False,
 }
+# Fields that change nothing in the output (bookkeeping, caching and scheduling hints): accepted and not used.
+IGNORED_FIELDS = frozenset({"store", "metadata", "service_tier", "priority", "request_id", "prompt_cache_key",
+                            "safety_identifier"})
 
 
 def refuse_unhonoured(extra: dict[str, Any] | None, unhonoured: dict[str, Any] = UNHONOURED_FIELDS) -> None:
-    """A 400 naming the first field of a request's `extra` fields that `unhonoured` lists, sent with a value
-    that would change the output."""
+    """A 400 naming the first field of a request's `extra` fields (those its model does not declare) that this
+    server would not honour: one that `unhonoured` lists, sent with a value that would change the output, or
+    any other but `IGNORED_FIELDS` (a typo, another server's knob) sent with a value other than null."""
     for name, value in (extra or {}).items():
-        if name in unhonoured and value != unhonoured[name]:
-            raise APIError(f"{name} is not supported by this server", param=name)
+        if name in unhonoured:
+            if value != unhonoured[name]:
+                raise APIError(f"{name} is not supported by this server", param=name)
+        elif name not in IGNORED_FIELDS and value is not None:
+            raise APIError(f"unknown field {name!r} for this endpoint: this server would not use it", param=name)
 
 
 MAX_STOP_SEQUENCES = 4  # OpenAI's limit
@@ -75,9 +84,10 @@ DEFAULT_MAX_REQUEST_BYTES = 4 * 2**20
 
 class _SamplingFields(BaseModel):
     """Fields shared by both endpoints; ranges follow OpenAI's documented limits. Other fields are kept in
-    ``model_extra`` so that those in UNHONOURED_FIELDS can be refused by name."""
+    ``model_extra`` and refused by name (`refuse_unhonoured`)."""
 
-    model_config = ConfigDict(extra="allow")
+    # NOTE: strict: "3" is not 3, nor true 1 (as OpenAI's API answers them: a 400)
+    model_config = ConfigDict(extra="allow", strict=True)
 
     model: str | None = None
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)

@@ -121,22 +121,19 @@ class OpenAIServing:
         return await self._serve(req, inputs, raw, timer, chat=True, tools=tools)
 
     async def _add(self, request_id: str, inputs: list[EngineInput], chat: bool, n: int) -> list[RequestStream]:
-        streams: list[RequestStream] = []
-        try:
-            for i, inp in enumerate(inputs):
-                rid = request_id if len(inputs) == 1 else f"{request_id}-{i}"
-                streams.append(await self.engine.add_request(rid, inp.prompt, inp.params))
-        except ValueError as e:
-            _abort_unfinished(self.engine, streams)
-            param = getattr(e, "param", None)
-            if param == "prompt":
-                many = len(inputs) > n
-                param = "messages" if chat else (f"prompt[{len(streams) // n}]" if many else "prompt")
-            raise APIError(str(e), param=param) from None
-        except BaseException:
-            _abort_unfinished(self.engine, streams)
-            raise
-        return streams
+        ids = [request_id if len(inputs) == 1 else f"{request_id}-{i}" for i in range(len(inputs))]
+        results = await self.engine.add_requests([(rid, inp.prompt, inp.params) for rid, inp in zip(ids, inputs,
+                                                                                                   strict=True)])
+        streams = [r for r in results if isinstance(r, RequestStream)]
+        refused = next(((i, r) for i, r in enumerate(results) if isinstance(r, ValueError)), None)
+        if refused is None:
+            return streams
+        _abort_unfinished(self.engine, streams)
+        index, error = refused
+        param = getattr(error, "param", None)
+        if param == "prompt":
+            param = "messages" if chat else (f"prompt[{index // n}]" if len(inputs) > n else "prompt")
+        raise APIError(str(error), param=param) from None
 
     async def _serve(
         self,
