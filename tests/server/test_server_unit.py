@@ -415,3 +415,24 @@ def test_requests_added_together_start_in_the_same_step_and_a_refusal_is_returne
         async_engine.shutdown()
     assert len(set(firsts)) == 1, firsts
     assert not isinstance(mixed[0], ValueError) and isinstance(mixed[1], ValueError)
+
+
+def test_a_bug_is_a_500_in_openais_shape_and_counted() -> None:
+    """No request should reach one; one that does is answered as the others are (JSON error body), counted
+    with the refused ones, and the server goes on serving."""
+
+    class BuggyTokenizer(CharTokenizer):
+        def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+            if text == "BUG":
+                raise RuntimeError("a tokenizer bug")
+            return super().encode(text, add_special_tokens)
+
+    metrics = ServerMetrics(log_interval_s=0.0)
+    async_engine = AsyncEngine(FakeEngine(tokenizer=BuggyTokenizer()), observer=metrics)
+    with TestClient(build_app(async_engine, metrics), raise_server_exceptions=False) as client:
+        r = client.post("/v1/completions", json={"prompt": "BUG", "max_tokens": 2})
+        assert r.status_code == 500
+        assert r.json()["error"]["type"] == "server_error" and "a tokenizer bug" in r.json()["error"]["message"]
+        assert client.post("/v1/completions", json={"prompt": "ok", "max_tokens": 2}).status_code == 200
+        values = metric_values(client.get("/metrics").text)
+    assert values[("graphpool_requests_refused_total", (("status", "500"),))] == 1

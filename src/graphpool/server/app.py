@@ -99,6 +99,12 @@ def build_app(
     async def engine_dead(_: Request, e: EngineDeadError) -> JSONResponse:
         return refuse(503, error_body(str(e), type="server_error"))
 
+    @app.exception_handler(Exception)
+    async def internal_error(_: Request, e: Exception) -> JSONResponse:
+        # NOTE: a bug, not the request's fault: still logged with its traceback (starlette re-raises it after
+        # this answer), but answered in OpenAI's shape and counted
+        return refuse(500, error_body(f"internal error: {type(e).__name__}: {e}", type="server_error"))
+
     @app.get("/health")
     async def health() -> Response:
         if engine.draining:
