@@ -155,6 +155,10 @@ def test_bad_tool_choice_is_a_400(served: Served) -> None:
     assert "no other output constraint" in bad(served, "tool_choice", tools=[WEATHER], tool_choice="required",
                                                 response_format={"type": "json_object"})
     bad(served, "functions", extra_body={"functions": [{"name": "f"}]})
+    # a forced call's grammar that does not compile names the tool whose parameters it comes from
+    weird = {"type": "function", "function": {"name": "f", "parameters": {"type": "object",
+                                                                          "properties": {"a": {"type": "bogus"}}}}}
+    bad(served, "tools[1].function.parameters", tools=[WEATHER, weird], tool_choice="required")
 
 
 @pytest.mark.parametrize("stream", [False, True])

@@ -99,7 +99,11 @@ class PromptBuilder:
             if guided is not None:
                 raise APIError("a tool_choice that forces a call takes no other output constraint",
                                param="tool_choice")
-            guided = self._compiled(forced_call_guided(plan), "tool_choice")
+            try:
+                guided = self._compiled(forced_call_guided(plan), "tool_choice")
+            except APIError:
+                self._compile_each_tool(req.tools)  # NOTE: names the tool whose parameters do not compile
+                raise
         ids = self.render_chat(self.chat_messages(req.messages, req.tools), tools=plan.prompt_tools)
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         if max_tokens is None:  # NOTE: OpenAI's chat default: as many tokens as the context leaves
@@ -124,6 +128,12 @@ class PromptBuilder:
         except InvalidParam as e:
             raise APIError(f"{param}: {e}", param=param) from None
         return guided
+
+    def _compile_each_tool(self, tools: list[FunctionTool] | None) -> None:
+        for i, tool in enumerate(tools or ()):
+            if tool.function.parameters is not None:
+                spec = json.dumps(tool.function.parameters)
+                self._compiled(GuidedDecoding(kind="json_schema", spec=spec), f"tools[{i}].function.parameters")
 
     def chat_messages(self, messages: list[ChatMessage],
                       tools: list[FunctionTool] | None = None) -> list[dict[str, Any]]:
