@@ -58,6 +58,17 @@ def test_torch_op_row_groups_keep_each_rows_window() -> None:
     torch.testing.assert_close(op.double(), naive_window(q, k, v, bt, cl, 0.25, 24), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("window", [0, 20])
+def test_torch_op_in_bfloat16_on_the_cpu_is_the_attention_within_its_rounding(window: int) -> None:
+    """The CPU's bfloat16 path (torch's fused attention, a query head group as its rows) against float64 over
+    the same bfloat16 inputs: within what rounding the output to bfloat16 allows."""
+    q, k, v, bt, cl = make_case([70, 5, 33, 200], 9, 3, 64, 16, dtype=torch.bfloat16, seed=3)
+    op = paged_decode_attention_torch(q, k, v, bt, cl, 0.125, 256, window=window)
+    assert op.dtype == torch.bfloat16
+    want = naive_window(q, k, v, bt, cl, 0.125, window)
+    torch.testing.assert_close(op.double(), want, rtol=2**-7, atol=2**-7)
+
+
 @pytest.mark.parametrize("window", [-1, 2.5, True])
 def test_bad_window_is_refused(window: object) -> None:
     q, k, v, bt, cl = make_case([4], 2, 2, 8)

@@ -239,9 +239,14 @@ def _padded_attention(
     k = k_cache.index_select(0, ids).view(bs, length, kv_heads, dim).transpose(1, 2)
     v = v_cache.index_select(0, ids).view(bs, length, kv_heads, dim).transpose(1, 2)
     qg = q.view(bs, kv_heads, num_heads // kv_heads, dim)  # [bs, kv_heads, group, D]
-    scores = soft_cap(torch.matmul(qg, k.transpose(-1, -2)).float() * scale, softcap)  # [bs, kv_heads, group, length]
     pos = torch.arange(length, device=q.device)
     valid = window_mask(pos, context_lens, window)  # [bs, length]
+    if q.device.type == "cpu" and not softcap:
+        # NOTE: a query head group as SDPA's rows: torch's fused CPU kernel beats the matmuls below, most in
+        # bfloat16 (docs/benchmarks.md, "4-bit weights on the CPU")
+        out = F.scaled_dot_product_attention(qg, k, v, attn_mask=valid[:, None, None, :], scale=scale)
+        return out.reshape(bs, num_heads, dim)
+    scores = soft_cap(torch.matmul(qg, k.transpose(-1, -2)).float() * scale, softcap)  # [bs, kv_heads, group, length]
     scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
     probs = torch.softmax(scores, dim=-1).to(v.dtype)
     return torch.matmul(probs, v).view(bs, num_heads, dim)
