@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from graphpool.engine.config import EngineConfig
-from graphpool.model.int4 import Int4Blocks, Int4Linear, int4_blocks, int4_matmul_available
+from graphpool.model.int4 import Int4Blocks, Int4Linear, int4_blocks, int4_layers, int4_matmul_available
 from graphpool.model.loader import load_model
 from graphpool.model.weights import WeightLoader
 
@@ -85,3 +85,18 @@ def test_engine_config_picks_4bit_weights_for_a_gguf_on_the_cpu() -> None:
     assert EngineConfig(device="cpu", dtype="bfloat16", int4_weights=True).int4_weights is True
     with pytest.raises(ValueError, match="int4_weights needs"):
         EngineConfig(device="cpu", dtype="float32", int4_weights=True)
+
+
+def test_the_default_model_loads_its_linear_layers_4bit_and_says_so() -> None:
+    from types import SimpleNamespace
+
+    from graphpool.server.startup_log import describe_startup
+
+    model, config, _ = load_model(None, "cpu", torch.bfloat16, int4=True)
+    assert int4_layers(model) == 4 * config.num_layers  # q|k|v, o, gate|up, down
+    assert int4_layers(load_model("random:smollm2-135m?layers=1", "cpu", torch.bfloat16)[0]) == 0
+    stats = SimpleNamespace(num_kv_blocks=4, num_free_kv_blocks=4)
+    engine = SimpleNamespace(model=model, model_name="m", max_model_len=64, stats=lambda: stats,
+                             graph_stats=lambda: None, graphs_off="no_cuda")
+    line = describe_startup(engine, EngineConfig(device="cpu"), 1.0)[0]
+    assert f"on cpu (bfloat16, {4 * config.num_layers} linear layers 4-bit)" in line

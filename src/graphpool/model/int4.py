@@ -81,3 +81,8 @@ class Int4Linear:
 
     def nbytes(self) -> int:
         return self.packed.nbytes + self.scales_zeros.nbytes
+
+
+def int4_layers(model: torch.nn.Module | None) -> int:
+    """How many of `model`'s linear layers multiply by 4-bit weights (0 for None)."""
+    return 0 if model is None else sum(isinstance(getattr(m, "linear", None), Int4Linear) for m in model.modules())

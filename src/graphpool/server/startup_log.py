@@ -9,12 +9,14 @@ MiB = 1 << 20
 
 def describe_startup(engine: Any, config: Any, load_seconds: float) -> list[str]:
     """What the start-up log says: model, device, KV cache and what the graph pool captured and holds."""
+    from graphpool.model.int4 import int4_layers
     from graphpool.pool import FallbackReason
 
     stats = engine.stats()
+    int4 = int4_layers(getattr(engine, "model", None))  # NOTE: what loaded, not what was asked (a GGUF may hold no Q4)
     lines = [
         f"model {engine.model_name} on {config.torch_device} ({str(config.torch_dtype).removeprefix('torch.')}"
-        f"{', 4-bit linear weights' if getattr(config, 'int4_weights', False) else ''}), "
+        f"{f', {int4} linear layers 4-bit' if int4 else ''}), "
         f"loaded in {load_seconds:.1f} s; max_model_len {engine.max_model_len}"
         + (f"; tensor parallel over {config.tensor_parallel_size} ranks (this process is rank 0)"
            if getattr(config, "tensor_parallel_size", 1) > 1 else "")
