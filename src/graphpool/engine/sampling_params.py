@@ -29,10 +29,10 @@ class SamplingParams:
     """How one request samples and when it stops.
 
     temperature 0 is greedy (exact argmax), and so is any temperature under 1e-5 (`GREEDY_BELOW`); top_k 0 and
-    top_p 1.0 switch those filters off (a top_k above the vocabulary keeps it whole; the top token always stays). `seed` gives the
-    request its own random stream, so its output does not depend on what else is in the batch. `stop` strings
-    end generation with the text truncated before the stop string; `stop_token_ids` (and the model's EOS unless
-    `ignore_eos`) end it with the token kept in `token_ids` but not in the text.
+    top_p 1.0 switch those filters off (a top_k above the vocabulary keeps it whole; the top token always
+    stays). `seed` gives the request its own random stream, so its output does not depend on what else is in
+    the batch. `stop` strings end generation with the text truncated before the stop string; `stop_token_ids`
+    (and the model's EOS unless `ignore_eos`) end it with the token kept in `token_ids` but not in the text.
 
     Penalties change the logits before greedy or sampled choice, in this order: `repetition_penalty` (>= 1e-6,
     1 = off; Hugging Face semantics: a token already in the prompt or the output has its logit divided by the

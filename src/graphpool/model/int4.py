@@ -9,10 +9,11 @@ both Q4 formats are that layout exactly: Q4_1's value `d * q + m` is `(q - 8) * 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from gguf import GGMLQuantizationType
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from graphpool.model.gguf_dequant import split_nibbles
 
@@ -37,9 +38,9 @@ class Int4Blocks:
     def shape(self) -> tuple[int, int]:
         return (int(self.codes.shape[0]), int(self.codes.shape[1]))
 
-    def rows(self, fn: object) -> Int4Blocks:
+    def rows(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> Int4Blocks:
         """The same weight with `fn` (a function of a tensor's rows, e.g. a row permutation) applied to each part."""
-        return Int4Blocks(fn(self.codes), fn(self.scales), fn(self.zeros))  # type: ignore[operator]
+        return Int4Blocks(fn(self.codes), fn(self.scales), fn(self.zeros))
 
     def dequantize(self) -> torch.Tensor:
         """float32 values (rows, cols): what the matmul multiplies by, before its bfloat16 rounding of scale and zero."""
@@ -53,7 +54,7 @@ def int4_blocks(raw: torch.Tensor, qtype: GGMLQuantizationType, shape: tuple[int
     if qtype not in _FORMATS or len(shape) != 2 or shape[1] % GROUP:
         return None
     rows, cols = shape
-    type_size = 18 if qtype == GGMLQuantizationType.Q4_0 else 20
+    type_size = GGML_QUANT_SIZES[qtype][1]  # the scale (and min) in float16, then 16 bytes of nibbles
     blocks = raw.reshape(-1, type_size)
     d = blocks[:, :2].contiguous().view(torch.float16).float().reshape(rows, cols // GROUP)
     codes = split_nibbles(blocks[:, type_size - 16 :], 16).reshape(rows, cols)
@@ -78,9 +79,6 @@ class Int4Linear:
         out = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed, GROUP, self.scales_zeros)
         out = out.reshape(*x.shape[:-1], self.out_features)
         return out if bias is None else out + bias
-
-    def nbytes(self) -> int:
-        return self.packed.nbytes + self.scales_zeros.nbytes
 
 
 def int4_layers(model: torch.nn.Module | None) -> int:
