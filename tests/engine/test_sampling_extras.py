@@ -133,3 +133,14 @@ def test_min_p_one_samples_like_greedy(llm: LLM) -> None:
     loose = [llm.generate(PROMPT, SamplingParams(temperature=1.5, seed=s, max_tokens=10), use_tqdm=False)[0]
              for s in (1, 2)]
     assert any(o.token_ids != greedy.token_ids for o in loose)  # the seeds do sample without min_p
+
+
+def test_min_tokens_with_every_token_a_stop_token_is_refused(llm: LLM) -> None:
+    """Nothing would be left to sample (the draw over an all -inf row took token 0); without min_tokens the
+    first token simply stops the request."""
+    vocab = llm.engine.model_config.vocab_size
+    every = list(range(vocab))
+    with pytest.raises(InvalidParam, match="whole vocabulary"):
+        llm.generate(PROMPT, _greedy(max_tokens=3, min_tokens=2, stop_token_ids=every), use_tqdm=False)
+    out = llm.generate(PROMPT, _greedy(max_tokens=3, stop_token_ids=every), use_tqdm=False)[0]
+    assert out.finish_reason == "stop" and len(out.token_ids) == 1

@@ -29,7 +29,7 @@ from graphpool.engine.outputs import (
 )
 from graphpool.engine.runner import ModelRunner
 from graphpool.engine.sampler import Sampler
-from graphpool.engine.sampling_params import SamplingParams
+from graphpool.engine.sampling_params import InvalidParam, SamplingParams
 from graphpool.engine.scheduler import ScheduledBatch, Scheduler
 from graphpool.engine.sequence import Sequence
 from graphpool.engine.startup import StartupClock, StartupTimes
@@ -153,6 +153,9 @@ class LLMEngine(EngineIntrospection):
         stop_ids = set(params.stop_token_ids or ())
         if not params.ignore_eos:
             stop_ids |= self.eos_token_ids
+        if params.min_tokens and len(stop_ids) >= self.model_config.vocab_size:
+            raise InvalidParam("min_tokens", "min_tokens keeps every stop token from being sampled, and the stop "
+                               "tokens are the whole vocabulary: no token is left to sample")
         generator = self.sampler.make_generator(params.seed) if params.seed is not None else None
         seq = Sequence(request_id, token_ids, params, frozenset(stop_ids), generator)
         if params.guided is not None:  # NOTE: compiled here unless already cached (the server compiles first)
