@@ -135,8 +135,11 @@ def test_values_of_the_wrong_json_type_are_not_coerced(base_url: str, field: str
 def test_stream_options_need_a_stream_and_take_no_continuous_usage(base_url: str) -> None:
     body = {"prompt": "Hi", "max_tokens": 1, "stream_options": {"include_usage": True}}
     assert error(post(base_url, body), 400)["param"] == "stream_options"
-    body = {**body, "stream": True, "stream_options": {"continuous_usage_stats": True}}
-    assert error(post(base_url, body), 400)["param"] == "stream_options.continuous_usage_stats"
+    for option in ("continuous_usage_stats", "include_obfuscation"):
+        body = {**body, "stream": True, "stream_options": {option: True}}
+        assert error(post(base_url, body), 400)["param"] == f"stream_options.{option}"
+    body["stream_options"] = {"include_usage": True, "include_obfuscation": False}
+    assert post(base_url, body).status_code == 200
 
 
 def test_a_huge_integer_literal_and_echoed_ids_past_any_vocabulary_are_400s(base_url: str) -> None:

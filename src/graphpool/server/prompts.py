@@ -165,9 +165,10 @@ class PromptBuilder:
         refuse_unhonoured(req.model_extra)
         if req.stream_options is not None and not req.stream:
             raise APIError("stream_options needs stream: true", param="stream_options")
-        if req.stream_options is not None and req.stream_options.continuous_usage_stats:
-            raise APIError("stream_options.continuous_usage_stats is not supported by this server: usage comes "
-                           "in the last chunk (include_usage)", param="stream_options.continuous_usage_stats")
+        for option in ("continuous_usage_stats", "include_obfuscation"):
+            if req.stream_options is not None and getattr(req.stream_options, option):
+                raise APIError(f"stream_options.{option} is not supported by this server",
+                               param=f"stream_options.{option}")
         prompt_ask(req)  # NOTE: checked before any tokenizing
         if isinstance(req.stop, list) and len(req.stop) > MAX_STOP_SEQUENCES:
             raise APIError(f"stop takes at most {MAX_STOP_SEQUENCES} sequences, got {len(req.stop)}", param="stop")

@@ -46,6 +46,7 @@ class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     include_usage: bool = False
     continuous_usage_stats: bool = False  # vLLM's: usage on every chunk (refused when true)
+    include_obfuscation: bool = False  # OpenAI's: random padding in every chunk (refused when true)
 
 
 # Fields of OpenAI's API or vLLM's extensions that change the output and that this server does not honour,
