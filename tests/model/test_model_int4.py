@@ -10,7 +10,14 @@ import pytest
 import torch
 
 from graphpool.engine.config import EngineConfig
-from graphpool.model.int4 import Int4Blocks, Int4Linear, int4_blocks, int4_layers, int4_matmul_available
+from graphpool.model.int4 import (
+    INT4_MAX_ROWS,
+    Int4Blocks,
+    Int4Linear,
+    int4_blocks,
+    int4_layers,
+    int4_matmul_available,
+)
 from graphpool.model.loader import load_model
 from graphpool.model.weights import WeightLoader
 
@@ -45,15 +52,18 @@ def test_other_formats_and_shapes_are_not_blocks() -> None:
 
 
 @pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1], ids=lambda q: q.name)
-def test_int4_matmul_is_the_float_matmul_within_bfloat16(qtype: Q) -> None:
+@pytest.mark.parametrize("leading", [(3, 5), (2, INT4_MAX_ROWS)], ids=["int4-kernel", "bfloat16-copy"])
+def test_int4_matmul_is_the_float_matmul_within_bfloat16(qtype: Q, leading: tuple[int, int]) -> None:
+    """Up to INT4_MAX_ROWS rows through the int4 kernel, more through the bfloat16 copy: both within a
+    bfloat16 weight's error."""
     blocks, ref = _q4(qtype, rows=80, cols=128, seed=1)
     linear = Int4Linear(blocks)
     gen = torch.Generator().manual_seed(2)
-    x = torch.randn(3, 5, 128, generator=gen).to(torch.bfloat16)  # any leading shape
+    x = torch.randn(*leading, 128, generator=gen).to(torch.bfloat16)  # any leading shape
     bias = torch.randn(80, generator=gen).to(torch.bfloat16)
     exact = x.double() @ torch.from_numpy(ref).double().T + bias.double()
     out = linear(x, torch.empty(0), bias)
-    assert out.shape == (3, 5, 80) and out.dtype == torch.bfloat16
+    assert out.shape == (*leading, 80) and out.dtype == torch.bfloat16
     # NOTE: the same bound as the bfloat16 weights' own matmul would meet (scale and zero rounded to bfloat16)
     bf16 = torch.nn.functional.linear(x, torch.from_numpy(ref).to(torch.bfloat16), bias)
     err, err_bf16 = (out.double() - exact).abs().max(), (bf16.double() - exact).abs().max()

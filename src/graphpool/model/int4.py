@@ -18,6 +18,9 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from graphpool.model.gguf_dequant import split_nibbles
 
 GROUP = 32  # values per Q4 block: one scale and zero each
+# NOTE: past this many rows torch's int4 kernel loses to a dense bfloat16 matmul (docs/benchmarks.md), so a
+# prefill or a wide decode step multiplies by a bfloat16 copy of the weight
+INT4_MAX_ROWS = 16
 _FORMATS = (GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1)
 
 
@@ -65,17 +68,22 @@ def int4_blocks(raw: torch.Tensor, qtype: GGMLQuantizationType, shape: tuple[int
 
 
 class Int4Linear:
-    """`x @ W.T + bias` for a `LinearFn` slot (`model.linear`), W packed once for torch's CPU int4 matmul;
-    the weight argument it is called with (the layer's placeholder) is not read."""
+    """`x @ W.T + bias` for a `LinearFn` slot (`model.linear`): up to `INT4_MAX_ROWS` rows through torch's CPU
+    int4 matmul (W packed once), more through a bfloat16 copy of W (the same values, scale and zero applied
+    in float32 before one rounding). The weight argument it is called with (the layer's placeholder) is not
+    read."""
 
     def __init__(self, blocks: Int4Blocks) -> None:
         self.out_features, self.in_features = blocks.shape
         self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(blocks.codes.to(torch.int32), 1)
         # (cols // GROUP, rows, 2): scale and zero of each group, in the kernel's layout
         self.scales_zeros = torch.stack([blocks.scales, blocks.zeros], dim=-1).transpose(0, 1).contiguous().to(torch.bfloat16)
+        self.dense = blocks.dequantize().to(torch.bfloat16)
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features)
+        if flat.shape[0] > INT4_MAX_ROWS:
+            return torch.nn.functional.linear(x, self.dense, bias)
         out = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed, GROUP, self.scales_zeros)
         out = out.reshape(*x.shape[:-1], self.out_features)
         return out if bias is None else out + bias
