@@ -11,6 +11,7 @@ prefill. Run against another tree with PYTHONPATH=<tree>/src.
 from __future__ import annotations
 
 import argparse
+import resource
 import time
 
 from graphpool.engine.config import EngineConfig
@@ -47,6 +48,7 @@ def main() -> None:
         print(f"max_model_len={args.max_model_len} streams={n} prompt={len(prompt)} new={args.new_tokens}: "
               f"decode {decode_tokens / decode_s:.1f} tok/s ({1000 * decode_s / steps:.1f} ms/step), "
               f"end-to-end {n * args.new_tokens / wall:.1f} tok/s", flush=True)
+    print(f"peak resident set: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024} MiB")
 
 
 if __name__ == "__main__":
