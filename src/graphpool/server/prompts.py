@@ -10,22 +10,16 @@ import jinja2
 
 from graphpool.engine.generation_defaults import SamplingDefaults
 from graphpool.engine.guided import GuidedDecoding
-from graphpool.engine.sampling_params import (
-    InvalidParam,
-    SamplingParams,
-    check_text,
-    child_seed,
-)
-from graphpool.server.logprobs import check_logprobs, prompt_ask
+from graphpool.engine.sampling_params import InvalidParam, SamplingParams, child_seed
+from graphpool.server.logprobs import check_logprobs
 from graphpool.server.protocol import (
-    MAX_STOP_SEQUENCES,
     APIError,
     ChatCompletionRequest,
     ChatMessage,
     CompletionRequest,
     FunctionTool,
-    refuse_unhonoured,
 )
+from graphpool.server.request_fields import check_fields, check_text_param, sampling_params
 from graphpool.server.structured import guided_decoding
 from graphpool.server.tool_parsers import ToolParser
 from graphpool.server.tool_prompt import fallback_messages, history_messages, tool_setup
@@ -62,7 +56,8 @@ class PromptBuilder:
     # ---- per endpoint ----
     def completion(self, req: CompletionRequest) -> list[EngineInput]:
         """`n` inputs per prompt (`prompt` may be a list of strings or of token-id lists), in choice order."""
-        self._common_checks(req)
+        self.check_model(req.model)
+        check_fields(req)
         check_logprobs(req.logprobs, "logprobs")
         if req.best_of is not None and req.best_of != (req.n or 1):
             raise APIError(f"best_of must equal n (got best_of={req.best_of}, n={req.n or 1}): this server returns "
@@ -81,7 +76,7 @@ class PromptBuilder:
             else:
                 ids = prompt
                 text = self._echo_text(prompt, param) if req.echo else ""
-            params = self._params(req, len(ids), max_tokens, guided, prompt_param=param)
+            params = sampling_params(req, len(ids), max_tokens, guided, self.defaults, self.max_model_len, param)
             # NOTE: token ids, tokenized exactly as engine.encode does (the tokenizer's default special tokens).
             inputs += fan_out(EngineInput(prompt=ids, prompt_text=text, num_prompt_tokens=len(ids), params=params),
                               req.n or 1)
@@ -89,7 +84,8 @@ class PromptBuilder:
 
     def chat(self, req: ChatCompletionRequest) -> tuple[list[EngineInput], ToolPlan]:
         """`n` inputs of the conversation, one per choice, and the plan its output is read with."""
-        self._common_checks(req)
+        self.check_model(req.model)
+        check_fields(req)
         check_logprobs(req.top_logprobs, "top_logprobs")
         if req.top_logprobs and not req.logprobs:
             raise APIError("top_logprobs needs logprobs: true", param="top_logprobs")
@@ -108,7 +104,7 @@ class PromptBuilder:
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         if max_tokens is None:  # NOTE: OpenAI's chat default: as many tokens as the context leaves
             max_tokens = max(self.max_model_len - len(ids), 1)
-        params = self._params(req, len(ids), max_tokens, guided)
+        params = sampling_params(req, len(ids), max_tokens, guided, self.defaults, self.max_model_len)
         if plan.mode != "none" and self.keep_special_tokens:
             params = replace(params, skip_special_tokens=False)  # the call marker is a special token
         inp = EngineInput(prompt=ids, prompt_text="", num_prompt_tokens=len(ids), params=params)
@@ -141,11 +137,11 @@ class PromptBuilder:
         checked), with `tools` counted in the length."""
         texts = [message_text(m, i) for i, m in enumerate(messages)]
         for i, text in enumerate(texts):
-            _check_text(text, f"messages[{i}].content")
+            check_text_param(text, f"messages[{i}].content")
             for j, call in enumerate(messages[i].tool_calls or ()):
-                _check_text(call.function.arguments, f"messages[{i}].tool_calls[{j}].function.arguments")
+                check_text_param(call.function.arguments, f"messages[{i}].tool_calls[{j}].function.arguments")
         tools_text = json.dumps([t.model_dump(exclude_none=True) for t in tools or ()], ensure_ascii=False)
-        _check_text(tools_text, "tools")
+        check_text_param(tools_text, "tools")
         args = sum(len(c.function.arguments) for m in messages for c in m.tool_calls or ())
         self.check_text_length(sum(map(len, texts)) + args + len(tools_text), "messages")
         return history_messages(messages, texts, self.parser)
@@ -158,78 +154,6 @@ class PromptBuilder:
                 code="model_not_found",
             )
 
-    def _common_checks(self, req: CompletionRequest | ChatCompletionRequest) -> None:
-        self.check_model(req.model)
-        if req.logit_bias:
-            raise APIError("logit_bias is not supported by this server", param="logit_bias")
-        refuse_unhonoured(req.model_extra)
-        if req.stream_options is not None and not req.stream:
-            raise APIError("stream_options needs stream: true", param="stream_options")
-        for option in ("continuous_usage_stats", "include_obfuscation"):
-            if req.stream_options is not None and getattr(req.stream_options, option):
-                raise APIError(f"stream_options.{option} is not supported by this server",
-                               param=f"stream_options.{option}")
-        prompt_ask(req)  # NOTE: checked before any tokenizing
-        if isinstance(req.stop, list) and len(req.stop) > MAX_STOP_SEQUENCES:
-            raise APIError(f"stop takes at most {MAX_STOP_SEQUENCES} sequences, got {len(req.stop)}", param="stop")
-
-    def _params(
-        self,
-        req: CompletionRequest | ChatCompletionRequest,
-        num_prompt_tokens: int,
-        max_tokens: int,
-        guided: GuidedDecoding | None,
-        prompt_param: str = "prompt",
-    ) -> SamplingParams:
-        chat = isinstance(req, ChatCompletionRequest)
-        name = "max_completion_tokens" if chat and req.max_completion_tokens is not None else "max_tokens"
-        prompt_param = "messages" if chat else prompt_param
-        if num_prompt_tokens == 0:
-            raise APIError("prompt must not be empty", param=prompt_param)
-        if max_tokens < 1:
-            raise APIError(f"{name} must be at least 1, got {max_tokens}", param=name)
-        if num_prompt_tokens > self.max_model_len:
-            raise APIError(
-                f"The prompt has {num_prompt_tokens} tokens, more than this model's maximum context "
-                f"length of {self.max_model_len} tokens",
-                param=prompt_param,
-                code="context_length_exceeded",
-            )
-        if num_prompt_tokens + max_tokens > self.max_model_len:
-            raise APIError(
-                f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
-                f"{num_prompt_tokens + max_tokens} tokens ({num_prompt_tokens} in the prompt, {max_tokens} "
-                f"in the completion). Please reduce the prompt or {name}.",
-                param=name,
-                code="context_length_exceeded",
-            )
-        stop = [req.stop] if isinstance(req.stop, str) else (req.stop or None)
-        for s in stop or ():
-            _check_text(s, "stop")
-        try:
-            # NOTE: top_k -1 is vLLM's "off", as explicit as any other value
-            sampling = self.defaults.resolve(temperature=req.temperature, top_p=req.top_p, min_p=req.min_p,
-                                             top_k=None if req.top_k is None else max(req.top_k, 0),
-                                             repetition_penalty=req.repetition_penalty)
-            return SamplingParams(
-                **sampling,
-                max_tokens=max_tokens,
-                seed=req.seed,
-                stop=stop,
-                stop_token_ids=req.stop_token_ids or None,
-                ignore_eos=req.ignore_eos,
-                presence_penalty=req.presence_penalty or 0.0,
-                frequency_penalty=req.frequency_penalty or 0.0,
-                min_tokens=req.min_tokens or 0,
-                include_stop_str_in_output=req.include_stop_str_in_output,
-                skip_special_tokens=req.skip_special_tokens,
-                logprobs=_engine_logprobs(req),
-                prompt_logprobs=prompt_ask(req).engine_k,
-                guided=guided,
-            )
-        except InvalidParam as e:
-            raise APIError(str(e), param=e.param) from None
-
     # ---- tokenizer ----
     def need_tokenizer(self, param: str = "prompt") -> Any:
         if self.tokenizer is None:
@@ -240,7 +164,7 @@ class PromptBuilder:
 
     def encode(self, text: str, add_special_tokens: bool = True, param: str = "prompt") -> list[int]:
         """`text` as token ids (checked: valid Unicode, not too long for any tokenization)."""
-        _check_text(text, param)
+        check_text_param(text, param)
         tok = self.need_tokenizer()
         self.check_text_length(len(text), param)
         return list(tok.encode(text, add_special_tokens=add_special_tokens))
@@ -306,20 +230,6 @@ def fan_out(inp: EngineInput, n: int) -> list[EngineInput]:
     seed = inp.params.seed
     return [inp if seed is None else replace(inp, params=replace(inp.params, seed=child_seed(seed, i)))
             for i in range(n)]
-
-
-def _engine_logprobs(req: CompletionRequest | ChatCompletionRequest) -> int | None:
-    """SamplingParams.logprobs: how many top logprobs per token, None for none at all."""
-    if isinstance(req, CompletionRequest):
-        return req.logprobs
-    return (req.top_logprobs or 0) if req.logprobs else None
-
-
-def _check_text(text: str, param: str) -> None:
-    try:
-        check_text(text, param)
-    except InvalidParam as e:
-        raise APIError(str(e), param=e.param) from None
 
 
 def message_text(m: ChatMessage, index: int) -> str:
