@@ -48,7 +48,8 @@ def _llama3_rope_factors(head_dim: int, theta: float) -> np.ndarray:
 
 
 def _write_gguf(model: torch.nn.Module, kind: str, path: Path, q4: bool = False) -> None:
-    """`q4`: every linear weight quantized (q/k/v Q4_0, the others Q4_1) instead of one Q8_0 tensor."""
+    """`q4`: every linear weight quantized (q/k/v Q4_0, the others Q4_1) and the LM head (the tied embedding
+    or the output weight) Q8_0, instead of one Q8_0 tensor."""
 
     cfg = model.config
     w = gguf.GGUFWriter(str(path), kind)
@@ -95,8 +96,9 @@ def _write_gguf(model: torch.nn.Module, kind: str, path: Path, q4: bool = False)
         qtype = None
         if q4 and name.endswith("_proj.weight"):
             qtype = Q.Q4_0 if re.search(r"\.[qkv]_proj\.", name) else Q.Q4_1
-        elif not q4 and gname == "blk.0.ffn_up.weight":
-            qtype = Q.Q8_0
+        else:
+            head = "token_embd.weight" if cfg.tie_word_embeddings else "output.weight"
+            qtype = Q.Q8_0 if gname == (head if q4 else "blk.0.ffn_up.weight") else None
         if qtype is not None:
             # a quantized tensor; the reference model gets the same dequantized values (un-permuted)
             raw = gguf.quants.quantize(array, qtype)
@@ -159,6 +161,7 @@ def test_q4_linears_load_4bit_and_match_transformers(kind: str, tied: bool, tmp_
     linears = [m for m in model.modules() if isinstance(m, _Linear)]
     assert len(linears) == 4 * cfg.num_layers
     assert all(isinstance(m.linear, Int4Linear) and m.weight.is_meta for m in linears)
+    assert model.q8_head is not None  # the Q8_0 head (tied: the embedding) multiplies 8-bit
     ids = torch.randint(0, cfg.vocab_size, (40,), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         ref = hf(ids[None]).logits[0].double()

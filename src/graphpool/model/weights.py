@@ -6,7 +6,7 @@ import re
 
 import torch
 
-from graphpool.model.int4 import GROUP, Int4Blocks
+from graphpool.model.int4 import GROUP, Int4Blocks, Q8Blocks, Q8Head
 from graphpool.model.layers import RMSNorm
 from graphpool.model.linear import ColumnLinear, _Linear
 from graphpool.model.llama import LlamaModel
@@ -45,17 +45,26 @@ _IGNORED = re.compile(r"(rotary_emb\.inv_freq|\.masked_bias|\.attn\.bias)$")
 class WeightLoader:
     """Copies Hugging Face-named tensors into a model (fusing q/k/v and gate/up); `finish()` checks that
     every parameter was written. A linear layer's weight may come as 4-bit `Int4Blocks` (model/int4.py): its
-    parts are gathered (a fused layer's from several tensors) and the layer switched to them in `finish()`."""
+    parts are gathered (a fused layer's from several tensors) and the layer switched to them in `finish()`;
+    the LM head's (or the tied embedding's) as 8-bit `Q8Blocks`: loaded dequantized as always, and the model's
+    logits then computed from the blocks (`LlamaModel.q8_head`)."""
 
     def __init__(self, model: LlamaModel) -> None:
         self.model = model
         self._params = dict(model.named_parameters())
         self._written: dict[str, int] = {}  # parameter name -> elements written
         self._int4: dict[str, Int4Blocks] = {}  # linear weight name -> its 4-bit parts, filled row by row
+        self._q8_head: Q8Blocks | None = None
 
-    def load(self, name: str, tensor: torch.Tensor | Int4Blocks) -> None:
+    def load(self, name: str, tensor: torch.Tensor | Int4Blocks | Q8Blocks) -> None:
         if _IGNORED.search(name):
             return
+        if isinstance(tensor, Q8Blocks):  # NOTE: the LM head's blocks: the weight as always, and the 8-bit head
+            head = name == "lm_head.weight" or (name == "model.embed_tokens.weight" and self.model.lm_head is None)
+            if not head:
+                raise ValueError(f"{name}: only the LM head's weight can be loaded 8-bit")
+            self._q8_head = tensor
+            tensor = tensor.dequantize()
         if isinstance(tensor, torch.Tensor):
             tensor = self.model.from_checkpoint(name, tensor)
         elif not name.endswith("_proj.weight"):
@@ -138,6 +147,9 @@ class WeightLoader:
                 raise ValueError(f"{param_name} is not a linear layer's weight: it cannot be 4-bit")
             module.use_int4(blocks)
         self._int4.clear()
+        if self._q8_head is not None:
+            self.model.q8_head = Q8Head(self._q8_head)
+            self._q8_head = None
 
 
 def _index_text(rows: slice | tuple[int, slice]) -> str:
