@@ -166,8 +166,9 @@ def test_q4_linears_load_4bit_and_match_transformers(kind: str, tied: bool, tmp_
     with torch.no_grad():
         ref = hf(ids[None]).logits[0].double()
     bf16, _, _ = load_model(path, dtype=torch.bfloat16)  # the same weights dequantized, in bfloat16
-    # NOTE: 40 rows go through the layers' bfloat16 copies, 8 through the int4 kernel (INT4_MAX_ROWS)
-    for n in (40, 8):
+    # NOTE: 40 rows go through the layers' bfloat16 copies, 8 through the int4 kernel (INT4_MAX_ROWS), and
+    # one row's logits through the 8-bit head (Q8_HEAD_MAX_ROWS)
+    for n in (40, 8, 1):
         err = (_logits(model, ids[:n]) - ref[:n]).abs().max()
         err_bf16 = (_logits(bf16, ids[:n]) - ref[:n]).abs().max()
         assert err <= 2 * err_bf16 + 1e-3, (n, err, err_bf16)

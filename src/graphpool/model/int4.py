@@ -23,6 +23,8 @@ GROUP = 32  # values per Q4 block: one scale and zero each
 # NOTE: past this many rows torch's int4 kernel loses to a dense bfloat16 matmul (docs/benchmarks.md), so a
 # prefill or a wide decode step multiplies by a bfloat16 copy of the weight
 INT4_MAX_ROWS = 16
+# NOTE: torch's int8 matmul reads the weight once per row: past one row the bfloat16 head is faster
+Q8_HEAD_MAX_ROWS = 1
 _FORMATS = (GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1)
 
 
@@ -126,7 +128,8 @@ def q8_blocks(raw: torch.Tensor, qtype: GGMLQuantizationType, shape: tuple[int, 
 class Q8Head:
     """The LM head's `hidden @ W.T` (float32 logits) for W in Q8_0 blocks: one int8 matmul per group of 32
     columns (`aten._weight_int8pack_mm`: int8 codes, the group's bfloat16 scale per row, a bfloat16 partial
-    sum), added in float32. It reads a byte a weight where a bfloat16 head reads two."""
+    sum), added in float32. It reads a byte a weight where a bfloat16 head reads two, for each row: the model
+    uses it for up to `Q8_HEAD_MAX_ROWS` rows."""
 
     def __init__(self, blocks: Q8Blocks) -> None:
         self.rows, cols = blocks.shape

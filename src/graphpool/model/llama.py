@@ -10,7 +10,7 @@ from torch import nn
 from graphpool.model.attn_metadata import AttentionMetadata
 from graphpool.model.attn_ops import prefill_attention
 from graphpool.model.config import ModelConfig
-from graphpool.model.int4 import Q8Head
+from graphpool.model.int4 import Q8_HEAD_MAX_ROWS, Q8Head
 from graphpool.model.layers import RMSNorm, RotaryEmbedding, SwiGLU
 from graphpool.model.linear import ColumnLinear, RowLinear
 from graphpool.model.ops import AttnBackend, ModelOps, resolve_ops
@@ -291,7 +291,10 @@ class LlamaModel(nn.Module):
     def compute_logits(self, hidden: torch.Tensor, upcast: bool = True) -> torch.Tensor:
         """hidden [T, hidden] -> logits [T, vocab]: float32, or the model's dtype with ``upcast=False`` (a
         captured decode graph then holds a third of the logits bytes: 2 bytes a row entry instead of 2 + 4)."""
-        logits = self.ops.linear(hidden, self.lm_head_weight, None) if self.q8_head is None else self.q8_head(hidden)
+        if self.q8_head is not None and hidden.shape[0] <= Q8_HEAD_MAX_ROWS:
+            logits = self.q8_head(hidden)
+        else:
+            logits = self.ops.linear(hidden, self.lm_head_weight, None)
         if self.tp.world_size > 1:  # this rank's vocab rows -> all of them (the last shard is zero-padded)
             logits = self.tp.gather_last_dim(logits)[:, : self.config.vocab_size]
         logits, cap = (logits.float() if upcast else logits), self.config.final_logit_softcapping
