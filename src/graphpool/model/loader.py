@@ -176,8 +176,8 @@ def _load_gguf(path: Path, tokenizer_cache: Path | None, int4: bool,
 
 
 def release_freed_heap() -> None:
-    """Hands the heap that loading freed back to the system: glibc keeps freed pages of the many few-MB
-    dequantization buffers in its heap, ~330 MB for the default model's 4-bit load (docs/benchmarks.md)."""
+    """Hands the heap that loading freed back to the system: glibc keeps the freed pages of the many few-MB
+    dequantization buffers in its heap (docs/benchmarks.md, "4-bit weights on the CPU")."""
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
     except OSError:  # NOTE: no C library to ask (not Linux): nothing to hand back this way
