@@ -109,6 +109,10 @@ def test_engine_config_picks_4bit_weights_for_a_gguf_on_the_cpu() -> None:
     assert EngineConfig(device="cpu", dtype="bfloat16").int4_weights is False
     preset = EngineConfig(model="random:smollm2-135m", device="cpu")
     assert preset.int4_weights is False and preset.torch_dtype == torch.float32
+    two_ranks = EngineConfig(device="cpu", tensor_parallel_size=2)  # NOTE: shards cut float weights
+    assert two_ranks.int4_weights is False and two_ranks.torch_dtype == torch.float32
+    with pytest.raises(ValueError, match="int4_weights needs"):
+        EngineConfig(device="cpu", tensor_parallel_size=2, int4_weights=True)
     off = EngineConfig(device="cpu", int4_weights=False)
     assert off.torch_dtype == torch.float32
     assert EngineConfig(device="cpu", dtype="bfloat16", int4_weights=True).int4_weights is True
