@@ -135,3 +135,21 @@ def test_the_default_model_loads_its_linear_layers_4bit_and_says_so() -> None:
     line = describe_startup(engine, EngineConfig(device="cpu"), 1.0)[0]
     assert f"on cpu (bfloat16, {4 * config.num_layers} linear layers 4-bit)" in line
 
+
+
+def test_q4_k_blocks_hold_the_librarys_values() -> None:
+    """Q4_K (llama.cpp's Q4_K_M files are mostly it): each 256-value block is eight 32-value groups with a
+    6-bit scale and min under the block's float16 ones, so the same codes, scale and zero layout."""
+    from gguf_blocks import block_shape, random_blocks
+
+    raw = random_blocks(Q.Q4_K, 3)
+    fields = raw.reshape(-1, gguf.GGML_QUANT_SIZES[Q.Q4_K][1])
+    scales = np.random.default_rng(4).uniform(1e-3, 1e-2, size=(fields.shape[0], 2)).astype(np.float16)
+    fields[:, :4] = scales.view(np.uint8)  # NOTE: finite block scales (random bytes include NaN and infinity)
+    shape = block_shape(Q.Q4_K)
+    blocks = int4_blocks(torch.from_numpy(raw.copy()).reshape(-1), Q.Q4_K, shape)
+    assert blocks is not None and int(blocks.codes.max()) <= 15
+    ref = gguf.quants.dequantize(raw, Q.Q4_K)
+    ours = blocks.dequantize().numpy()
+    np.testing.assert_allclose(ours, ref, rtol=0, atol=8 * np.finfo(np.float32).eps * np.abs(ref).max())
+    assert int4_blocks(torch.from_numpy(raw.copy()).reshape(-1), Q.Q4_K, (shape[0] * 2, shape[1] // 2)) is None

@@ -43,7 +43,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         help="auto: bfloat16 on CUDA and with 4-bit weights on the CPU, else float32")
     _ENGINE_FLAGS["--int4-weights"] = "int4_weights"
     group.add_argument("--int4-weights", dest="int4_weights", action=argparse.BooleanOptionalAction, default=None,
-                       help="keep a GGUF's Q4_0/Q4_1 linear weights 4-bit (and a Q8_0 LM head 8-bit) on the CPU, "
+                       help="keep a GGUF's Q4_0/Q4_1/Q4_K linear weights 4-bit (and a Q8_0 LM head 8-bit) on the CPU, "
                             "bfloat16 activations (default: on for a GGUF on the CPU with --dtype auto and one rank)")
     add("--attn-backend", "attn_backend", choices=["auto", "torch", "triton"],
         help="decode attention: auto = triton on CUDA, torch on CPU")

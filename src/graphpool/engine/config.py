@@ -39,7 +39,7 @@ class EngineConfig:
     generation_config: str = "auto"  # engine/generation_defaults.py; "none": graphpool's own sampling defaults
     device: str = "auto"
     dtype: str = "auto"  # auto: bfloat16 on CUDA and with int4_weights, else float32 on CPU
-    # a GGUF's Q4_0 / Q4_1 linear weights kept 4-bit (a Q8_0 LM head 8-bit) on the CPU (model/int4.py; bfloat16
+    # a GGUF's Q4_0 / Q4_1 / Q4_K linear weights kept 4-bit (a Q8_0 LM head 8-bit) on the CPU (model/int4.py; bfloat16
     # activations). None -> on for a GGUF on the CPU at dtype auto, one rank, where torch has the kernel: the
     # step reads a fraction of the bytes (docs/benchmarks.md, "4-bit weights on the CPU")
     int4_weights: bool | None = None

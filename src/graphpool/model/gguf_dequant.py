@@ -99,7 +99,7 @@ def _k_scale_min(scales: Blocks) -> tuple[torch.Tensor, torch.Tensor]:
     return sc, mn
 
 
-def _k_scales(b: Blocks) -> tuple[torch.Tensor, torch.Tensor]:
+def k_scales(b: Blocks) -> tuple[torch.Tensor, torch.Tensor]:
     n = b.shape[0]
     sc, mn = _k_scale_min(b[:, 4:16])
     return (_f16(b, 0) * sc.float()).reshape(n, -1, 1), (_f16(b, 2) * mn.float()).reshape(n, -1, 1)
@@ -107,14 +107,14 @@ def _k_scales(b: Blocks) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _q4_k(b: Blocks) -> torch.Tensor:
     n = b.shape[0]
-    d, dm = _k_scales(b)
+    d, dm = k_scales(b)
     q = split_nibbles(b[:, 16:], 32).reshape(n, -1, 32).float()
     return (d * q - dm).reshape(n, QK_K)
 
 
 def _q5_k(b: Blocks) -> torch.Tensor:
     n = b.shape[0]
-    d, dm = _k_scales(b)
+    d, dm = k_scales(b)
     ql = split_nibbles(b[:, 48:], 32).reshape(n, -1, 32)
     qh = _bits(b[:, 16:48], 32, 8, 1).reshape(n, -1, 32)
     return (d * (ql | (qh << 4)).float() - dm).reshape(n, QK_K)

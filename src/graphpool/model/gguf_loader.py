@@ -167,7 +167,7 @@ def iter_gguf_weights(
     reader: Any, config: ModelConfig, device: torch.device | str = "cpu", int4: bool = False
 ) -> Iterator[tuple[str, torch.Tensor | Int4Blocks | Q8Blocks]]:
     """(HF name, float32 tensor on `device`) for every tensor of the file, dequantized and un-permuted; with
-    `int4` (the CPU), a linear layer's Q4_0 / Q4_1 weight comes as its 4-bit `Int4Blocks` instead, and a Q8_0
+    `int4` (the CPU), a linear layer's Q4_0 / Q4_1 / Q4_K weight comes as its 4-bit `Int4Blocks` instead, and a Q8_0
     LM head (or tied embedding) as its `Q8Blocks`.
 
     NOTE: on the CPU an unquantized float32 tensor can be a view of the file's copy-on-write mapping."""

@@ -1,10 +1,11 @@
-"""A GGUF's Q4_0 / Q4_1 linear weights kept 4-bit on the CPU, and its Q8_0 LM head 8-bit.
+"""A GGUF's Q4_0 / Q4_1 / Q4_K linear weights kept 4-bit on the CPU, and its Q8_0 LM head 8-bit.
 
 A CPU decode step is bound by reading the weights: dequantized to float32 the default model's linear layers are
 ~420 MB a step. torch's int4 weight-only matmul for the CPU (`aten._weight_int4pack_mm_for_cpu`, bfloat16
 activations, one bfloat16 scale and zero per 32 values along the input) reads ~4.5 bits a weight instead, and
-both Q4 formats are that layout exactly: Q4_1's value `d * q + m` is `(q - 8) * d + (m + 8 d)`, Q4_0's `d * (q -
-8)` the same with zero 0. Only the scale and zero are rounded (to bfloat16, as a bfloat16 weight would be).
+the Q4 formats are that layout exactly: Q4_1's value `d * q + m` is `(q - 8) * d + (m + 8 d)`, Q4_0's `d * (q -
+8)` the same with zero 0, and a Q4_K block is eight such groups, each with its own scale and min. Only the
+scale and zero are rounded (to bfloat16, as a bfloat16 weight would be).
 A Q8_0 LM head (the default model's tied embedding) multiplies group by group in torch's int8 matmul, whose
 per-row scale is then the group's; the groups' bfloat16 partial sums are added in float32.
 """
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from graphpool.model.gguf_dequant import split_nibbles
+from graphpool.model.gguf_dequant import k_scales, split_nibbles
 
 GROUP = 32  # values per Q4 block: one scale and zero each
 # NOTE: past this many rows torch's int4 kernel loses to a dense bfloat16 matmul (docs/benchmarks.md), so a
@@ -25,7 +26,7 @@ GROUP = 32  # values per Q4 block: one scale and zero each
 INT4_MAX_ROWS = 16
 # NOTE: torch's int8 matmul reads the weight once per row: past one row the bfloat16 head is faster
 Q8_HEAD_MAX_ROWS = 1
-_FORMATS = (GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1)
+_FORMATS = (GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q4_K)
 
 
 def int4_matmul_available() -> bool:
@@ -57,12 +58,17 @@ class Int4Blocks:
 
 
 def int4_blocks(raw: torch.Tensor, qtype: GGMLQuantizationType, shape: tuple[int, ...]) -> Int4Blocks | None:
-    """A 2-D Q4_0 / Q4_1 tensor's raw bytes (uint8) as `Int4Blocks`; None for any other format or shape."""
-    if qtype not in _FORMATS or len(shape) != 2 or shape[1] % GROUP:
+    """A 2-D Q4_0 / Q4_1 / Q4_K tensor's raw bytes (uint8) as `Int4Blocks`; None for any other format or shape."""
+    if qtype not in _FORMATS or len(shape) != 2 or shape[1] % GGML_QUANT_SIZES[qtype][0]:
         return None
+    type_size = GGML_QUANT_SIZES[qtype][1]
     rows, cols = shape
-    type_size = GGML_QUANT_SIZES[qtype][1]  # the scale (and min) in float16, then 16 bytes of nibbles
     blocks = raw.reshape(-1, type_size)
+    if qtype == GGMLQuantizationType.Q4_K:  # eight groups of 32 a block: value d q - m = (q - 8) d + (8 d - m)
+        d, m = k_scales(blocks)
+        codes = split_nibbles(blocks[:, 16:], 32).reshape(rows, cols)
+        return Int4Blocks(codes, d.reshape(rows, cols // GROUP), (8 * d - m).reshape(rows, cols // GROUP))
+    # Q4_0 / Q4_1: the scale (and min) in float16, then 16 bytes of nibbles
     d = blocks[:, :2].contiguous().view(torch.float16).float().reshape(rows, cols // GROUP)
     codes = split_nibbles(blocks[:, type_size - 16 :], 16).reshape(rows, cols)
     if qtype == GGMLQuantizationType.Q4_0:

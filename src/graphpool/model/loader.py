@@ -138,7 +138,7 @@ def load_model(
     `max_positions` caps the rotary cache (defaults to the model's max_position_embeddings);
     `disabled_kernels`: kernel switches off in the model's operations (`kernels/switches.py`);
     `revision`, `download_dir`: for a hub id (model/hub.py); `tokenizer_cache`: the folder a converted tokenizer
-    is kept in (model/tokenizer_cache.py; None: converted on every load); `int4`: a GGUF's Q4_0 / Q4_1 linear
+    is kept in (model/tokenizer_cache.py; None: converted on every load); `int4`: a GGUF's Q4_0 / Q4_1 / Q4_K linear
     weights stay 4-bit (model/int4.py: the CPU only, with bfloat16 `dtype`; other models load as without it).
     """
     kwargs = {"device": torch.device(device), "dtype": dtype, "attn_backend": attn_backend,
