@@ -47,9 +47,19 @@ def _llama3_rope_factors(head_dim: int, theta: float) -> np.ndarray:
     return np.array(out, dtype=np.float32)
 
 
+def _random_q4_k(shape: tuple[int, ...]) -> np.ndarray:
+    """Random Q4_K blocks of a (rows, cols) weight, their float16 scales small and finite."""
+    rng = np.random.default_rng(7)
+    size = gguf.GGML_QUANT_SIZES[Q.Q4_K][1]
+    raw = rng.integers(0, 256, size=(shape[0] * shape[1] // 256, size), dtype=np.uint8)
+    raw[:, :4] = rng.uniform(1e-4, 5e-4, size=(raw.shape[0], 2)).astype(np.float16).view(np.uint8)
+    return raw.reshape(shape[0], -1)
+
+
 def _write_gguf(model: torch.nn.Module, kind: str, path: Path, q4: bool = False) -> None:
-    """`q4`: every linear weight quantized (q/k/v Q4_0, the others Q4_1) and the LM head (the tied embedding
-    or the output weight) Q8_0, instead of one Q8_0 tensor."""
+    """`q4`: every linear weight but layer 1's v_proj quantized (q/k/v Q4_0, the others Q4_1; layer 0's up_proj
+    Q4_K where its rows are whole 256-value blocks) and the LM head (the tied embedding or the output weight)
+    Q8_0, instead of one Q8_0 tensor."""
 
     cfg = model.config
     w = gguf.GGUFWriter(str(path), kind)
@@ -94,14 +104,18 @@ def _write_gguf(model: torch.nn.Module, kind: str, path: Path, q4: bool = False)
             elif kind == "llama" and module == "self_attn.k_proj":
                 array = _llama_cpp_permute(array, cfg.num_key_value_heads)
         qtype = None
-        if q4 and name.endswith("_proj.weight"):
+        if q4 and gname == "blk.1.attn_v.weight":
+            pass  # NOTE: left float: layer 1's fused q|k|v mixes formats (as Q4_K_M files' do), so it loads float
+        elif q4 and name.endswith("_proj.weight"):
             qtype = Q.Q4_0 if re.search(r"\.[qkv]_proj\.", name) else Q.Q4_1
         else:
             head = "token_embd.weight" if cfg.tie_word_embeddings else "output.weight"
             qtype = Q.Q8_0 if gname == (head if q4 else "blk.0.ffn_up.weight") else None
+        if q4 and gname == "blk.0.ffn_up.weight" and array.shape[1] % 256 == 0:
+            qtype = Q.Q4_K  # NOTE: gguf has no Q4_K quantizer: random blocks stand for the weight
         if qtype is not None:
             # a quantized tensor; the reference model gets the same dequantized values (un-permuted)
-            raw = gguf.quants.quantize(array, qtype)
+            raw = _random_q4_k(array.shape) if qtype == Q.Q4_K else gguf.quants.quantize(array, qtype)
             w.add_tensor(gname, raw, raw_dtype=qtype)
             deq = torch.from_numpy(gguf.quants.dequantize(raw, qtype))
             if kind == "llama" and ".q_proj." in name:
@@ -150,17 +164,20 @@ def _logits(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.skipif(not int4_matmul_available(), reason="this torch has no CPU int4 matmul")
-@pytest.mark.parametrize(("kind", "tied"), [("llama", False), ("qwen2", True)])
-def test_q4_linears_load_4bit_and_match_transformers(kind: str, tied: bool, tmp_path: Path) -> None:
-    """Q4_0 and Q4_1 weights, q/k un-permuted (llama) or with bias (qwen2), fused into q|k|v and gate|up,
-    loaded 4-bit: within bfloat16's error of transformers on the same dequantized values."""
-    hf = tiny_hf_model(kind, tied)
+@pytest.mark.parametrize(("kind", "tied", "hidden"), [("llama", False, 64), ("qwen2", True, 64), ("llama", True, 256)])
+def test_q4_linears_load_4bit_and_match_transformers(kind: str, tied: bool, hidden: int, tmp_path: Path) -> None:
+    """Q4_0, Q4_1 (and at hidden 256 one Q4_K) weights, q/k un-permuted (llama) or with bias (qwen2), fused
+    into q|k|v and gate|up, loaded 4-bit: within bfloat16's error of transformers on the same dequantized
+    values."""
+    hf = tiny_hf_model(kind, tied, hidden_size=hidden, intermediate_size=hidden + 32)
     path = tmp_path / "tiny-q4.gguf"
     _write_gguf(hf, kind, path, q4=True)
     model, cfg, _ = load_model(path, dtype=torch.bfloat16, int4=True)
-    linears = [m for m in model.modules() if isinstance(m, _Linear)]
-    assert len(linears) == 4 * cfg.num_layers
+    mixed = model.layers[1].self_attn.qkv_proj
+    linears = [m for m in model.modules() if isinstance(m, _Linear) and m is not mixed]
+    assert len(linears) == 4 * cfg.num_layers - 1
     assert all(isinstance(m.linear, Int4Linear) and m.weight.is_meta for m in linears)
+    assert not isinstance(mixed.linear, Int4Linear) and not mixed.weight.is_meta
     assert model.q8_head is not None  # the Q8_0 head (tied: the embedding) multiplies 8-bit
     ids = torch.randint(0, cfg.vocab_size, (40,), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():

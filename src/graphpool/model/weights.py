@@ -54,6 +54,8 @@ class WeightLoader:
         self._params = dict(model.named_parameters())
         self._written: dict[str, int] = {}  # parameter name -> elements written
         self._int4: dict[str, Int4Blocks] = {}  # linear weight name -> its 4-bit parts, filled row by row
+        self._int4_rows: dict[str, list[slice]] = {}  # the rows of each that came 4-bit
+        self._dense: set[str] = set()  # parameters written from float tensors
         self._q8_head: Q8Blocks | None = None
 
     def load(self, name: str, tensor: torch.Tensor | Int4Blocks | Q8Blocks) -> None:
@@ -120,6 +122,7 @@ class WeightLoader:
             self._copy_int4(param_name, param, tensor, rows)
         else:
             dest.copy_(tensor)
+            self._dense.add(param_name)
         self._written[param_name] = self._written.get(param_name, 0) + dest.numel()
 
     def _copy_int4(self, param_name: str, param: torch.Tensor, blocks: Int4Blocks,
@@ -135,6 +138,7 @@ class WeightLoader:
         for dest, part in zip((into.codes, into.scales, into.zeros), (blocks.codes, blocks.scales, blocks.zeros),
                               strict=True):
             dest[span] = part
+        self._int4_rows.setdefault(param_name, []).append(span)
 
     def finish(self) -> None:
         missing = [n for n, p in self._params.items() if self._written.get(n, 0) < p.numel()]
@@ -145,6 +149,11 @@ class WeightLoader:
             module = self.model.get_submodule(param_name.removesuffix(".weight"))
             if not isinstance(module, _Linear):
                 raise ValueError(f"{param_name} is not a linear layer's weight: it cannot be 4-bit")
+            if param_name in self._dense:  # NOTE: a fused layer of mixed formats (a Q6_K v beside Q4_K q, k): float
+                values = blocks.dequantize()
+                for span in self._int4_rows[param_name]:
+                    self._params[param_name].data[span] = values[span]
+                continue
             module.use_int4(blocks)
         self._int4.clear()
         if self._q8_head is not None:
