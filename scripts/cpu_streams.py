@@ -17,6 +17,7 @@ import time
 from graphpool.engine.config import EngineConfig
 from graphpool.engine.engine import LLMEngine
 from graphpool.engine.sampling_params import SamplingParams
+from graphpool.model import loader
 
 PROMPT = "Once upon a time, in a small village by the sea, there lived"
 
@@ -28,7 +29,11 @@ def main() -> None:
     parser.add_argument("--streams", default="1,16", help="comma-separated stream counts, run one after another")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--int4-weights", action=argparse.BooleanOptionalAction, default=None)
+    parser.add_argument("--keep-freed-heap", action="store_true",
+                        help="skip the loader's heap release (to measure what it saves)")
     args = parser.parse_args()
+    if args.keep_freed_heap:
+        loader.release_freed_heap = lambda: None
     engine = LLMEngine(EngineConfig(device="cpu", dtype=args.dtype, int4_weights=args.int4_weights,
                                     max_model_len=args.max_model_len))
     print(f"dtype {engine.dtype}, int4 weights {engine.config.int4_weights}, {engine.cpu_threads} threads", flush=True)
