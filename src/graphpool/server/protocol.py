@@ -43,10 +43,10 @@ def error_body(
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+    """Other options land in ``model_extra``, refused by name (`refuse_unhonoured`, STREAM_OPTIONS_UNHONOURED)."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
     include_usage: bool = False
-    continuous_usage_stats: bool = False  # vLLM's: usage on every chunk (refused when true)
-    include_obfuscation: bool = False  # OpenAI's: random padding in every chunk (refused when true)
 
 
 # Fields of OpenAI's API or vLLM's extensions that change the output and that this server does not honour,
@@ -60,21 +60,26 @@ UNHONOURED_FIELDS: dict[str, Any] = {
     "continue_final_message": False, "chat_template": None, "chat_template_kwargs": None,
     "return_tokens_as_token_ids": False,
 }
+# stream_options this server does not honour: vLLM's usage in every chunk, OpenAI's random padding in every chunk
+STREAM_OPTIONS_UNHONOURED: dict[str, Any] = {"continuous_usage_stats": False, "include_obfuscation": False}
 # Fields that change nothing in the output (bookkeeping, caching and scheduling hints): accepted and not used.
 IGNORED_FIELDS = frozenset({"store", "metadata", "service_tier", "priority", "request_id", "prompt_cache_key",
                             "safety_identifier"})
 
 
-def refuse_unhonoured(extra: dict[str, Any] | None, unhonoured: dict[str, Any] = UNHONOURED_FIELDS) -> None:
+def refuse_unhonoured(extra: dict[str, Any] | None, unhonoured: dict[str, Any] = UNHONOURED_FIELDS,
+                      prefix: str = "") -> None:
     """A 400 naming the first field of a request's `extra` fields (those its model does not declare) that this
     server would not honour: one that `unhonoured` lists, sent with a value that would change the output, or
-    any other but `IGNORED_FIELDS` (a typo, another server's knob) sent with a value other than null."""
+    any other but `IGNORED_FIELDS` (a typo, another server's knob) sent with a value other than null. `prefix`:
+    the path of the object they sit in (`stream_options.`)."""
     for name, value in (extra or {}).items():
+        param = f"{prefix}{name}"
         if name in unhonoured:
             if value != unhonoured[name]:
-                raise APIError(f"{name} is not supported by this server", param=name)
+                raise APIError(f"{param} is not supported by this server", param=param)
         elif name not in IGNORED_FIELDS and value is not None:
-            raise APIError(f"unknown field {name!r} for this endpoint: this server would not use it", param=name)
+            raise APIError(f"unknown field {param!r} for this endpoint: this server would not use it", param=param)
 
 
 MAX_STOP_SEQUENCES = 4  # OpenAI's limit

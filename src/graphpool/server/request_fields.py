@@ -9,6 +9,7 @@ from graphpool.engine.sampling_params import InvalidParam, SamplingParams, check
 from graphpool.server.logprobs import prompt_ask
 from graphpool.server.protocol import (
     MAX_STOP_SEQUENCES,
+    STREAM_OPTIONS_UNHONOURED,
     APIError,
     ChatCompletionRequest,
     CompletionRequest,
@@ -23,12 +24,10 @@ def check_fields(req: Request) -> None:
     if req.logit_bias:
         raise APIError("logit_bias is not supported by this server", param="logit_bias")
     refuse_unhonoured(req.model_extra)
-    if req.stream_options is not None and not req.stream:
-        raise APIError("stream_options needs stream: true", param="stream_options")
-    for option in ("continuous_usage_stats", "include_obfuscation"):
-        if req.stream_options is not None and getattr(req.stream_options, option):
-            raise APIError(f"stream_options.{option} is not supported by this server",
-                           param=f"stream_options.{option}")
+    if req.stream_options is not None:
+        if not req.stream:
+            raise APIError("stream_options needs stream: true", param="stream_options")
+        refuse_unhonoured(req.stream_options.model_extra, STREAM_OPTIONS_UNHONOURED, prefix="stream_options.")
     prompt_ask(req)  # NOTE: checked before any tokenizing
     if isinstance(req.stop, list) and len(req.stop) > MAX_STOP_SEQUENCES:
         raise APIError(f"stop takes at most {MAX_STOP_SEQUENCES} sequences, got {len(req.stop)}", param="stop")
