@@ -125,21 +125,20 @@ def test_gemv_kernel_compiles(has_bias: bool, pdl: bool, k: int) -> None:
         assert "ld.global" in before and "ld.global" in after
 
 
-@pytest.mark.parametrize(("m", "has_bias", "pdl", "k"), [(2, False, True, 576), (3, True, False, 2048),
-                                                       (4, False, True, 8192)])
-def test_few_row_gemv_kernel_compiles(m: int, has_bias: bool, pdl: bool, k: int) -> None:
-    """The 2-4 row GEMV (one tile, or a loop over four); with PDL its first weight tile is loaded before
+@pytest.mark.parametrize(("has_bias", "pdl", "k"), [(False, True, 576), (True, False, 2048), (False, True, 8192)])
+def test_two_row_gemv_kernel_compiles(has_bias: bool, pdl: bool, k: int) -> None:
+    """The two-row GEMV (one tile, or a loop over four); with PDL its first weight tile is loaded before
     griddepcontrol.wait, the rows of x after it."""
     from graphpool.kernels import _triton_gemv as gv
 
-    constexprs = dict(K=k, M=m, BLOCK_N=gv.BLOCK_N, BLOCK_K=min(gv.MAX_BLOCK_K, triton.next_power_of_2(k)),
+    constexprs = dict(K=k, BLOCK_N=gv.BLOCK_N, BLOCK_K=min(gv.MAX_BLOCK_K, triton.next_power_of_2(k)),
                       HAS_BIAS=has_bias, PDL=pdl)
     ptx = _compile(gv._gemv_rows_kernel, _norm_types, constexprs, num_warps=gv.NUM_WARPS).asm["ptx"]
     assert ("griddepcontrol.wait" in ptx) == pdl and "griddepcontrol.launch_dependents" not in ptx
     if pdl:
         before, after = ptx.split("griddepcontrol.wait", 1)
         assert "ld.global" in before and "ld.global" in after
-    assert ptx.count("st.global") >= m  # a store per row
+    assert ptx.count("st.global") >= 2  # a store per row
 
 
 def test_pdl_trigger_compiles_in_only_when_on() -> None:

@@ -10,7 +10,7 @@ import pytest
 import torch
 from test_kernels_decode_attention import run_in_triton_interpreter
 
-from graphpool.kernels.gemv import linear, uses_gemv
+from graphpool.kernels.gemv import MAX_ROWS, linear, uses_gemv
 from graphpool.kernels.switches import KERNEL_SWITCHES, check_switches
 
 _SCRIPT = """
@@ -61,19 +61,20 @@ for dtype in (torch.float32, torch.float16):
             one = torch.cat([gemv_triton(x[i:i + 1], w, b, tiles=tiles) for i in range(m)])
             same = float(torch.equal(y, one)) if k <= block_k else 1.0
             out.append([err, same])
-    y3 = gemv_triton(torch.randn(3, 1, 24).to(dtype), torch.randn(5, 24).to(dtype))
-    out.append([0.0 if y3.shape == (3, 1, 5) else 1.0, 1.0])
+    y2 = gemv_triton(torch.randn(2, 1, 24).to(dtype), torch.randn(5, 24).to(dtype))
+    out.append([0.0 if y2.shape == (2, 1, 5) else 1.0, 1.0])
 print(json.dumps(out))
 """
 
 
 def test_the_few_row_gemv_matches_float64_and_the_one_row_kernel_in_the_interpreter() -> None:
-    """2 to MAX_ROWS rows: against float64 (K no multiple of the tile, a bias, strided rows, a leading shape),
+    """Two rows (MAX_ROWS): against float64 (K no multiple of the tile, a bias, strided rows, a leading shape),
     and row by row the one-row kernel's bits where K fits one tile."""
     got = run_in_triton_interpreter(_ROWS_SCRIPT)
-    assert len(got) == 2 * (3 * 2 + 1)
+    per_dtype = (MAX_ROWS - 1) * 2 + 1
+    assert len(got) == 2 * per_dtype
     errors = [e for e, _ in got]
-    assert max(errors[:7]) < 1e-5 and max(errors[7:]) < 1e-2  # fp32, then fp16's output rounding
+    assert max(errors[:per_dtype]) < 1e-5 and max(errors[per_dtype:]) < 1e-2  # fp32, then fp16's rounding
     assert all(same == 1.0 for _, same in got)
 
 
@@ -163,7 +164,7 @@ def test_kernel_ops_resolve_the_switches() -> None:
 
 
 def test_the_pdl_and_rows_switches_reach_the_launch(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`pdl` off in the op set: the GEMV's launcher is asked for no PDL; `gemv_rows` off: 2-4 rows are not
+    """`pdl` off in the op set: the GEMV's launcher is asked for no PDL; `gemv_rows` off: two rows are not
     launched (is_cuda faked, the launcher recorded)."""
     from types import SimpleNamespace
 
@@ -181,9 +182,10 @@ def test_the_pdl_and_rows_switches_reach_the_launch(monkeypatch: pytest.MonkeyPa
     kernel_ops().linear(x, w, None)
     kernel_ops(["pdl"]).linear(x, w, None)
     kernel_ops(["gemv"]).linear(x.as_subclass(torch.Tensor), w, None)  # nn.functional.linear: no launch
-    x4 = cuda_like(torch.randn(4, 16, dtype=torch.bfloat16))
-    kernel_ops().linear(x4, w, None)
-    kernel_ops(["gemv_rows"]).linear(x4.as_subclass(torch.Tensor), w, None)  # 4 rows: nn.functional.linear
+    x2 = cuda_like(torch.randn(2, 16, dtype=torch.bfloat16))
+    kernel_ops().linear(x2, w, None)
+    kernel_ops().linear(cuda_like(torch.randn(3, 16, dtype=torch.bfloat16)), w, None)
+    kernel_ops(["gemv_rows"]).linear(x2.as_subclass(torch.Tensor), w, None)  # 2 rows: nn.functional.linear
     kernel_ops(["gemv_rows"]).linear(x, w, None)  # one row still takes it
-    assert calls == [(1, True), (1, False), (4, True), (1, True)]
+    assert calls == [(1, True), (1, False), (2, True), (1, True)]  # 3 rows: past MAX_ROWS, nn.functional.linear
     assert gemv.MAX_ROWS == _triton_gemv.MAX_ROWS

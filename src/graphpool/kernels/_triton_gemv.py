@@ -1,5 +1,5 @@
 """Triton kernels for ``w @ x (+ bias)`` with one input row (a decode step's projections at batch size 1) and
-with 2 to MAX_ROWS rows (batch sizes 2-4), whose programs load each weight tile once for all rows.
+with two (batch size 2), whose programs load each weight tile once for both rows.
 
 Each program owns BLOCK_N output features: it streams its ``[BLOCK_N, K]`` slice of the weight in ``[BLOCK_N,
 BLOCK_K]`` tiles (one tile when K <= BLOCK_K: 1B's qkv, o and gate_up), keeps an fp32 partial product per
@@ -31,7 +31,7 @@ BLOCK_N = 4  # output features per program: N / 4 programs (512 for a 2048-wide 
 MAX_BLOCK_K = 2048  # weight columns per tile: 16 KB of bf16
 NUM_WARPS = 4
 NUM_STAGES = 1
-MAX_ROWS = 4  # the few-row kernel's most rows: every row's products are CUDA-core FMAs on one weight load
+MAX_ROWS = 2  # the few-row kernel's rows: at 3-4 rows it lost to cuBLAS on the 1B and 8B shapes (docs/kernels.md)
 
 
 @dataclass(frozen=True)
@@ -86,22 +86,15 @@ def _gemv_kernel(
 
 
 @triton.jit
-def _rows_tile(w, x_ptr, stride_xm, k, k_mask, acc0, acc1, acc2, acc3, M: tl.constexpr):
-    """Each row's products with one ``[BLOCK_N, BLOCK_K]`` weight tile, reduced over k and added to its
-    accumulator (one tile, as at K <= BLOCK_K: the one-row kernel's very sums)."""
+def _rows_tile(w, x_ptr, stride_xm, k, k_mask, acc0, acc1):
+    """Both rows' products with one ``[BLOCK_N, BLOCK_K]`` weight tile, reduced over k and added to their
+    accumulators (one tile, as at K <= BLOCK_K: the one-row kernel's very sums)."""
     wf = w.to(tl.float32)
     x = tl.load(x_ptr + k, mask=k_mask, other=0.0).to(tl.float32)
     acc0 += tl.sum(wf * x[None, :], 1)
-    if M > 1:
-        x = tl.load(x_ptr + stride_xm + k, mask=k_mask, other=0.0).to(tl.float32)
-        acc1 += tl.sum(wf * x[None, :], 1)
-    if M > 2:
-        x = tl.load(x_ptr + 2 * stride_xm + k, mask=k_mask, other=0.0).to(tl.float32)
-        acc2 += tl.sum(wf * x[None, :], 1)
-    if M > 3:
-        x = tl.load(x_ptr + 3 * stride_xm + k, mask=k_mask, other=0.0).to(tl.float32)
-        acc3 += tl.sum(wf * x[None, :], 1)
-    return acc0, acc1, acc2, acc3
+    x = tl.load(x_ptr + stride_xm + k, mask=k_mask, other=0.0).to(tl.float32)
+    acc1 += tl.sum(wf * x[None, :], 1)
+    return acc0, acc1
 
 
 @triton.jit
@@ -114,11 +107,10 @@ def _store_row(y_ptr, acc, bias, offs_n, n_mask, HAS_BIAS: tl.constexpr):
 @triton.jit
 def _gemv_rows_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, N, stride_wn, stride_xm,
-    K: tl.constexpr, M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr,
-    PDL: tl.constexpr,
+    K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
-    """``y[m] = w @ x[m] (+ b)`` for M (2..MAX_ROWS) rows: each program's weight tiles are loaded once and
-    multiplied by every row (the first before the PDL wait); y is ``[M, N]``, contiguous."""
+    """``y[m] = w @ x[m] (+ b)`` for two rows: each program's weight tiles are loaded once and multiplied by
+    both rows (the first before the PDL wait); y is ``[2, N]``, contiguous."""
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
@@ -126,28 +118,21 @@ def _gemv_rows_kernel(
     rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
     acc0 = tl.zeros([BLOCK_N], dtype=tl.float32)
     acc1 = tl.zeros([BLOCK_N], dtype=tl.float32)
-    acc2 = tl.zeros([BLOCK_N], dtype=tl.float32)
-    acc3 = tl.zeros([BLOCK_N], dtype=tl.float32)
     k_mask = offs_k < K
     w = tl.load(rows + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
     if PDL:
         gdc_wait()  # NOTE: after the first weight tile's load, before the first read of x
-    acc0, acc1, acc2, acc3 = _rows_tile(w, x_ptr, stride_xm, offs_k, k_mask, acc0, acc1, acc2, acc3, M)
+    acc0, acc1 = _rows_tile(w, x_ptr, stride_xm, offs_k, k_mask, acc0, acc1)
     for k0 in range(BLOCK_K, K, BLOCK_K):
         k = k0 + offs_k
         k_mask = k < K
         w = tl.load(rows + k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
-        acc0, acc1, acc2, acc3 = _rows_tile(w, x_ptr, stride_xm, k, k_mask, acc0, acc1, acc2, acc3, M)
+        acc0, acc1 = _rows_tile(w, x_ptr, stride_xm, k, k_mask, acc0, acc1)
     bias = tl.zeros([BLOCK_N], dtype=tl.float32)
     if HAS_BIAS:
         bias = tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
     _store_row(y_ptr, acc0, bias, offs_n, n_mask, HAS_BIAS)
-    if M > 1:
-        _store_row(y_ptr + N, acc1, bias, offs_n, n_mask, HAS_BIAS)
-    if M > 2:
-        _store_row(y_ptr + 2 * N, acc2, bias, offs_n, n_mask, HAS_BIAS)
-    if M > 3:
-        _store_row(y_ptr + 3 * N, acc3, bias, offs_n, n_mask, HAS_BIAS)
+    _store_row(y_ptr + N, acc1, bias, offs_n, n_mask, HAS_BIAS)
 
 
 def _row(x: torch.Tensor, k: int) -> torch.Tensor:
@@ -163,7 +148,7 @@ def gemv_triton(
     pdl: bool = True,
     tiles: Tiles = DEFAULT_TILES,
 ) -> torch.Tensor:
-    """``x [..., K]`` holding one row, or 2 to MAX_ROWS rows -> ``[..., N]``; `pdl`: launched with PDL where
+    """``x [..., K]`` holding one row or MAX_ROWS (two) rows -> ``[..., N]``; `pdl`: launched with PDL where
     the device has it (the ``pdl`` switch). The caller checks shapes (`gemv.linear`)."""
     n, k = weight.shape
     m = x.numel() // k if k > 0 else 0
@@ -186,7 +171,7 @@ def gemv_triton(
             rows = rows if rows.stride(1) == 1 else rows.contiguous()
             _gemv_rows_kernel[grid](
                 rows, weight, bias_arg, out, n, weight.stride(0), rows.stride(0),
-                K=k, M=m, BLOCK_N=tiles.block_n, BLOCK_K=block_k, HAS_BIAS=bias is not None, PDL=pdl,
+                K=k, BLOCK_N=tiles.block_n, BLOCK_K=block_k, HAS_BIAS=bias is not None, PDL=pdl,
                 num_warps=tiles.num_warps, num_stages=tiles.num_stages, launch_pdl=pdl,
             )  # fmt: skip
     return out.view(*x.shape[:-1], n)

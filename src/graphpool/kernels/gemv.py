@@ -20,7 +20,7 @@ from torch import nn
 from graphpool.kernels._dispatch import triton_impl
 
 _DTYPES = (torch.bfloat16, torch.float16)
-MAX_ROWS = 4  # as _triton_gemv.MAX_ROWS (that module imports triton; this one must not)
+MAX_ROWS = 2  # as _triton_gemv.MAX_ROWS (that module imports triton; this one must not)
 
 
 def uses_gemv(x: torch.Tensor, weight: torch.Tensor, max_rows: int = 1) -> bool:

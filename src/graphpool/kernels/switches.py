@@ -1,7 +1,7 @@
 """The names of the kernel switches: default-on kernels a user (or a benchmark's side-by-side run) may turn off.
 
 `gemv`: the one-row GEMV (`gemv.linear`); `pdl`: programmatic dependent launch (`pdl.py`); `gemv_rope`: the
-one-row qkv GEMV + rotary + KV write (`gemv.fused_linear_rope`); `gemv_rows`: the GEMV at 2-4 rows (those
+one-row qkv GEMV + rotary + KV write (`gemv.fused_linear_rope`); `gemv_rows`: the GEMV at two rows (those
 go to cuBLAS without it); `step_argmax`: the Triton row argmax
 of a greedy batch's logits (`argmax.py`); `step_sample`: the Triton draw of a sampled batch's (`sample.py`);
 `attn_stages`: the decode attention's shallower pipeline on large grids
