@@ -40,10 +40,12 @@ source "$VLLM_ENV" env
 export PYTHONPATH=$GP_PYTHONPATH PYTHONUNBUFFERED=1
 # NOTE: both engines' packages as a pip install leaves them, compiled to bytecode: a Python run with
 # PYTHONDONTWRITEBYTECODE=1 (as on the GPU machine) otherwise compiles every module it imports at every start,
-# in both engines' start-ups. PRECOMPILE=0 skips it.
+# in both engines' start-ups; torch, triton and transformers, which both import, are compiled too where they
+# lack it. PRECOMPILE=0 skips it.
 if [ "${PRECOMPILE:-1}" = 1 ]; then
   T0=$(date +%s)
-  timeout 300 python3 -m compileall -q -j 0 $(echo "$GP_PYTHONPATH" | tr ':' ' ') "$VK_SITE" >/dev/null 2>&1
+  SHARED=$(python3 -c "import importlib.util as u; print(*(u.find_spec(m).submodule_search_locations[0] for m in ('torch', 'triton', 'transformers') if u.find_spec(m)))")
+  timeout 300 python3 -m compileall -q -j 0 $(echo "$GP_PYTHONPATH" | tr ':' ' ') "$VK_SITE" $SHARED >/dev/null 2>&1
   echo "bytecode: compileall exit $? after $(($(date +%s) - T0)) s"
 fi
 rm -rf "$OUT"
