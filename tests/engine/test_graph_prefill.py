@@ -68,6 +68,22 @@ def test_graph_prefill_equals_the_eager_prefill(loaded, prompts, eager, caching:
         assert engine.prefix_cache_stats().hits_tokens > 0
 
 
+@pytest.mark.parametrize(("length", "replayed"), [(80, [32, 32, 16]), (120, [])])
+def test_a_lone_prompt_is_prefilled_through_the_graphs_in_steps(loaded, prompts, length: int,
+                                                                 replayed: list[int]) -> None:
+    """Nothing decoding: a prompt of up to 3 graph-prefill steps (3 x 32 tokens here) is prefilled in steps of
+    32 tokens, each a replay, with the eager prefill's greedy output; a longer one in one eager step."""
+    prompt = [t for p in prompts for t in p][:length]
+    want = run_waves(_engine(loaded), [prompt], [range(1)], max_tokens=8)
+    engine = _engine(loaded, EagerCapturer(), graph_prefill_max_tokens=32, graph_warmup="cover",
+                     enable_mixed_steps=True)
+    got, steps = _run(engine, [prompt], [range(1)])
+    assert got == want
+    prefills = [s for s in steps if s.kind == "prefill"]
+    assert [s.num_tokens for s in prefills if s.graph] == replayed
+    assert [s.num_tokens for s in prefills if not s.graph] == ([] if replayed else [length])
+
+
 def test_without_a_resident_graph_the_prefill_runs_eagerly(loaded, prompts) -> None:
     engine = _engine(loaded, EagerCapturer(), graph_prefill_max_tokens=64, graph_warmup="none")
     _, steps = _run(engine, [prompts[0][:40]], [range(1)])

@@ -42,6 +42,22 @@ def test_scheduler_fills_a_decode_steps_leftover_rows_with_chunks() -> None:
     assert step is not None and step.kind == "mixed" and [(c.start, c.end) for c in step.chunks] == [(9, 18)]
 
 
+@pytest.mark.parametrize(("prompt", "chunks"), [(20, [(0, 8), (8, 16), (16, 20)]), (25, [(0, 25)])])
+def test_scheduler_chunks_a_lone_prompt_into_graph_sized_steps(prompt: int, chunks: list) -> None:
+    """Nothing decoding: a prompt of at most IDLE_GRAPH_STEPS x idle_prefill_rows tokens (3 x 8 here) is
+    prefilled 8 tokens a step; a longer one in one step of the token budget."""
+    bm = BlockManager(64, 4, max_blocks_per_seq=16, enable_prefix_caching=False)
+    sched = Scheduler(bm, max_num_seqs=8, token_budget=32, mixed_rows=10, idle_prefill_rows=8)
+    sched.add(_seq("a", prompt))
+    got = []
+    while (step := sched.schedule()) is not None and step.kind == "prefill":
+        got += [(c.start, c.end) for c in step.chunks]
+        if step.seqs:  # its last chunk: the first token is sampled, and the next step decodes it
+            break
+    assert got == chunks and [s.request_id for s in step.seqs] == ["a"]
+    assert Scheduler(bm, max_num_seqs=8, token_budget=32, mixed_rows=10).idle_prefill_rows == 0
+
+
 def test_scheduler_without_mixed_rows_interleaves_strictly() -> None:
     bm = BlockManager(64, 4, max_blocks_per_seq=16, enable_prefix_caching=False)
     sched = Scheduler(bm, max_num_seqs=8, token_budget=32)

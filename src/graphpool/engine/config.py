@@ -264,6 +264,12 @@ class EngineConfig:
         return min(self.graph_max_batch_size, self.token_budget) if self.enable_mixed_steps else 0
 
     @property
+    def idle_prefill_rows(self) -> int:
+        """Tokens a prefill step takes of a short-enough prompt while nothing decodes (each such step replays
+        a decode graph: `Scheduler`); 0 without mixed steps or graph prefill."""
+        return min(self.mixed_rows, self.graph_prefill_max_tokens or 0)
+
+    @property
     def graphs_off(self) -> FallbackReason | None:
         """Why decode steps will never replay a CUDA graph (the pool's `graphs_off`: no CUDA device,
         disable_cudagraph), or None: graphs on. `LLMEngine.graphs_off` is the loaded engine's answer."""

@@ -92,7 +92,7 @@ class LLMEngine(EngineIntrospection):
         self.block_manager = BlockManager(num_blocks, bs, max_blocks, config.enable_prefix_caching)
         self.scheduler = Scheduler(
             self.block_manager, max_num_seqs=config.max_num_seqs, token_budget=config.token_budget,
-            mixed_rows=config.mixed_rows,
+            mixed_rows=config.mixed_rows, idle_prefill_rows=config.idle_prefill_rows,
         )
         self.runner = ModelRunner(self.model, self.kv_caches, config, self.block_manager, capturer,
                                   capture_sync(tp, self.device) if self._tp is not None else None)
