@@ -1,5 +1,6 @@
 """Small prefill steps through the decode graphs on the GPU (default model, Triton kernels, real CUDA
-graphs): float32 greedy tokens equal those of the eager prefill (fresh chunks, resumed chunks, prefix hits);
+graphs): float32 greedy tokens equal those of the eager prefill (fresh chunks, resumed chunks, prefix hits, a
+lone long prompt in graph-sized steps);
 bfloat16 prefill step times with and without are reported (no bound asserted: `bench serve --configs dg`
 measures the serving side)."""
 
@@ -70,6 +71,42 @@ def test_bfloat16_prefill_step_times_with_and_without(prompts) -> None:  # noqa:
                     engine.step()
         medians = {length: round(statistics.median(v[1:]), 2) for length, v in times.items()}
         report(f"graph_prefill_gpu bf16 graph_prefill_max_tokens={n}: prefill step ms by prompt length", medians)
+
+
+def test_float32_lone_prompts_are_prefilled_in_graph_steps(prompts) -> None:  # noqa: F811
+    """Nothing decoding, the defaults (mixed steps on): a prompt of 300 or 700 tokens is prefilled in steps of
+    at most 256 tokens, each a replay; greedy tokens equal those of one eager prefill step (graph prefill
+    off). The time to the first token both ways is reported (no bound asserted)."""
+    loaded = load_model(None, "cuda", torch.float32, "triton", max_positions=1024)
+    text = [t for p in prompts for t in p]
+    cases = [text[:300], text[:700]]
+    assert len(cases[1]) == 700
+    base = {"device": "cuda", "dtype": "float32", "max_model_len": 1024, "num_kv_blocks": 256,
+            "enable_prefix_caching": False}
+    engines = {n: LLMEngine(EngineConfig(**base, graph_prefill_max_tokens=n), loaded=loaded) for n in (0, 256)}
+    firsts: dict[int, list[float]] = {}
+    outs: dict[int, list[list[int]]] = {}
+    steps = []
+    for n, engine in engines.items():
+        for i, case in enumerate(cases):
+            engine.add_request(f"r{i}", case, SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            out: list[int] = []
+            first = None
+            while engine.has_unfinished_requests():
+                got = engine.step()
+                first = first or (round((time.perf_counter() - t) * 1e3, 2) if got else None)
+                steps += [engine.last_step] if n else []
+                out = next((o.token_ids for o in got if o.finished), out)
+            firsts.setdefault(n, []).append(first)
+            outs.setdefault(n, []).append(out)
+    prefills = [s for s in steps if s is not None and s.kind == "prefill"]
+    report("graph_prefill_gpu fp32 lone 300/700-token prompts: ms to the first token, eager / graph steps",
+           (firsts[0], firsts[256]))
+    assert outs[256] == outs[0] and all(len(o) == 16 for o in outs[0])
+    assert [s.num_tokens for s in prefills] == [256, 44, 256, 256, 188]
+    assert all(s.graph and s.captures == 0 for s in prefills)
 
 
 def test_float32_mixed_steps_equal_strict_interleaving(prompts) -> None:  # noqa: F811
