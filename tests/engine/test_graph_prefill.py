@@ -68,15 +68,16 @@ def test_graph_prefill_equals_the_eager_prefill(loaded, prompts, eager, caching:
         assert engine.prefix_cache_stats().hits_tokens > 0
 
 
-@pytest.mark.parametrize(("length", "replayed"), [(80, [32, 32, 16]), (120, [])])
-def test_a_lone_prompt_is_prefilled_through_the_graphs_in_steps(loaded, prompts, length: int,
+@pytest.mark.parametrize(("length", "steps", "replayed"), [(80, 3, [32, 32, 16]), (120, 3, []), (80, 0, [])])
+def test_a_lone_prompt_is_prefilled_through_the_graphs_in_steps(loaded, prompts, length: int, steps: int,
                                                                  replayed: list[int]) -> None:
-    """Nothing decoding: a prompt of up to 3 graph-prefill steps (3 x 32 tokens here) is prefilled in steps of
-    32 tokens, each a replay, with the eager prefill's greedy output; a longer one in one eager step."""
+    """Nothing decoding: a prompt of up to idle_prefill_steps graph-prefill steps (3 x 32 tokens here) is
+    prefilled in steps of 32 tokens, each a replay, with the eager prefill's greedy output; a longer one, or
+    any with idle_prefill_steps 0, in one eager step."""
     prompt = [t for p in prompts for t in p][:length]
     want = run_waves(_engine(loaded), [prompt], [range(1)], max_tokens=8)
     engine = _engine(loaded, EagerCapturer(), graph_prefill_max_tokens=32, graph_warmup="cover",
-                     enable_mixed_steps=True)
+                     enable_mixed_steps=True, idle_prefill_steps=steps)
     got, steps = _run(engine, [prompt], [range(1)])
     assert got == want
     prefills = [s for s in steps if s.kind == "prefill"]
@@ -114,6 +115,9 @@ def test_bench_serve_prefill_configs_are_valid_server_configurations() -> None:
     assert cfg.graph_prefill_max_tokens == 0 and not cfg.enable_mixed_steps
     cfg = engine_config_from_args(parser.parse_args(list(configs["no-mixed-steps"].flags)), device="cpu")
     assert cfg.graph_prefill_max_tokens == 256 and not cfg.enable_mixed_steps
+    cfg = engine_config_from_args(parser.parse_args(["--enable-mixed-steps", *configs["eager-idle-prefill"].flags]),
+                                  device="cpu")
+    assert cfg.graph_prefill_max_tokens == 256 and cfg.mixed_rows == 256 and cfg.idle_prefill_rows == 0
     cfg = engine_config_from_args(parser.parse_args(["--enable-mixed-steps"]), device="cpu")
     assert cfg.enable_mixed_steps and cfg.mixed_rows == 256
 

@@ -44,10 +44,10 @@ def test_scheduler_fills_a_decode_steps_leftover_rows_with_chunks() -> None:
 
 @pytest.mark.parametrize(("prompt", "chunks"), [(20, [(0, 8), (8, 16), (16, 20)]), (25, [(0, 25)])])
 def test_scheduler_chunks_a_lone_prompt_into_graph_sized_steps(prompt: int, chunks: list) -> None:
-    """Nothing decoding: a prompt of at most IDLE_GRAPH_STEPS x idle_prefill_rows tokens (3 x 8 here) is
+    """Nothing decoding: a prompt of at most idle_prefill_steps x idle_prefill_rows tokens (3 x 8 here) is
     prefilled 8 tokens a step; a longer one in one step of the token budget."""
     bm = BlockManager(64, 4, max_blocks_per_seq=16, enable_prefix_caching=False)
-    sched = Scheduler(bm, max_num_seqs=8, token_budget=32, mixed_rows=10, idle_prefill_rows=8)
+    sched = Scheduler(bm, max_num_seqs=8, token_budget=32, mixed_rows=10, idle_prefill_rows=8, idle_prefill_steps=3)
     sched.add(_seq("a", prompt))
     got = []
     while (step := sched.schedule()) is not None and step.kind == "prefill":
@@ -56,6 +56,17 @@ def test_scheduler_chunks_a_lone_prompt_into_graph_sized_steps(prompt: int, chun
             break
     assert got == chunks and [s.request_id for s in step.seqs] == ["a"]
     assert Scheduler(bm, max_num_seqs=8, token_budget=32, mixed_rows=10).idle_prefill_rows == 0
+
+
+def test_idle_prefill_rows_follow_graph_prefill_and_the_steps() -> None:
+    assert EngineConfig(enable_mixed_steps=True).idle_prefill_rows == 256
+    assert EngineConfig(enable_mixed_steps=True, graph_prefill_max_tokens=64).idle_prefill_rows == 64
+    assert EngineConfig(enable_mixed_steps=True, max_num_batched_tokens=100).idle_prefill_rows == 100
+    assert EngineConfig(enable_mixed_steps=True, idle_prefill_steps=0).idle_prefill_rows == 0
+    assert EngineConfig(enable_mixed_steps=True, graph_prefill_max_tokens=0).idle_prefill_rows == 0
+    assert EngineConfig(device="cpu").idle_prefill_rows == 0  # no mixed steps there
+    with pytest.raises(ValueError, match="idle_prefill_steps must be an int >= 0"):
+        EngineConfig(idle_prefill_steps=-1)
 
 
 def test_scheduler_without_mixed_rows_interleaves_strictly() -> None:

@@ -95,6 +95,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     add("--graph-prefill-max-tokens", "graph_prefill_max_tokens", type=int,
         help="prefill steps of at most this many tokens replay a resident decode graph, one row a token "
              "(default: 256 or --graph-max-batch-size if smaller; 0: off)")
+    add("--idle-prefill-steps", "idle_prefill_steps", type=int,
+        help="with nothing decoding, a prompt of at most this many graph-prefill steps' tokens is prefilled in "
+             "such steps, each a graph replay (default: 3; 0: one eager step)")
     _ENGINE_FLAGS["--enable-mixed-steps"] = "enable_mixed_steps"
     group.add_argument("--enable-mixed-steps", dest="enable_mixed_steps", action=argparse.BooleanOptionalAction,
                        default=None, help="decode steps take prompt chunks into their leftover rows (up to the "

@@ -82,6 +82,10 @@ class EngineConfig:
     # None -> min(256, graph_max_batch_size). NOTE: on by default: a short prefill replayed in a graph is an
     # order of magnitude faster than an eager one (docs/benchmarks.md, "Serving").
     graph_prefill_max_tokens: int | None = None
+    # with nothing decoding, a prompt of at most this many graph-prefill steps' tokens is prefilled in such
+    # steps, each a replay, not in one eager step (0: one eager step; docs/benchmarks.md "Prefill while nothing
+    # decodes"); with mixed steps only
+    idle_prefill_steps: int = 3
     # decode steps take prompt chunks into their leftover rows, up to graph_max_batch_size rows and the token
     # budget: running streams get a token in the steps that prefill (the ITL tail: docs/benchmarks.md).
     # None -> on where decode graphs run (the prompt rows ride in them), off on the CPU and without graphs
@@ -171,9 +175,11 @@ class EngineConfig:
         if self.graph_prefill_max_tokens is None:
             object.__setattr__(self, "graph_prefill_max_tokens",
                                min(DEFAULT_GRAPH_PREFILL_MAX_TOKENS, self.graph_max_batch_size))
+        for name in ("graph_prefill_max_tokens", "idle_prefill_steps"):
+            n = getattr(self, name)
+            if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+                raise ValueError(f"{name} must be an int >= 0 (0: off), got {n!r}")
         n = self.graph_prefill_max_tokens
-        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
-            raise ValueError(f"graph_prefill_max_tokens must be an int >= 0 (0: off), got {n!r}")
         if n > self.graph_max_batch_size:
             raise ValueError(f"graph_prefill_max_tokens={n} is above graph_max_batch_size="
                              f"{self.graph_max_batch_size}: a prefill step replays a decode graph, one row a token")
@@ -267,7 +273,7 @@ class EngineConfig:
     def idle_prefill_rows(self) -> int:
         """Tokens a prefill step takes of a short-enough prompt while nothing decodes (each such step replays
         a decode graph: `Scheduler`); 0 without mixed steps or graph prefill."""
-        return min(self.mixed_rows, self.graph_prefill_max_tokens or 0)
+        return min(self.mixed_rows, self.graph_prefill_max_tokens or 0) if self.idle_prefill_steps else 0
 
     @property
     def graphs_off(self) -> FallbackReason | None:

@@ -93,6 +93,7 @@ class LLMEngine(EngineIntrospection):
         self.scheduler = Scheduler(
             self.block_manager, max_num_seqs=config.max_num_seqs, token_budget=config.token_budget,
             mixed_rows=config.mixed_rows, idle_prefill_rows=config.idle_prefill_rows,
+            idle_prefill_steps=config.idle_prefill_steps,
         )
         self.runner = ModelRunner(self.model, self.kv_caches, config, self.block_manager, capturer,
                                   capture_sync(tp, self.device) if self._tp is not None else None)

@@ -10,10 +10,6 @@ from graphpool.engine.kv_cache import BlockManager
 from graphpool.engine.prompt_logprobs import PromptSpan, prompt_span, wants_prompt_logprobs
 from graphpool.engine.sequence import Sequence, Status
 
-# NOTE: past this many graph steps of a lone prompt, one eager prefill step is as fast (docs/benchmarks.md,
-# "Prefill while nothing decodes")
-IDLE_GRAPH_STEPS = 3
-
 
 @dataclass(frozen=True)
 class PrefillChunk:
@@ -67,17 +63,18 @@ class Scheduler:
     """
 
     def __init__(self, block_manager: BlockManager, *, max_num_seqs: int, token_budget: int,
-                 mixed_rows: int = 0, idle_prefill_rows: int = 0) -> None:
+                 mixed_rows: int = 0, idle_prefill_rows: int = 0, idle_prefill_steps: int = 0) -> None:
         """``mixed_rows`` > 0: mixed steps, a decode step of D rows takes prompt chunks into its other
         ``min(mixed_rows, token_budget) - D`` rows (no admission in a step that preempted).
         ``idle_prefill_rows`` > 0 (with mixed steps): while nothing decodes, a prompt with at most
-        IDLE_GRAPH_STEPS times that many tokens left is prefilled in steps of that many tokens (each a decode
-        graph's replay) instead of one eager step."""
+        ``idle_prefill_steps`` times that many tokens left is prefilled in steps of that many tokens (each a
+        decode graph's replay) instead of one eager step."""
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
         self.token_budget = token_budget
         self.mixed_rows = mixed_rows
         self.idle_prefill_rows = min(idle_prefill_rows, token_budget)
+        self.idle_prefill_steps = idle_prefill_steps
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -134,13 +131,13 @@ class Scheduler:
 
     def _idle_budget(self) -> int | None:
         """A prefill step's budget while nothing decodes: `idle_prefill_rows` when the next prompt (one still
-        prefilling, else the first waiting) has at most IDLE_GRAPH_STEPS steps of them left, else None (the
+        prefilling, else the first waiting) has at most `idle_prefill_steps` steps of them left, else None (the
         token budget)."""
         seq = next((s for s in self.running if s.is_prefilling), self.waiting[0] if self.waiting else None)
         if not self.idle_prefill_rows or seq is None:
             return None
         left = seq.num_tokens - seq.num_computed_tokens
-        return self.idle_prefill_rows if left <= IDLE_GRAPH_STEPS * self.idle_prefill_rows else None
+        return self.idle_prefill_rows if left <= self.idle_prefill_steps * self.idle_prefill_rows else None
 
     def _schedule_prefill(self, budget: int | None = None) -> ScheduledBatch | None:
         bm = self.block_manager

@@ -20,6 +20,7 @@ CONFIG_LABELS = {
     "no-warmup": "graphpool, no start-up warm-up",
     "eager-prefill": "graphpool, eager prefill steps, no mixed steps",
     "no-mixed-steps": "graphpool, no mixed steps",
+    "eager-idle-prefill": "graphpool, a prompt while nothing decodes in one eager step",
     "sync-scheduling": "graphpool, synchronous scheduling",
     "defer-captures": "graphpool, admitted captures deferred to idle",
     "microbatch-overlap": "graphpool + microbatch overlap",
@@ -34,7 +35,7 @@ CONFIG_HELP = (
     "no-graphs; capture-all: every ladder size at start-up; lru16-capture-on-miss: LightLLM's pool (LRU 16, capture "
     "on miss, shared mempool, no warm-up, eager prefill); default: graphpool's defaults; budget: with "
     "--graph-memory-budget; no-warmup: the defaults without the start-up warm-up (lazy capture); eager-prefill: eager "
-    "prefill steps and no mixed steps; no-mixed-steps; sync-scheduling: + --no-async-scheduling; defer-captures: + "
+    "prefill steps and no mixed steps; no-mixed-steps; eager-idle-prefill: + --idle-prefill-steps 0; sync-scheduling: + --no-async-scheduling; defer-captures: + "
     "--graph-defer-captures; microbatch-overlap: "
     "+ --enable-microbatch-overlap (with --server-arg=--tensor-parallel-size=2); vllm: vLLM 0.26 at its defaults "
     "with graphpool's model, max-model-len, max-num-seqs, seed and dtype; vllm-eager: the same, --enforce-eager; "
@@ -91,6 +92,7 @@ def serve_configs(ladder_n: int, budget: str, full_pool: Sequence[int] = ()) -> 
         "no-warmup": ("--graph-warmup", "none"),
         "eager-prefill": _EAGER_PREFILL,
         "no-mixed-steps": ("--no-enable-mixed-steps",),
+        "eager-idle-prefill": ("--idle-prefill-steps", "0"),
         "sync-scheduling": ("--no-async-scheduling",),
         "defer-captures": ("--graph-defer-captures",),
         # NOTE: for tensor parallel (--server-arg=--tensor-parallel-size=2)
