@@ -183,6 +183,28 @@ def test_chained_mixed_steps_carry_split_prompts(loaded, workload) -> None:  # n
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_usable_blocks
 
 
+def test_a_lone_prompt_in_graph_prefill_steps(loaded, workload) -> None:  # noqa: F811
+    """Nothing decoding at the first arrivals: the first prompt (16 tokens) is prefilled in two replayed steps
+    of 8 (`idle_prefill_steps`), then the others ride in mixed steps; async equals sync."""
+    reqs, params = workload
+    idle = {"enable_mixed_steps": True, "graph_prefill_max_tokens": 8, "graph_warmup": "cover"}
+    want = _drive(_engine(loaded, True, **idle), reqs, params)
+    engine = _engine(loaded, True, async_scheduling=True, **idle)
+    steps = []
+    step = engine.step
+
+    def recording_step():
+        out = step()
+        steps.append(engine.last_step)
+        return out
+
+    engine.step = recording_step  # type: ignore[method-assign]
+    assert _drive(engine, reqs, params) == want
+    first = [s for s in steps if s is not None][:2]
+    assert [(s.kind, s.num_tokens, s.graph) for s in first] == [("prefill", 8, True)] * 2
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_usable_blocks
+
+
 @pytest.mark.parametrize("async_scheduling", [False, True])
 def test_before_wait_runs_once_a_step_after_its_launches_and_before_its_tokens(
         loaded, prompts, async_scheduling: bool) -> None:  # noqa: F811
