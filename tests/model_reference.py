@@ -164,6 +164,22 @@ def hf_greedy(hf: torch.nn.Module, prompt: list[int], n: int) -> list[int]:
     return tokens
 
 
+def record_steps(engine: Any) -> list:
+    """Wraps `engine.step` (an LLMEngine's) so that every step's StepInfo (`engine.last_step`, when there is
+    one) is appended to the list returned."""
+    steps: list = []
+    step = engine.step
+
+    def recording_step() -> Any:
+        out = step()
+        if engine.last_step is not None:
+            steps.append(engine.last_step)
+        return out
+
+    engine.step = recording_step
+    return steps
+
+
 def run_waves(engine: Any, prompts: Sequence[Sequence[int]], waves: Sequence[Sequence[int]], max_tokens: int,
               ignore_eos: bool = True, prefix: str = "r") -> dict[str, list[int]]:
     """Greedy token ids per request id (``prefix`` + prompt index) from an LLMEngine, wave by wave: a wave is

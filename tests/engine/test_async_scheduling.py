@@ -15,6 +15,7 @@ from graphpool.engine.config import EngineConfig
 from graphpool.engine.engine import LLMEngine
 from graphpool.engine.sampling_params import SamplingParams
 from graphpool.pool.testing import EagerCapturer
+from model_reference import record_steps
 
 LADDER = {"graph_max_batch_size": 64, "graph_split_batch_size": 8, "graph_grow_step_size": 8}
 
@@ -190,17 +191,9 @@ def test_a_lone_prompt_in_graph_prefill_steps(loaded, workload) -> None:  # noqa
     idle = {"enable_mixed_steps": True, "graph_prefill_max_tokens": 8, "graph_warmup": "cover"}
     want = _drive(_engine(loaded, True, **idle), reqs, params)
     engine = _engine(loaded, True, async_scheduling=True, **idle)
-    steps = []
-    step = engine.step
-
-    def recording_step():
-        out = step()
-        steps.append(engine.last_step)
-        return out
-
-    engine.step = recording_step  # type: ignore[method-assign]
+    steps = record_steps(engine)
     assert _drive(engine, reqs, params) == want
-    first = [s for s in steps if s is not None][:2]
+    first = steps[:2]
     assert [(s.kind, s.num_tokens, s.graph) for s in first] == [("prefill", 8, True)] * 2
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_usable_blocks
 

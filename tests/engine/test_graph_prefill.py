@@ -11,7 +11,7 @@ from test_chunked_prefill import MAX_MODEL_LEN, TEXTS
 from graphpool.engine.config import EngineConfig
 from graphpool.engine.engine import LLMEngine
 from graphpool.pool.testing import EagerCapturer
-from model_reference import run_waves
+from model_reference import record_steps, run_waves
 
 LADDER = {"graph_max_batch_size": 64, "graph_split_batch_size": 8, "graph_grow_step_size": 8}
 
@@ -32,16 +32,7 @@ def _engine(loaded, capturer: EagerCapturer | None = None, **kwargs) -> LLMEngin
 
 
 def _run(engine: LLMEngine, prompts: list[list[int]], waves: list[range]) -> tuple[dict[str, list[int]], list]:
-    steps = []
-    step = engine.step
-
-    def recording_step():  # run_waves drives engine.step; keep each step's StepInfo
-        out = step()
-        if engine.last_step is not None:
-            steps.append(engine.last_step)
-        return out
-
-    engine.step = recording_step  # type: ignore[method-assign]
+    steps = record_steps(engine)  # run_waves drives engine.step
     return run_waves(engine, prompts, waves, max_tokens=8), steps
 
 

@@ -18,7 +18,7 @@ from graphpool.engine.config import EngineConfig
 from graphpool.engine.engine import LLMEngine
 from graphpool.engine.sampling_params import SamplingParams
 from graphpool.model.loader import load_model
-from model_reference import run_waves
+from model_reference import record_steps, run_waves
 
 BASE = {"device": "cuda", "max_model_len": MAX_MODEL_LEN, "num_kv_blocks": 256, "max_num_batched_tokens": 256}
 
@@ -34,17 +34,9 @@ def test_float32_greedy_equal_through_the_decode_graphs(prompts, caching: bool) 
     ref = run_waves(LLMEngine(EngineConfig(**base, graph_prefill_max_tokens=0), loaded=loaded), prompts, waves,
                     max_tokens=24)
     engine = LLMEngine(EngineConfig(**base, graph_prefill_max_tokens=64), loaded=loaded)
-    steps = []
-    step = engine.step
-
-    def recording_step():
-        out = step()
-        steps.append(engine.last_step)
-        return out
-
-    engine.step = recording_step  # type: ignore[method-assign]
+    steps = record_steps(engine)
     got = run_waves(engine, prompts, waves, max_tokens=24)
-    prefills = [s for s in steps if s is not None and s.kind == "prefill"]
+    prefills = [s for s in steps if s.kind == "prefill"]
     replayed = sum(s.graph for s in prefills)
     report(f"graph_prefill_gpu fp32 caching={caching}: prefill steps replayed", f"{replayed}/{len(prefills)}")
     assert got == ref
