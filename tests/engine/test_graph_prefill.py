@@ -59,15 +59,17 @@ def test_graph_prefill_equals_the_eager_prefill(loaded, prompts, eager, caching:
         assert engine.prefix_cache_stats().hits_tokens > 0
 
 
-@pytest.mark.parametrize(("length", "steps", "replayed"), [(80, 3, [32, 32, 16]), (120, 3, []), (80, 0, [])])
+@pytest.mark.parametrize(("length", "steps", "warmup", "replayed"), [
+    (80, 3, "cover", [32, 32, 16]), (120, 3, "cover", []), (80, 0, "cover", []), (80, 3, "none", [])])
 def test_a_lone_prompt_is_prefilled_through_the_graphs_in_steps(loaded, prompts, length: int, steps: int,
-                                                                 replayed: list[int]) -> None:
+                                                                 warmup: str, replayed: list[int]) -> None:
     """Nothing decoding: a prompt of up to idle_prefill_steps graph-prefill steps (3 x 32 tokens here) is
-    prefilled in steps of 32 tokens, each a replay, with the eager prefill's greedy output; a longer one, or
-    any with idle_prefill_steps 0, in one eager step."""
+    prefilled in steps of 32 tokens, each a replay, with the eager prefill's greedy output; a longer one, any
+    with idle_prefill_steps 0, or one no resident graph would serve (no warm-up: none captured yet) in one
+    eager step."""
     prompt = [t for p in prompts for t in p][:length]
     want = run_waves(_engine(loaded), [prompt], [range(1)], max_tokens=8)
-    engine = _engine(loaded, EagerCapturer(), graph_prefill_max_tokens=32, graph_warmup="cover",
+    engine = _engine(loaded, EagerCapturer(), graph_prefill_max_tokens=32, graph_warmup=warmup,
                      enable_mixed_steps=True, idle_prefill_steps=steps)
     got, steps = _run(engine, [prompt], [range(1)])
     assert got == want

@@ -58,6 +58,16 @@ def test_scheduler_chunks_a_lone_prompt_into_graph_sized_steps(prompt: int, chun
     assert Scheduler(bm, max_num_seqs=8, token_budget=32, mixed_rows=10).idle_prefill_rows == 0
 
 
+def test_scheduler_keeps_one_step_when_no_graph_would_replay() -> None:
+    asked = []
+    bm = BlockManager(64, 4, max_blocks_per_seq=16, enable_prefix_caching=False)
+    sched = Scheduler(bm, max_num_seqs=8, token_budget=32, mixed_rows=10, idle_prefill_rows=8, idle_prefill_steps=3,
+                      graph_ready=lambda rows, max_len: asked.append((rows, max_len)) is not None)
+    sched.add(_seq("a", 20))
+    step = sched.schedule()
+    assert step is not None and [(c.start, c.end) for c in step.chunks] == [(0, 20)] and asked == [(8, 20)]
+
+
 def test_idle_prefill_rows_follow_graph_prefill_and_the_steps() -> None:
     assert EngineConfig(enable_mixed_steps=True).idle_prefill_rows == 256
     assert EngineConfig(enable_mixed_steps=True, graph_prefill_max_tokens=64).idle_prefill_rows == 64

@@ -90,13 +90,13 @@ class LLMEngine(EngineIntrospection):
         clock.mark("kv_cache")
         max_blocks = max(-(-config.max_model_len // bs), -(-config.len_bound // bs))
         self.block_manager = BlockManager(num_blocks, bs, max_blocks, config.enable_prefix_caching)
+        self.runner = ModelRunner(self.model, self.kv_caches, config, self.block_manager, capturer,
+                                  capture_sync(tp, self.device) if self._tp is not None else None)
         self.scheduler = Scheduler(
             self.block_manager, max_num_seqs=config.max_num_seqs, token_budget=config.token_budget,
             mixed_rows=config.mixed_rows, idle_prefill_rows=config.idle_prefill_rows,
-            idle_prefill_steps=config.idle_prefill_steps,
+            idle_prefill_steps=config.idle_prefill_steps, graph_ready=self.runner.prefill_replays,
         )
-        self.runner = ModelRunner(self.model, self.kv_caches, config, self.block_manager, capturer,
-                                  capture_sync(tp, self.device) if self._tp is not None else None)
         if self._tp is not None:
             self.runner.announce = self._tp.announcer(self.block_manager)
         # NOTE: the kernel draw only on CUDA (elsewhere it would return None after its host work)

@@ -92,6 +92,11 @@ class ModelRunner(PrefillPaths):
         self._deferred: list[int] = []  # warm-up graphs left to capture_deferred, largest first
         self._deferred_done, self._deferred_s = 0, 0.0
 
+    def prefill_replays(self, tokens: int, max_len: int) -> bool:
+        """Whether a prefill step of `tokens` tokens, reaching position `max_len`, would replay a resident graph."""
+        return (0 < tokens <= self.graph_prefill_max_tokens
+                and self.pool.resident_decision(self._graph_rows(tokens), max_len) is not None)
+
     def _graph_rows(self, rows: int) -> int:
         """The pool's batch size of a step of `rows` rows (per microbatch)."""
         return -(-rows // self.num_microbatches)

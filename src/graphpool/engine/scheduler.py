@@ -4,6 +4,7 @@ mixed: decode steps that take prefill chunks into their leftover rows."""
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from graphpool.engine.kv_cache import BlockManager
@@ -63,18 +64,21 @@ class Scheduler:
     """
 
     def __init__(self, block_manager: BlockManager, *, max_num_seqs: int, token_budget: int,
-                 mixed_rows: int = 0, idle_prefill_rows: int = 0, idle_prefill_steps: int = 0) -> None:
+                 mixed_rows: int = 0, idle_prefill_rows: int = 0, idle_prefill_steps: int = 0,
+                 graph_ready: Callable[[int, int], bool] | None = None) -> None:
         """``mixed_rows`` > 0: mixed steps, a decode step of D rows takes prompt chunks into its other
         ``min(mixed_rows, token_budget) - D`` rows (no admission in a step that preempted).
         ``idle_prefill_rows`` > 0 (with mixed steps): while nothing decodes, a prompt with at most
         ``idle_prefill_steps`` times that many tokens left is prefilled in steps of that many tokens (each a
-        decode graph's replay) instead of one eager step."""
+        decode graph's replay) instead of one eager step, when ``graph_ready(rows, prompt length)`` says such a
+        step would replay (None: always)."""
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
         self.token_budget = token_budget
         self.mixed_rows = mixed_rows
         self.idle_prefill_rows = min(idle_prefill_rows, token_budget)
         self.idle_prefill_steps = idle_prefill_steps
+        self.graph_ready = graph_ready
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -131,13 +135,13 @@ class Scheduler:
 
     def _idle_budget(self) -> int | None:
         """A prefill step's budget while nothing decodes: `idle_prefill_rows` when the next prompt (one still
-        prefilling, else the first waiting) has at most `idle_prefill_steps` steps of them left, else None (the
-        token budget)."""
+        prefilling, else the first waiting) has at most `idle_prefill_steps` steps of them left and such a step
+        would replay a graph, else None (the token budget: steps that would run eagerly are fewer, larger)."""
         seq = next((s for s in self.running if s.is_prefilling), self.waiting[0] if self.waiting else None)
-        if not self.idle_prefill_rows or seq is None:
+        rows = self.idle_prefill_rows
+        if not rows or seq is None or seq.num_tokens - seq.num_computed_tokens > self.idle_prefill_steps * rows:
             return None
-        left = seq.num_tokens - seq.num_computed_tokens
-        return self.idle_prefill_rows if left <= self.idle_prefill_steps * self.idle_prefill_rows else None
+        return rows if self.graph_ready is None or self.graph_ready(rows, seq.num_tokens) else None
 
     def _schedule_prefill(self, budget: int | None = None) -> ScheduledBatch | None:
         bm = self.block_manager
