@@ -331,6 +331,8 @@ def test_real_run_on_cpu(tmp_path: Path) -> None:
     causes = run["gap_causes"]
     assert causes["threshold_ms"] == 10.0 and sum(causes["counts"].values()) == causes["gaps"]
     assert causes["steps"]["prefill step"]["steps"] > 0 and causes["steps"]["eager decode step"]["steps"] > 0
+    assert causes["ttft_tail"]["ttfts"] > 0 and sum(causes["ttft_tail"]["counts"].values()) == causes["ttft_tail"]["ttfts"]
+    assert "Where the slowest TTFTs waited" in md
     assert (tmp_path / "timelines" / "no-graphs-seed0.json").exists()
     assert run["client_cpu_share"] > 0 and run["client_loop_lag_ms"]["p50"] >= 0
     assert 0 <= run["ttft_client_stalled"] <= run["requests"] and "TTFT p99 without them" in md

@@ -9,7 +9,15 @@ import httpx
 import pytest
 
 from graphpool import LLM, SamplingParams
-from graphpool.bench.serve.attribution import CAUSES, attribute, cause_table, gap_parts, merge
+from graphpool.bench.serve.attribution import (
+    CAUSES,
+    attribute,
+    attribute_ttft,
+    cause_table,
+    gap_parts,
+    merge,
+    ttft_table,
+)
 from graphpool.engine.timeline import StepRecord, StepTimeline, records_from_export
 from graphpool.pool.testing import EagerCapturer
 
@@ -106,6 +114,27 @@ def test_attribute_names_the_largest_part() -> None:
     assert merged["threshold_ms"] == 1.5 and merged["gaps"] == 10
     assert "| gap threshold ms | gaps over it |" in cause_table({"c": merged}) and "| c | 1.5 | 10 |" in cause_table(
         {"c": merged})
+
+
+def test_the_ttft_tail_is_attributed_to_what_it_waited_for() -> None:
+    """Ten requests alone in turn: nine prefilled in a 2 ms graph step, one in a 30 ms eager step; only the tail
+    (at or over p90) is attributed, the slow one to its eager prefill."""
+    steps, waits = [], []
+    for i in range(10):
+        t = 0.1 * i
+        eager = i == 7
+        steps.append(_step(t + 0.001, 0.030 if eager else 0.002, kind="prefill", graph=not eager))
+        waits.append((t, t + (0.0325 if eager else 0.0045)))
+    got = attribute_ttft(waits, steps)
+    assert got["percentile"] == 90.0 and got["ttfts"] == 1
+    assert got["counts"]["prefill step"] == 1 and sum(got["counts"].values()) == 1
+    assert got["seconds"]["prefill step"] == pytest.approx(0.030)
+    wide = attribute_ttft(waits, steps, percent=0.0)
+    assert wide["ttfts"] == 10 and wide["counts"]["graph prefill step"] == 9
+    merged = merge([{**attribute([], steps), "ttft_tail": got}, {**attribute([], steps), "ttft_tail": wide}])
+    assert merged["ttft_tail"]["ttfts"] == 11 and merged["ttft_tail"]["counts"]["prefill step"] == 2
+    assert "| c | p90 | 11 |" in ttft_table({"c": merged["ttft_tail"]})
+    assert "ttft_tail" not in merge([attribute([], steps)])  # runs recorded before it have none
 
 
 def test_server_serves_the_timeline_only_when_asked() -> None:

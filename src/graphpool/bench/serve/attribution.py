@@ -7,7 +7,9 @@ last step that ended before b ended (e); [e, b] is delivery (engine thread -> ev
 a replayed decode) and the engine thread's time between steps; where steps overlap (async scheduling launches a
 step inside the span of the one before), each moment goes to the latest step begun by then. The client's own lateness (spans in which the
 event loop of the client process that streams the request woke over 1 ms late) is taken out first: a gap
-that was at least half client lateness is the client's; else the cause is its largest part.
+that was at least half client lateness is the client's; else the cause is its largest part. The TTFT tail
+is split the same way: a request's wait from its send to its first token, for the waits at or over a run's
+p90 (`attribute_ttft`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ CAPTURE, PREFILL, GRAPH_PREFILL, EAGER_DECODE, GRAPH_DECODE, MIXED = STEP_KINDS
 BETWEEN, DELIVERY, CLIENT_LATE = "engine thread between steps", "delivery (HTTP, event loop, client)", "client event loop late"
 CAUSES = (*STEP_KINDS, BETWEEN, DELIVERY, CLIENT_LATE)
 THRESHOLD_MS = 10.0
+TTFT_TAIL = 90.0  # the TTFTs at or over this percentile of a run are attributed
 
 
 def _kind(step: StepRecord) -> str:
@@ -77,26 +80,44 @@ def attribute(token_times: Sequence[Sequence[float]], steps: Sequence[StepRecord
     spans in which its client process was late (sorted, not overlapping). Counts of gaps over the threshold by
     cause, and the seconds of those gaps by part."""
     steps = sorted(steps, key=lambda s: s.start)
+    limit = threshold_ms / 1e3
+    spans = [(a, b, late_spans[n] if late_spans else ()) for n, times in enumerate(token_times)
+             for a, b in itertools.pairwise(times) if b - a > limit]
+    counts, seconds = _tally(spans, steps)
+    return {"threshold_ms": threshold_ms, "gaps": sum(counts.values()), "counts": counts, "seconds": seconds,
+            "steps": step_summary(steps)}
+
+
+def attribute_ttft(waits: Sequence[tuple[float, float]], steps: Sequence[StepRecord], percent: float = TTFT_TAIL,
+                   late_spans: Sequence[Sequence[tuple[float, float]]] | None = None) -> dict[str, Any]:
+    """``waits``: per request, (sent, first token's arrival) on the steps' clock; ``late_spans``: per request,
+    its client process's late spans. The waits at or over the ``percent``-th percentile (the TTFT tail), each
+    split as a gap is (the first token is the token at its end), counted under its largest part."""
+    steps = sorted(steps, key=lambda s: s.start)
+    cut = percentile([b - a for a, b in waits], percent) if waits else 0.0
+    tail = [(a, b, late_spans[n] if late_spans else ()) for n, (a, b) in enumerate(waits) if b - a >= cut]
+    counts, seconds = _tally(tail, steps)
+    return {"percentile": percent, "ttfts": len(tail), "counts": counts, "seconds": seconds}
+
+
+def _tally(spans: Sequence[tuple[float, float, Sequence[tuple[float, float]]]],
+           steps: Sequence[StepRecord]) -> tuple[dict[str, int], dict[str, float]]:
+    """Spans (a, b, the client's late spans) by cause: a span the client was late for at least half of is the
+    client's, else its largest part's; counts, and seconds by part. ``steps``: sorted by start."""
     ends = [s.start + s.seconds for s in steps]
     counts = dict.fromkeys(CAUSES, 0)
     seconds = dict.fromkeys(CAUSES, 0.0)
-    limit = threshold_ms / 1e3
-    for n, times in enumerate(token_times):
-        spans = late_spans[n] if late_spans else ()
-        for a, b in itertools.pairwise(times):
-            if b - a <= limit:
-                continue
-            parts = gap_parts(a, b, steps, ends)
-            late = _overlap(spans, a, b)
-            if late > 0:
-                keep = max(0.0, 1.0 - late / (b - a))
-                parts = {k: v * keep for k, v in parts.items()} | {CLIENT_LATE: late}
-            cause = CLIENT_LATE if late >= 0.5 * (b - a) else max(CAUSES[:-1], key=parts.__getitem__)
-            counts[cause] += 1
-            for k, v in parts.items():
-                seconds[k] += v
-    return {"threshold_ms": threshold_ms, "gaps": sum(counts.values()), "counts": counts, "seconds": seconds,
-            "steps": step_summary(steps)}
+    for a, b, late_spans in spans:
+        parts = gap_parts(a, b, steps, ends)
+        late = _overlap(late_spans, a, b)
+        if late > 0:
+            keep = max(0.0, 1.0 - late / (b - a))
+            parts = {k: v * keep for k, v in parts.items()} | {CLIENT_LATE: late}
+        cause = CLIENT_LATE if late >= 0.5 * (b - a) else max(CAUSES[:-1], key=parts.__getitem__)
+        counts[cause] += 1
+        for k, v in parts.items():
+            seconds[k] += v
+    return counts, seconds
 
 
 def step_summary(steps: Sequence[StepRecord]) -> dict[str, dict[str, float]]:
@@ -116,23 +137,38 @@ def step_summary(steps: Sequence[StepRecord]) -> dict[str, dict[str, float]]:
 
 
 def merge(attributions: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Counts and seconds summed over runs (seeds) of one configuration (their threshold: the first's)."""
+    """Counts and seconds summed over runs (seeds) of one configuration (their threshold: the first's), and
+    their TTFT tails' (`ttft_tail`) where every run has one."""
     counts = {c: sum(a["counts"].get(c, 0) for a in attributions) for c in CAUSES}
     seconds = {c: sum(a["seconds"].get(c, 0.0) for a in attributions) for c in CAUSES}
     threshold = attributions[0].get("threshold_ms", THRESHOLD_MS) if attributions else THRESHOLD_MS
-    return {"threshold_ms": threshold, "gaps": sum(counts.values()), "counts": counts, "seconds": seconds}
+    out = {"threshold_ms": threshold, "gaps": sum(counts.values()), "counts": counts, "seconds": seconds}
+    if attributions and all("ttft_tail" in a for a in attributions):
+        tails = [a["ttft_tail"] for a in attributions]
+        out["ttft_tail"] = {"percentile": tails[0]["percentile"], "ttfts": sum(t["ttfts"] for t in tails),
+                            "counts": {c: sum(t["counts"].get(c, 0) for t in tails) for c in CAUSES},
+                            "seconds": {c: sum(t["seconds"].get(c, 0.0) for t in tails) for c in CAUSES}}
+    return out
+
+
+def _shares(att: Mapping[str, Any], n: int) -> list[str]:
+    total = sum(att["seconds"].values())
+    return [f"{100 * att['counts'][c] / n:.0f}% ({100 * att['seconds'][c] / total:.0f}%)" if n and total else "-"
+            for c in CAUSES]
 
 
 def cause_table(by_config: Mapping[str, Mapping[str, Any]]) -> str:
     """Markdown: per configuration, gaps over the threshold and each cause's share of them (and of their time)."""
-    rows = []
-    for label, att in by_config.items():
-        n = att["gaps"]
-        total = sum(att["seconds"].values())
-        cells = [f"{100 * att['counts'][c] / n:.0f}% ({100 * att['seconds'][c] / total:.0f}%)" if n else "-"
-                 for c in CAUSES]
-        rows.append([label, f"{att.get('threshold_ms', THRESHOLD_MS):g}", str(n), *cells])
+    rows = [[label, f"{att.get('threshold_ms', THRESHOLD_MS):g}", str(att["gaps"]), *_shares(att, att["gaps"])]
+            for label, att in by_config.items()]
     return md_table(["configuration", "gap threshold ms", "gaps over it", *CAUSES], rows)
+
+
+def ttft_table(by_config: Mapping[str, Mapping[str, Any]]) -> str:
+    """Markdown: per configuration, the TTFT tail's waits and each cause's share of them (and of their time)."""
+    rows = [[label, f"p{tail['percentile']:g}", str(tail["ttfts"]), *_shares(tail, tail["ttfts"])]
+            for label, tail in by_config.items()]
+    return md_table(["configuration", "TTFTs at or over", "TTFTs", *CAUSES], rows)
 
 
 def step_table(by_config: Mapping[str, Mapping[str, Any]]) -> str:

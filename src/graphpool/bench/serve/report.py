@@ -119,7 +119,7 @@ def markdown(by_config: Mapping[str, Sequence[RunSummary]], targets: Sequence[Ta
 
 
 def _attribution_section(by_config: Mapping[str, Sequence[RunSummary]]) -> str:
-    from graphpool.bench.serve.attribution import cause_table, merge, step_table
+    from graphpool.bench.serve.attribution import cause_table, merge, step_table, ttft_table
 
     causes = {f"({k}) {rs[0].label}": merge([r.gap_causes for r in rs if r.gap_causes])
               for k, rs in by_config.items() if any(r.gap_causes for r in rs)}
@@ -127,9 +127,13 @@ def _attribution_section(by_config: Mapping[str, Sequence[RunSummary]]) -> str:
         return ""
     steps = {f"({k}) {rs[0].label}, seed {r.seed}": r.gap_causes["steps"]
              for k, rs in by_config.items() for r in [r for r in rs if r.gap_causes][:1]}
+    tails = {label: att["ttft_tail"] for label, att in causes.items() if "ttft_tail" in att}
+    tail_text = ("\nWhere the slowest TTFTs waited (each run's TTFTs at or over its p90, from the send to the first "
+                 "token, split as a gap is; each counted under its largest part, in brackets each cause's share of "
+                 "their time):\n\n" + ttft_table(tails)) if tails else ""
     return ("\nWhere the client's inter-token gaps over the threshold come from (every seed with a server step timeline; "
             "each gap counted under its largest part, in brackets each cause's share of those gaps' time; "
-            "bench/serve/attribution.py says how):\n\n" + cause_table(causes)
+            "bench/serve/attribution.py says how):\n\n" + cause_table(causes) + tail_text
             + "\nThe server's steps (GET /debug/steps; host ms = the engine thread's wall time of a step, device "
             "ms = its forward's GPU time):\n\n" + step_table(steps))
 

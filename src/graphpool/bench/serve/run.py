@@ -21,7 +21,7 @@ from pathlib import Path
 from graphpool.bench import common
 from graphpool.bench.common import progress
 from graphpool.bench.serve import compare
-from graphpool.bench.serve.attribution import attribute
+from graphpool.bench.serve.attribution import attribute, attribute_ttft
 from graphpool.bench.serve.client import ClientRun, run_trace
 from graphpool.bench.serve.clients import run_trace_processes
 from graphpool.bench.serve.configs import ServeConfig, full_pool_sizes, ladder_size, serve_configs
@@ -130,6 +130,10 @@ def _save(cfg: ServeBenchConfig, sc: ServeConfig, seed: int, out_dir: Path, w: W
         steps = [s for s in records_from_export(w.timeline) if s.start >= client.t0_monotonic]
         causes = attribute([[client.t0_monotonic + t for t in r.timeline.token_times] for r in ok], steps,
                            threshold_ms=cfg.gap_threshold_ms, late_spans=[client.late_spans[r.worker] for r in ok])
+        first = [(r, ttft) for r in ok if (ttft := r.timeline.ttft()) is not None]
+        sent = [client.t0_monotonic + r.timeline.arrival_s for r, _ in first]
+        causes["ttft_tail"] = attribute_ttft([(a, a + ttft) for a, (_, ttft) in zip(sent, first, strict=True)],
+                                             steps, late_spans=[client.late_spans[r.worker] for r, _ in first])
         (out_dir / "timelines").mkdir(parents=True, exist_ok=True)
         (out_dir / "timelines" / f"{stem}.json").write_text(json.dumps(
             {**w.timeline, "client_t0_monotonic": client.t0_monotonic}) + "\n")
