@@ -15,7 +15,7 @@ from gguf import GGML_QUANT_SIZES, QK_K, GGMLQuantizationType
 Blocks = torch.Tensor  # uint8, (n_blocks, type_size)
 
 
-def _f16(blocks: Blocks, start: int) -> torch.Tensor:
+def f16_at(blocks: Blocks, start: int) -> torch.Tensor:
     """The float16 scale at byte `start` of every block, as float32 (n_blocks, 1)."""
     return blocks[:, start : start + 2].contiguous().view(torch.float16).float()
 
@@ -38,12 +38,12 @@ def _bits(qh: Blocks, group: int, count: int, width: int) -> torch.Tensor:
 
 def _q4_0(b: Blocks) -> torch.Tensor:
     q = split_nibbles(b[:, 2:], 16).reshape(b.shape[0], -1).to(torch.int8) - 8
-    return _f16(b, 0) * q.float()
+    return f16_at(b, 0) * q.float()
 
 
 def _q4_1(b: Blocks) -> torch.Tensor:
     q = split_nibbles(b[:, 4:], 16).reshape(b.shape[0], -1).float()
-    return (_f16(b, 0) * q) + _f16(b, 2)
+    return (f16_at(b, 0) * q) + f16_at(b, 2)
 
 
 def _q5(b: Blocks, qh_at: int) -> torch.Tensor:
@@ -56,22 +56,22 @@ def _q5(b: Blocks, qh_at: int) -> torch.Tensor:
 
 def _q5_0(b: Blocks) -> torch.Tensor:
     q = _q5(b, 2).to(torch.int8) - 16
-    return _f16(b, 0) * q.float()
+    return f16_at(b, 0) * q.float()
 
 
 def _q5_1(b: Blocks) -> torch.Tensor:
-    return (_f16(b, 0) * _q5(b, 4).float()) + _f16(b, 2)
+    return (f16_at(b, 0) * _q5(b, 4).float()) + f16_at(b, 2)
 
 
 def _q8_0(b: Blocks) -> torch.Tensor:
-    return b[:, 2:].contiguous().view(torch.int8).float() * _f16(b, 0)
+    return b[:, 2:].contiguous().view(torch.int8).float() * f16_at(b, 0)
 
 
 def _q2_k(b: Blocks) -> torch.Tensor:
     n = b.shape[0]
     scales, qs = b[:, : QK_K // 16], b[:, QK_K // 16 : QK_K // 16 + QK_K // 4]
-    dl = (_f16(b, 80) * (scales & 0x0F).float()).reshape(n, QK_K // 16, 1)
-    ml = (_f16(b, 82) * (scales >> 4).float()).reshape(n, QK_K // 16, 1)
+    dl = (f16_at(b, 80) * (scales & 0x0F).float()).reshape(n, QK_K // 16, 1)
+    ml = (f16_at(b, 82) * (scales >> 4).float()).reshape(n, QK_K // 16, 1)
     q = _bits(qs, 32, 4, 2).reshape(n, QK_K // 16, 16).float()
     return (dl * q - ml).reshape(n, QK_K)
 
@@ -82,7 +82,7 @@ def _q3_k(b: Blocks) -> torch.Tensor:
     low = _bits(scales[:, :8], 8, 2, 4).reshape(n, 16)
     high = _bits(scales[:, 8:], 4, 4, 2).reshape(n, 16)
     sc = ((low | (high << 4)).to(torch.int8) - 32).float()
-    dl = (_f16(b, 108) * sc).reshape(n, 16, 1)
+    dl = (f16_at(b, 108) * sc).reshape(n, 16, 1)
     ql = _bits(qs, 32, 4, 2).reshape(n, 16, QK_K // 16)
     qh = _bits(hmask, 32, 8, 1).reshape(n, 16, QK_K // 16) ^ 1  # a set mask bit means no offset
     q = (ql.to(torch.int8) - (qh << 2).to(torch.int8)).float()
@@ -102,7 +102,7 @@ def _k_scale_min(scales: Blocks) -> tuple[torch.Tensor, torch.Tensor]:
 def k_scales(b: Blocks) -> tuple[torch.Tensor, torch.Tensor]:
     n = b.shape[0]
     sc, mn = _k_scale_min(b[:, 4:16])
-    return (_f16(b, 0) * sc.float()).reshape(n, -1, 1), (_f16(b, 2) * mn.float()).reshape(n, -1, 1)
+    return (f16_at(b, 0) * sc.float()).reshape(n, -1, 1), (f16_at(b, 2) * mn.float()).reshape(n, -1, 1)
 
 
 def _q4_k(b: Blocks) -> torch.Tensor:
@@ -124,7 +124,7 @@ def _q6_k(b: Blocks) -> torch.Tensor:
     n = b.shape[0]
     ql, qh = b[:, : QK_K // 2], b[:, QK_K // 2 : QK_K // 2 + QK_K // 4]
     scales = b[:, 192:208].contiguous().view(torch.int8).float()
-    d = (_f16(b, 208) * scales).reshape(n, QK_K // 16, 1)
+    d = (f16_at(b, 208) * scales).reshape(n, QK_K // 16, 1)
     low = split_nibbles(ql, 64).reshape(n, -1, 32)
     high = _bits(qh, 32, 4, 2).reshape(n, -1, 32)
     q = ((low | (high << 4)).to(torch.int8) - 32).reshape(n, QK_K // 16, -1).float()

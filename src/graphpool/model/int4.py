@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from graphpool.model.gguf_dequant import k_scales, split_nibbles
+from graphpool.model.gguf_dequant import f16_at, k_scales, split_nibbles
 
 GROUP = 32  # values per Q4 block: one scale and zero each
 # NOTE: past this many rows torch's int4 kernel loses to a dense bfloat16 matmul (docs/benchmarks.md), so a
@@ -69,11 +69,11 @@ def int4_blocks(raw: torch.Tensor, qtype: GGMLQuantizationType, shape: tuple[int
         codes = split_nibbles(blocks[:, 16:], 32).reshape(rows, cols)
         return Int4Blocks(codes, d.reshape(rows, cols // GROUP), (8 * d - m).reshape(rows, cols // GROUP))
     # Q4_0 / Q4_1: the scale (and min) in float16, then 16 bytes of nibbles
-    d = blocks[:, :2].contiguous().view(torch.float16).float().reshape(rows, cols // GROUP)
+    d = f16_at(blocks, 0).reshape(rows, cols // GROUP)
     codes = split_nibbles(blocks[:, type_size - 16 :], 16).reshape(rows, cols)
     if qtype == GGMLQuantizationType.Q4_0:
         return Int4Blocks(codes, d, torch.zeros_like(d))
-    m = blocks[:, 2:4].contiguous().view(torch.float16).float().reshape(rows, cols // GROUP)
+    m = f16_at(blocks, 2).reshape(rows, cols // GROUP)
     return Int4Blocks(codes, d, m + 8 * d)
 
 
@@ -127,7 +127,7 @@ def q8_blocks(raw: torch.Tensor, qtype: GGMLQuantizationType, shape: tuple[int, 
         return None
     rows, cols = shape
     blocks = raw.reshape(-1, GGML_QUANT_SIZES[qtype][1])  # the scale in float16, then 32 int8 codes
-    scales = blocks[:, :2].contiguous().view(torch.float16).float().reshape(rows, cols // GROUP)
+    scales = f16_at(blocks, 0).reshape(rows, cols // GROUP)
     return Q8Blocks(blocks[:, 2:].contiguous().view(torch.int8).reshape(rows, cols), scales)
 
 
