@@ -94,8 +94,14 @@ class ModelRunner(PrefillPaths):
 
     def prefill_replays(self, tokens: int, max_len: int) -> bool:
         """Whether a prefill step of `tokens` tokens, reaching position `max_len`, would replay a resident graph."""
-        return (0 < tokens <= self.graph_prefill_max_tokens
-                and self.pool.resident_decision(self._graph_rows(tokens), max_len) is not None)
+        return self._prefill_decision(tokens, max_len) is not None
+
+    def _prefill_decision(self, tokens: int, max_len: int) -> Decision | None:
+        """The replay of a resident decode graph that serves a prefill step of `tokens` tokens reaching position
+        `max_len`, or None: more than `graph_prefill_max_tokens`, or no resident graph serves it."""
+        if not 0 < tokens <= self.graph_prefill_max_tokens:
+            return None
+        return self.pool.resident_decision(self._graph_rows(tokens), max_len)
 
     def _graph_rows(self, rows: int) -> int:
         """The pool's batch size of a step of `rows` rows (per microbatch)."""
@@ -114,12 +120,11 @@ class ModelRunner(PrefillPaths):
         self.last_prefill_replayed = False
         self.prompt_scores = []
         tokens = sum(c.end - c.start for c in chunks)
-        if 0 < tokens <= self.graph_prefill_max_tokens:
-            # NOTE: under tensor parallel this goes to the other ranks as a decode step with its decision
-            replayed = self._graph_prefill(chunks, tokens)
-            if replayed is not None:
-                self.last_prefill_replayed = True
-                return replayed
+        # NOTE: under tensor parallel a replayed step goes to the other ranks as a decode step with its decision
+        replayed = self._graph_prefill(chunks, tokens)
+        if replayed is not None:
+            self.last_prefill_replayed = True
+            return replayed
         if self.announce is not None:
             self.announce.prefill(chunks)
         fresh = [i for i, c in enumerate(chunks) if c.start == 0]
@@ -143,7 +148,7 @@ class ModelRunner(PrefillPaths):
         the last chunks' logits, or None when no resident graph serves it (never a capture: prefill steps
         borrow the decode step's graphs, they add none)."""
         with self.pool.lock:
-            decision = self.pool.resident_decision(self._graph_rows(tokens), max(c.end for c in chunks))
+            decision = self._prefill_decision(tokens, max((c.end for c in chunks), default=0))
             if decision is None:
                 return None
             return self._rows_step([], [], chunks, decision)[0]

@@ -76,7 +76,7 @@ class Scheduler:
         self.max_num_seqs = max_num_seqs
         self.token_budget = token_budget
         self.mixed_rows = mixed_rows
-        self.idle_prefill_rows = min(idle_prefill_rows, token_budget)
+        self.idle_prefill_rows = idle_prefill_rows
         self.idle_prefill_steps = idle_prefill_steps
         self.graph_ready = graph_ready
         self.waiting: deque[Sequence] = deque()
