@@ -128,6 +128,7 @@ def test_drain_ends_every_stream_with_abort_and_refuses_new_requests(slow_server
     with httpx.Client(base_url=url, timeout=10) as client:
         start = time.monotonic()
         server.begin_shutdown()
+        assert server.engine.draining  # refusing once begin_shutdown returns, before the loop runs the drain
         health = client.get("/health")
         refused = client.post("/v1/completions", json={"prompt": "late", "max_tokens": 2})
         assert time.monotonic() - start < DRAIN_S  # asked during the drain

@@ -153,6 +153,11 @@ class AsyncEngine:
         self._submit(Call(fn, loop, result))
         return await result
 
+    def stop_accepting(self) -> None:
+        """Refuses new requests from now on (any thread); ``drain`` then ends the running ones."""
+        with self._lock:
+            self.draining = True
+
     async def drain(self, timeout: float) -> int:
         """Refuses new requests from now on, lets the running ones finish for up to ``timeout`` seconds, then
         ends the rest with finish_reason "abort" (after the step in flight). Returns how many were aborted."""

@@ -120,6 +120,9 @@ class GracefulServer(uvicorn.Server):
 
     def begin_shutdown(self) -> None:
         """The first signal's graceful shutdown, callable from any thread (tests, embedding programs)."""
+        # NOTE: refused at once, not when the loop next runs the drain: a request already on its way after this
+        # returns must get its 503
+        self.engine.stop_accepting()
         if self._loop is None:  # not started yet: nothing to drain
             self.should_exit = True
             return
