@@ -131,7 +131,6 @@ def test_drain_ends_every_stream_with_abort_and_refuses_new_requests(slow_server
         assert server.engine.draining  # refusing once begin_shutdown returns, before the loop runs the drain
         health = client.get("/health")
         refused = client.post("/v1/completions", json={"prompt": "late", "max_tokens": 2})
-        assert time.monotonic() - start < DRAIN_S  # asked during the drain
     assert health.status_code == 503 and health.json() == {"status": "shutting_down"}
     assert refused.status_code == 503
     assert "shutting down" in refused.json()["error"]["message"]
