@@ -12,12 +12,15 @@ import torch
 from graphpool.engine.config import EngineConfig
 from graphpool.model.int4 import (
     INT4_MAX_ROWS,
+    PACK_ROWS,
     Int4Blocks,
     Int4Linear,
     Q8Head,
     int4_blocks,
     int4_layers,
     int4_matmul_available,
+    pack_int4,
+    q8_as_int4,
     q8_blocks,
 )
 from graphpool.model.loader import load_model
@@ -53,12 +56,16 @@ def test_q8_blocks_hold_the_librarys_values_and_the_head_multiplies_by_them() ->
     assert blocks is not None
     ref = gguf.quants.dequantize(raw, Q.Q8_0)
     np.testing.assert_array_equal(blocks.dequantize().numpy(), ref)
+    # the head's form: high then low nibbles along the input, their sum the values exactly; padded rows zero
+    high, low = (half.dequantize() for half in q8_as_int4(blocks, rows_multiple=16))
+    assert high.shape == low.shape == (304, 96) and not high[300:].any() and not low[300:].any()
+    np.testing.assert_array_equal((high[:300] + low[:300]).numpy(), ref)
     hidden = torch.randn(5, 96, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
     logits = Q8Head(blocks)(hidden)
     exact = hidden.double() @ torch.from_numpy(ref).double().T
     bf16 = torch.nn.functional.linear(hidden, torch.from_numpy(ref).to(torch.bfloat16)).double()
     assert logits.dtype == torch.float32 and logits.shape == (5, 300)
-    # NOTE: each group's partial sum comes back in bfloat16 (summed in float32): a bfloat16 head's error class
+    # NOTE: each half's product comes back in bfloat16 (added in float32): a bfloat16 head's error class
     assert (logits.double() - exact).abs().max() <= 2 * (bf16 - exact).abs().max()
     assert q8_blocks(torch.from_numpy(raw.view(np.uint8).copy()), Q.Q4_0, (300, 96)) is None
 
@@ -153,3 +160,12 @@ def test_q4_k_blocks_hold_the_librarys_values() -> None:
     ours = blocks.dequantize().numpy()
     np.testing.assert_allclose(ours, ref, rtol=0, atol=8 * np.finfo(np.float32).eps * np.abs(ref).max())
     assert int4_blocks(torch.from_numpy(raw.copy()).reshape(-1), Q.Q4_K, (shape[0] * 2, shape[1] // 2)) is None
+
+
+@pytest.mark.skipif(not int4_matmul_available(), reason="this torch has no CPU int4 matmul")
+def test_packing_a_few_thousand_rows_at_a_time_is_packing_all_at_once() -> None:
+    rows = 2 * PACK_ROWS + 16  # whole chunks and a last one of one tile
+    codes = torch.randint(0, 16, (rows, 64), dtype=torch.uint8, generator=torch.Generator().manual_seed(6))
+    zeros = torch.zeros(rows, 2)
+    packed, _ = pack_int4(Int4Blocks(codes, zeros, zeros))
+    assert torch.equal(packed, torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), 1))

@@ -6,8 +6,11 @@ activations, one bfloat16 scale and zero per 32 values along the input) reads ~4
 the Q4 formats are that layout exactly: Q4_1's value `d * q + m` is `(q - 8) * d + (m + 8 d)`, Q4_0's `d * (q -
 8)` the same with zero 0, and a Q4_K block is eight such groups, each with its own scale and min. Only the
 scale and zero are rounded (to bfloat16, as a bfloat16 weight would be).
-A Q8_0 LM head (the default model's tied embedding) multiplies group by group in torch's int8 matmul, whose
-per-row scale is then the group's; the groups' bfloat16 partial sums are added in float32.
+A Q8_0 LM head (the default model's tied embedding) goes through the same int4 kernel as two 4-bit weights:
+a code c is 16 h + l with h = c >> 4 in [-8, 7] and l = c & 15, so c d = (h + 8 - 8) 16 d + ((l - 8) d + 8 d),
+and the two products are added in float32 (torch's int8 matmul takes one scale a row, which a Q8_0 block's 32
+values do not share; one int4 call over both halves side by side would round the logits to bfloat16 once,
+tying the top two in a few rows of a hundred).
 """
 
 from __future__ import annotations
@@ -24,8 +27,11 @@ GROUP = 32  # values per Q4 block: one scale and zero each
 # NOTE: past this many rows torch's int4 kernel loses to a dense bfloat16 matmul (docs/benchmarks.md), so a
 # prefill or a wide decode step multiplies by a bfloat16 copy of the weight
 INT4_MAX_ROWS = 16
-# NOTE: torch's int8 matmul reads the weight once per row: past one row the bfloat16 head is faster
-Q8_HEAD_MAX_ROWS = 1
+# NOTE: up to this many rows the head is about as fast as a bfloat16 copy (faster at one, and a whole step at
+# four: it reads half the bytes), past it slower (docs/benchmarks.md, "4-bit weights on the CPU")
+Q8_HEAD_MAX_ROWS = 4
+INT4_ROWS_MULTIPLE = 16  # the int4 kernel's packing takes whole tiles of output rows
+PACK_ROWS = 4096  # rows packed at a time: the packed rows do not depend on the rows around them
 _FORMATS = (GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q4_K)
 
 
@@ -77,6 +83,16 @@ def int4_blocks(raw: torch.Tensor, qtype: GGMLQuantizationType, shape: tuple[int
     return Int4Blocks(codes, d, m + 8 * d)
 
 
+def pack_int4(blocks: Int4Blocks) -> tuple[torch.Tensor, torch.Tensor]:
+    """`blocks` in the CPU int4 kernel's layout: the packed codes, and (cols // GROUP, rows, 2) bfloat16 scale
+    and zero of each group."""
+    # NOTE: the packing takes int32 codes: a few thousand rows at a time, not 4 bytes a weight of a whole head
+    packed = torch.cat([torch.ops.aten._convert_weight_to_int4pack_for_cpu(part.to(torch.int32), 1)
+                        for part in blocks.codes.split(PACK_ROWS)])
+    scales_zeros = torch.stack([blocks.scales, blocks.zeros], dim=-1).transpose(0, 1).contiguous()
+    return packed, scales_zeros.to(torch.bfloat16)
+
+
 class Int4Linear:
     """`x @ W.T + bias` for a `LinearFn` slot (`model.linear`): up to `INT4_MAX_ROWS` rows through torch's CPU
     int4 matmul (W packed once), more through a bfloat16 copy of W (the same values, scale and zero applied
@@ -85,9 +101,7 @@ class Int4Linear:
 
     def __init__(self, blocks: Int4Blocks) -> None:
         self.out_features, self.in_features = blocks.shape
-        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(blocks.codes.to(torch.int32), 1)
-        # (cols // GROUP, rows, 2): scale and zero of each group, in the kernel's layout
-        self.scales_zeros = torch.stack([blocks.scales, blocks.zeros], dim=-1).transpose(0, 1).contiguous().to(torch.bfloat16)
+        self.packed, self.scales_zeros = pack_int4(blocks)
         self.dense = blocks.dequantize().to(torch.bfloat16)
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -131,20 +145,30 @@ def q8_blocks(raw: torch.Tensor, qtype: GGMLQuantizationType, shape: tuple[int, 
     return Q8Blocks(blocks[:, 2:].contiguous().view(torch.int8).reshape(rows, cols), scales)
 
 
+def q8_as_int4(blocks: Q8Blocks, rows_multiple: int = 1) -> tuple[Int4Blocks, Int4Blocks]:
+    """A Q8_0 weight as the sum of two 4-bit weights (the module's note): its high nibbles with scale 16 d and
+    zero 0, and its low nibbles with scale d and zero 8 d; rows of zeros added up to a multiple of
+    `rows_multiple`."""
+    rows, _ = blocks.shape
+    pad = -rows % rows_multiple
+    codes = torch.nn.functional.pad(blocks.codes, (0, 0, 0, pad))
+    scales = torch.nn.functional.pad(blocks.scales, (0, 0, 0, pad))
+    high, low = (codes >> 4) + 8, codes & 15  # int8: an arithmetic shift, and two's complement's low nibble
+    return (Int4Blocks(high.to(torch.uint8), 16 * scales, torch.zeros_like(scales)),
+            Int4Blocks(low.to(torch.uint8), scales, 8 * scales))
+
+
 class Q8Head:
-    """The LM head's `hidden @ W.T` (float32 logits) for W in Q8_0 blocks: one int8 matmul per group of 32
-    columns (`aten._weight_int8pack_mm`: int8 codes, the group's bfloat16 scale per row, a bfloat16 partial
-    sum), added in float32. It reads a byte a weight where a bfloat16 head reads two, for each row: the model
-    uses it for up to `Q8_HEAD_MAX_ROWS` rows."""
+    """The LM head's `hidden @ W.T` (float32 logits) for W in Q8_0 blocks, through torch's CPU int4 matmul
+    (`q8_as_int4`, bfloat16 activations). It reads a byte a weight where a bfloat16 head reads two, for each
+    row: the model uses it for up to `Q8_HEAD_MAX_ROWS` rows."""
 
     def __init__(self, blocks: Q8Blocks) -> None:
-        self.rows, cols = blocks.shape
-        self.groups = [(blocks.codes[:, g * GROUP : (g + 1) * GROUP].contiguous(),
-                        blocks.scales[:, g].to(torch.bfloat16).contiguous()) for g in range(cols // GROUP)]
+        self.rows, _ = blocks.shape
+        self.halves = [pack_int4(half) for half in q8_as_int4(blocks, INT4_ROWS_MULTIPLE)]
 
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
         x = hidden.to(torch.bfloat16)
-        out = torch.zeros(x.shape[0], self.rows, dtype=torch.float32)
-        for g, (codes, scales) in enumerate(self.groups):
-            out += torch.ops.aten._weight_int8pack_mm(x[:, g * GROUP : (g + 1) * GROUP].contiguous(), codes, scales)
-        return out
+        high, low = (torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, GROUP, scales_zeros)
+                     for packed, scales_zeros in self.halves)
+        return (high.float() + low.float())[:, : self.rows]
