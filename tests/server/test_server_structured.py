@@ -150,6 +150,7 @@ BAD = [
     ({"guided_choice": []}, "guided_choice", "non-empty"),
     ({"guided_choice": ["a", 1]}, "guided_choice[1]", "valid string"),
     ({"guided_grammar": "root ::= "}, "guided_grammar", "EBNF"),
+    ({"guided_grammar": "\U0001f600" * 10}, "guided_grammar", "does not compile"),  # an error message cut in a character
     ({"structured_outputs": {"regex": "a{3,1}"}}, "structured_outputs", "bound"),
     ({"structured_outputs": {"regex": "a", "choice": ["b"]}}, "structured_outputs", "one constraint"),
     ({"structured_outputs": {"structural_tag": "{}"}}, "structured_outputs", "structural_tag"),

@@ -59,6 +59,8 @@ class Grammars:
         except RuntimeError as e:
             detail = _ERROR_PREFIX.sub("", str(e).strip().splitlines()[0] if str(e).strip() else "")
             raise InvalidParam("guided", f"the {guided.kind} constraint does not compile: {detail}") from None
+        except UnicodeDecodeError:  # NOTE: xgrammar's message quoted the spec cut inside a character
+            raise InvalidParam("guided", f"the {guided.kind} constraint does not compile") from None
         with self._lock:
             self._cache[guided] = compiled
             while len(self._cache) > self.cache_size:
