@@ -171,4 +171,6 @@ class Q8Head:
         x = hidden.to(torch.bfloat16)
         high, low = (torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, GROUP, scales_zeros)
                      for packed, scales_zeros in self.halves)
-        return (high.float() + low.float())[:, : self.rows]
+        logits = high.float()
+        logits += low  # NOTE: promoted to float32 as it is added: no float32 copy of it
+        return logits[:, : self.rows]

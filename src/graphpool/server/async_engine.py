@@ -46,7 +46,6 @@ class AsyncEngine:
 
     def __init__(self, engine: Any, observer: StepObserver | None = None) -> None:
         self.engine = engine
-        self.observer = observer
         self._core = EngineLoop(engine, observer)
         self._thread: threading.Thread | None = None
         self._stopping = False
@@ -67,9 +66,7 @@ class AsyncEngine:
         if self._thread is None:
             return
         self._stopping = True
-        with self._core.lock:
-            if not self._core.closed:
-                self._core.commands.put(Stop())
+        self._offer(Stop())
         self._thread.join(timeout)
         if self._thread.is_alive():
             logger.warning(
@@ -120,9 +117,7 @@ class AsyncEngine:
     def abort(self, request_id: str) -> None:
         """Aborts a request and frees its KV blocks (on the engine thread, before its next step)."""
         if self._thread is not None:
-            with self._core.lock:
-                if not self._core.closed:
-                    self._core.commands.put(Abort(request_id))
+            self._offer(Abort(request_id))
 
     async def call(self, fn: Callable[[Any], T]) -> T:
         """Runs ``fn(engine)`` on the engine thread between two steps."""
@@ -142,13 +137,19 @@ class AsyncEngine:
         ends the rest with finish_reason "abort" (after the step in flight). Returns how many were aborted."""
         loop = asyncio.get_running_loop()
         result: asyncio.Future[int] = loop.create_future()
-        with self._core.lock:
-            self.draining = True
-            if self._core.closed or self._thread is None:
-                return 0
-            # NOTE: queued behind every add submitted before the flag, so none of those is missed.
-            self._core.commands.put(Drain(time.monotonic() + timeout, loop, result))
+        self.stop_accepting()
+        # NOTE: queued behind every add submitted before the flag, so none of those is missed.
+        if self._thread is None or not self._offer(Drain(time.monotonic() + timeout, loop, result)):
+            return 0
         return await result
+
+    def _offer(self, cmd: Command) -> bool:
+        """Queues `cmd` unless the loop has closed (then nothing would answer it); whether it was queued."""
+        with self._core.lock:
+            if self._core.closed:
+                return False
+            self._core.commands.put(cmd)
+            return True
 
     def _submit(self, cmd: Command) -> None:
         with self._core.lock:
