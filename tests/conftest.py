@@ -42,12 +42,26 @@ def default_model() -> tuple[Any, Any, Any]:
 
 
 @pytest.fixture(scope="session")
-def hf_default_model() -> torch.nn.Module:
-    """transformers' own model from the same GGUF (float32, eval mode): the parity tests' reference."""
-    from transformers import AutoModelForCausalLM
+def hf_default_model(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> torch.nn.Module:
+    """transformers' own model from the same GGUF (float32, eval mode): the parity tests' reference.
+
+    transformers reads a GGUF in ~15 s, so under xdist the first worker to need it saves it (float32
+    tensors: exact) to the run's shared temporary folder, and the others load that."""
+    from filelock import FileLock
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     from graphpool.model.gguf_loader import default_gguf_path
 
     path = default_gguf_path()
-    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+    if worker_id == "master":  # no xdist: nothing to share
+        return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
+    shared = tmp_path_factory.getbasetemp().parent / "hf-default-model"
+    with FileLock(f"{shared}.lock"):
+        if (shared / "config.json").exists():
+            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(shared)), dtype=torch.float32)
+            model.load_state_dict(torch.load(shared / "weights.pt", mmap=True, weights_only=True))
+        else:
+            model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+            model.config.save_pretrained(str(shared))  # NOTE: the model itself refuses save_pretrained (GGUF-quantized)
+            torch.save(model.state_dict(), shared / "weights.pt")
     return model.eval()
