@@ -1,9 +1,11 @@
-"""Decode throughput of N concurrent greedy streams on the CPU (default model), through LLMEngine.
+"""Decode throughput of N concurrent streams on the CPU (default model), through LLMEngine.
 
     .venv/bin/python scripts/cpu_streams.py --max-model-len 2048 --new-tokens 64 --streams 1,16 [--no-int4-weights]
+                                            [--temperature 0.8]
 
 The engine's CPU defaults (4-bit linear weights, bfloat16) unless `--no-int4-weights` or `--dtype` say otherwise.
-Every stream gets the same 15-token prompt and `--new-tokens` tokens (ignore_eos). "decode" is the decode
+Every stream gets the same 15-token prompt and `--new-tokens` tokens (ignore_eos), greedy unless `--temperature` is
+above 0 (unseeded). "decode" is the decode
 tokens over the wall time of the decode steps alone (`engine.last_step.seconds`); "end-to-end" includes the
 prefill. Run against another tree with PYTHONPATH=<tree>/src.
 """
@@ -28,6 +30,7 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--streams", default="1,16", help="comma-separated stream counts, run one after another")
     parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--int4-weights", action=argparse.BooleanOptionalAction, default=None)
     parser.add_argument("--keep-freed-heap", action="store_true",
                         help="skip the loader's heap release (to measure what it saves)")
@@ -38,7 +41,7 @@ def main() -> None:
                                     max_model_len=args.max_model_len))
     print(f"dtype {engine.dtype}, int4 weights {engine.config.int4_weights}, {engine.cpu_threads} threads", flush=True)
     prompt = engine.encode(PROMPT)
-    params = SamplingParams(temperature=0, max_tokens=args.new_tokens, ignore_eos=True)
+    params = SamplingParams(temperature=args.temperature, max_tokens=args.new_tokens, ignore_eos=True)
     for n in (int(s) for s in args.streams.split(",")):
         for i in range(n):
             engine.add_request(f"n{n}-{i}", list(prompt), params)
@@ -50,7 +53,7 @@ def main() -> None:
                 decode_tokens += engine.last_step.batch_size
                 steps += 1
         wall = time.perf_counter() - start
-        print(f"max_model_len={args.max_model_len} streams={n} prompt={len(prompt)} new={args.new_tokens}: "
+        print(f"max_model_len={args.max_model_len} T={args.temperature} streams={n} prompt={len(prompt)} new={args.new_tokens}: "
               f"decode {decode_tokens / decode_s:.1f} tok/s ({1000 * decode_s / steps:.1f} ms/step), "
               f"end-to-end {n * args.new_tokens / wall:.1f} tok/s", flush=True)
     print(f"peak resident set: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024} MiB")

@@ -315,6 +315,31 @@ def test_sampler_matches_distribution() -> None:
     assert torch.allclose(counts / 3000, torch.tensor([0.5, 0.3, 0.2]), atol=0.04)
 
 
+def test_sampler_draws_follow_the_softmax_over_a_wide_vocabulary() -> None:
+    """Chi-square of 20,000 unseeded and 4,000 seeded draws over 40 tokens against the softmax (the rare ones
+    pooled), and the race's noise itself is Exp(1)."""
+    from graphpool.engine.sampler import _exponential_
+
+    noise = _exponential_(torch.empty(1_000_000), torch.Generator().manual_seed(1))
+    assert noise.min() >= 0 and abs(noise.mean() - 1) < 0.01 and abs(noise.var() - 1) < 0.02
+    assert abs(float((noise > 3).float().mean()) - 0.0498) < 0.002  # P(E > 3) = e^-3
+    logits = torch.randn(1, 40, generator=torch.Generator().manual_seed(2)) * 3
+    probs = torch.softmax(logits[0] / 0.7, -1)
+    sampler = Sampler(torch.device("cpu"), 5)
+    rows = [_sampling_seq(f"u{i}", temperature=0.7) for i in range(2000)]
+    unseeded = torch.cat([sampler.sample(logits.expand(2000, -1), rows) for _ in range(10)])
+    seeded = [sampler.sample(logits, [_sampling_seq(f"s{i}", temperature=0.7, seed=i)]) for i in range(4000)]
+    for draws in (unseeded, torch.cat(seeded)):
+        expected = probs * len(draws)
+        keep = expected >= 5  # NOTE: the rare tokens pooled into one cell, as chi-square asks
+        assert not keep.all()
+        obs = torch.bincount(draws, minlength=40).float()
+        obs = torch.cat([obs[keep], obs[~keep].sum().view(1)])
+        exp = torch.cat([expected[keep], expected[~keep].sum().view(1)])
+        chi2 = float(((obs - exp) ** 2 / exp).sum())
+        assert chi2 < {22: 48.27, 15: 37.70}[len(obs) - 1], chi2  # p = 0.001 at those degrees of freedom
+
+
 def test_sampler_seeded_rows_ignore_the_rest_of_the_batch() -> None:
     logits = torch.randn(4, 300)
 
