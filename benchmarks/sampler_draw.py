@@ -1,8 +1,9 @@
-"""The torch sampler's noise on the CPU: torch's `exponential_` against the sampler's -log(U) form
-(`_exponential_`), and a whole sampled `Sampler.sample`, in ms a call (medians of `--reps`, the two noise forms
-interleaved) for 1, 4 and 16 rows of the default model's vocabulary.
+"""The torch sampler's draw on the CPU: ms a `Sampler.sample` call (medians of `--reps`) at 1, 4 and 16 rows
+for plain temperature rows, top-p rows and seeded rows. The rows are the default model's own logits (recorded
+while it samples eight prompts at T=0.8, CPU defaults); `--flat` adds rows of N(0, 1) logits, whose top-p cut
+lies past any short list of candidates. Compare trees by running it with `PYTHONPATH` at each one's `src`.
 
-    .venv/bin/python benchmarks/sampler_draw.py [--vocab 49152] [--reps 51] [--threads 1]
+    .venv/bin/python benchmarks/sampler_draw.py [--tokens 32] [--reps 51] [--threads 1]
 
 `--threads` is torch's intra-op threads (the engine's default on a 2-core machine is 1).
 """
@@ -14,51 +15,80 @@ import platform
 import statistics
 import sys
 import time
-from collections.abc import Callable
 
 import torch
 
-from graphpool.engine.sampler import Sampler, _exponential_
+from graphpool.engine.llm import LLM
+from graphpool.engine.sampler import Sampler
 from graphpool.engine.sampling_params import SamplingParams
 from graphpool.engine.sequence import Sequence
 
+PROMPTS = ("The history of the Roman Empire spans", "def quicksort(arr):\n", "Water boils at",
+           "Once upon a time, in a land far away,", "The three primary colors are",
+           "In machine learning, gradient descent", "My favourite recipe for pancakes", "The capital of France is")
+KINDS = {"T=0.8": {"temperature": 0.8}, "T=0.8 top-p 0.95": {"temperature": 0.8, "top_p": 0.95},
+         "T=0.8 top-k 50": {"temperature": 0.8, "top_k": 50}, "T=0.8 seeded": {"temperature": 0.8, "seed": 1}}
 
-def timed_ms(fn: Callable[[], object]) -> float:
-    start = time.perf_counter()
-    fn()
-    return (time.perf_counter() - start) * 1e3
+
+def model_logits(tokens: int) -> torch.Tensor:
+    """The float32 logits the default model sampled from, one row per token drawn."""
+    llm = LLM(device="cpu", max_model_len=1024)
+    model = llm.engine.runner.model
+    rows: list[torch.Tensor] = []
+    compute = model.compute_logits
+
+    def recording(hidden: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+        logits = compute(hidden, *args, **kwargs)
+        rows.append(logits.detach().float().clone())
+        return logits
+
+    model.compute_logits = recording
+    llm.generate(list(PROMPTS), SamplingParams(temperature=0.8, max_tokens=tokens, ignore_eos=True, seed=1),
+                 use_tqdm=False)
+    return torch.cat(rows)
 
 
-def medians_ms(rows: int, vocab: int, reps: int, gen: torch.Generator) -> dict[str, float]:
-    """Each form's median ms a call at `rows` rows, the forms interleaved round by round."""
-    noise = torch.empty(rows, vocab)
-    logits = torch.randn(rows, vocab, generator=gen)
-    seqs = [Sequence(f"r{i}", [1], SamplingParams(temperature=0.8), frozenset(), None) for i in range(rows)]
+def median_ms(pool: torch.Tensor, rows: int, reps: int, fields: dict) -> float:
+    """`reps` calls, each on the next `rows` rows of `pool` (cycling)."""
+    params = SamplingParams(**fields)
+    seqs = [Sequence(f"r{i}", [1], params, frozenset(),
+                     None if params.seed is None else torch.Generator().manual_seed(params.seed + i))
+            for i in range(rows)]
     sampler = Sampler(torch.device("cpu"), 0)
-    forms = {"exp": lambda: noise.exponential_(generator=gen), "log": lambda: _exponential_(noise, gen),
-             "sample": lambda: sampler.sample(logits, seqs)}
-    times: dict[str, list[float]] = {name: [] for name in forms}
-    for _ in range(reps + 1):  # NOTE: the first round warms up and is dropped
-        for name, fn in forms.items():
-            times[name].append(timed_ms(fn))
-    return {name: statistics.median(ts[1:]) for name, ts in times.items()}
+    times = []
+    for rep in range(reps + 1):  # NOTE: the first call warms up and is dropped
+        start_row = rep * rows % (pool.shape[0] - rows)
+        logits = pool[start_row : start_row + rows].contiguous()
+        start = time.perf_counter()
+        sampler.sample(logits, seqs)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times[1:]) * 1e3
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--vocab", type=int, default=49152)
+    parser.add_argument("--tokens", type=int, default=32, help="tokens sampled per prompt for the logits")
     parser.add_argument("--reps", type=int, default=51)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--flat", action="store_true", help="also rows of N(0, 1) logits")
     args = parser.parse_args()
+    pools = {"model": model_logits(args.tokens)}
+    if args.flat:
+        pools["flat"] = torch.randn(256, pools["model"].shape[1], generator=torch.Generator().manual_seed(0))
     torch.set_num_threads(args.threads)
     print(f"$ {' '.join(sys.argv)}\ntorch {torch.__version__}, {platform.processor() or platform.machine()}, "
-          f"{torch.get_num_threads()} threads, vocab {args.vocab}")
-    gen = torch.Generator().manual_seed(0)
-    print("| rows | exponential_ ms | -log(U) ms | ratio | Sampler.sample (T=0.8) ms |\n|---|---|---|---|---|")
-    for rows in (1, 4, 16):
-        med = medians_ms(rows, args.vocab, args.reps, gen)
-        print(f"| {rows} | {med['exp']:.3f} | {med['log']:.3f} | {med['exp'] / med['log']:.2f}x | "
-              f"{med['sample']:.3f} |")
+          f"{torch.get_num_threads()} threads, graphpool at {sys.modules['graphpool'].__path__[0]}, "
+          f"{pools['model'].shape[0]} rows of the model's logits, vocab {pools['model'].shape[1]}")
+    mass = torch.softmax(pools["model"] / 0.8, -1).sort(-1, descending=True).values.cumsum(-1)
+    sizes = ((mass < 0.95).sum(-1) + 1).float()
+    print(f"top-p 0.95 nucleus of the model's rows at T=0.8: median {sizes.median():.0f} tokens, "
+          f"p90 {sizes.quantile(0.9):.0f}, {(sizes > 256).float().mean():.1%} over 256")
+    print("| logits | rows | " + " | ".join(f"{k} ms" for k in KINDS) + " |\n|---|---|" + "---|" * len(KINDS))
+    for name, pool in pools.items():
+        for rows in (1, 4, 16):
+            times = [median_ms(pool, rows, args.reps, fields) for fields in KINDS.values()]
+            print(f"| {name} | {rows} | " + " | ".join(f"{t:.3f}" for t in times) + " |")
+
 
 if __name__ == "__main__":
     main()

@@ -1,11 +1,11 @@
 """Decode throughput of N concurrent streams on the CPU (default model), through LLMEngine.
 
     .venv/bin/python scripts/cpu_streams.py --max-model-len 2048 --new-tokens 64 --streams 1,16 [--no-int4-weights]
-                                            [--temperature 0.8]
+                                            [--temperature 0.8 [--top-p 0.95]]
 
 The engine's CPU defaults (4-bit linear weights, bfloat16) unless `--no-int4-weights` or `--dtype` say otherwise.
 Every stream gets the same 15-token prompt and `--new-tokens` tokens (ignore_eos), greedy unless `--temperature` is
-above 0 (unseeded). "decode" is the decode
+above 0 (unseeded; `--top-p` below 1 adds a top-p cut). "decode" is the decode
 tokens over the wall time of the decode steps alone (`engine.last_step.seconds`); "end-to-end" includes the
 prefill. Run against another tree with PYTHONPATH=<tree>/src.
 """
@@ -31,6 +31,7 @@ def main() -> None:
     parser.add_argument("--streams", default="1,16", help="comma-separated stream counts, run one after another")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--int4-weights", action=argparse.BooleanOptionalAction, default=None)
     parser.add_argument("--keep-freed-heap", action="store_true",
                         help="skip the loader's heap release (to measure what it saves)")
@@ -41,7 +42,7 @@ def main() -> None:
                                     max_model_len=args.max_model_len))
     print(f"dtype {engine.dtype}, int4 weights {engine.config.int4_weights}, {engine.cpu_threads} threads", flush=True)
     prompt = engine.encode(PROMPT)
-    params = SamplingParams(temperature=args.temperature, max_tokens=args.new_tokens, ignore_eos=True)
+    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, max_tokens=args.new_tokens, ignore_eos=True)
     for n in (int(s) for s in args.streams.split(",")):
         for i in range(n):
             engine.add_request(f"n{n}-{i}", list(prompt), params)
@@ -53,7 +54,7 @@ def main() -> None:
                 decode_tokens += engine.last_step.batch_size
                 steps += 1
         wall = time.perf_counter() - start
-        print(f"max_model_len={args.max_model_len} T={args.temperature} streams={n} prompt={len(prompt)} new={args.new_tokens}: "
+        print(f"max_model_len={args.max_model_len} T={args.temperature} top_p={args.top_p} streams={n} prompt={len(prompt)} new={args.new_tokens}: "
               f"decode {decode_tokens / decode_s:.1f} tok/s ({1000 * decode_s / steps:.1f} ms/step), "
               f"end-to-end {n * args.new_tokens / wall:.1f} tok/s", flush=True)
     print(f"peak resident set: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024} MiB")

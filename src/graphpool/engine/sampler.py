@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import torch
 
+from graphpool.engine.draw import draw_rows
 from graphpool.engine.grammar import apply_guides
 from graphpool.engine.host_copy import to_device
 from graphpool.engine.logprobs import StepLogprobs, TokenLogprob, gather_logprobs
@@ -24,10 +25,10 @@ class Sampler:
     Logits may be in the model's dtype: an all-greedy batch takes `argmax` of them as they are (an upcast is
     exact, so the argmax is the same; the engine passes its model's `step_argmax`) and allocates nothing more.
 
-    Sampling is the exponential race (argmax of p / E with E ~ Exp(1)), one random number per vocab entry, so
-    each seeded request draws from its own stream and its output does not depend on the rest of the batch.
-    With a `draw` (the engine's on CUDA: ModelOps.step_sample, kernels/sample.py, the race's Gumbel-max form
-    from Philox) a row with only a temperature draws there, keyed per row and step: by the request's seed and
+    A torch draw takes one U[0, 1) number a row and picks the token whose cumulative probability (float64)
+    first passes it (the inverse CDF), so each seeded request draws from its own stream and its output does not
+    depend on the rest of the batch. With a `draw` (the engine's on CUDA: ModelOps.step_sample,
+    kernels/sample.py, Gumbel-max over Philox: the same distribution) a row with only a temperature draws there, keyed per row and step: by the request's seed and
     its token count when seeded, else from the sampler's own stream; rows with top-k, top-p or min-p, and every
     row without a `draw` (or where it returns None), draw in torch from the request's generator (seeded) or
     the sampler's. Which form a row takes depends only on its own parameters.
@@ -145,54 +146,21 @@ class Sampler:
         # NOTE: greedy rows get temperature 1 here and take the argmax below, so they stay exact.
         temps = to_device([p.temperature or 1.0 for p in params], torch.float32, logits.device)
         scaled = logits / temps.unsqueeze(1)
-        probs = self._filtered_probs(scaled, [p.top_k for p in params], [p.top_p for p in params])
-        if any(p.min_p > 0 for p in params):
-            # NOTE: the race below takes argmax(p / E), so the kept probabilities need no renormalising.
-            min_p = to_device([p.min_p for p in params], torch.float32, probs.device)
-            floor = probs.amax(dim=-1, keepdim=True) * min_p.unsqueeze(1)
-            probs = probs.masked_fill(probs < floor, 0.0)
-        noise = torch.empty_like(probs)
-        unseeded = [i for i, s in enumerate(seqs) if s.generator is None]
-        if unseeded:
-            draws = _exponential_(torch.empty((len(unseeded), probs.shape[1]), device=probs.device), self.generator)
-            noise.index_copy_(0, to_device(unseeded, torch.int64, probs.device), draws)
-        for i, s in enumerate(seqs):
-            if s.generator is not None:
-                _exponential_(noise[i], s.generator)
-        sampled = (probs / noise).argmax(dim=-1)
+        sampled = draw_rows(scaled, self._uniforms(seqs, scaled.device), [p.top_k for p in params],
+                            [p.top_p for p in params], [p.min_p for p in params])
         if greedy_tokens is None:
             return sampled
         return torch.where(to_device(greedy, torch.bool, logits.device), greedy_tokens, sampled)
 
-    @staticmethod
-    def _filtered_probs(logits: torch.Tensor, top_k: list[int], top_p: list[float]) -> torch.Tensor:
-        """Softmax after top-k and top-p filtering (rows with k=0 and p=1 are left whole)."""
-        use_k, use_p = any(k > 0 for k in top_k), any(p < 1.0 for p in top_p)
-        if not (use_k or use_p):
-            return torch.softmax(logits, dim=-1)
-        vocab = logits.shape[1]
-        sorted_logits, order = logits.sort(dim=-1, descending=True)  # [bs, vocab]
-        if use_k:
-            k = to_device([min(kk, vocab) if kk > 0 else vocab for kk in top_k], torch.int64, logits.device)
-            ranks = torch.arange(vocab, device=logits.device)
-            sorted_logits = sorted_logits.masked_fill(ranks.unsqueeze(0) >= k.unsqueeze(1), float("-inf"))
-        if use_p:
-            p = to_device(top_p, torch.float32, logits.device)
-            sorted_probs = torch.softmax(sorted_logits, dim=-1)
-            # NOTE: drop a token once the mass before it already reaches top_p; the top token always stays (a
-            # top_p under float32's smallest value is 0 here)
-            drop = (sorted_probs.cumsum(dim=-1) - sorted_probs) >= p.unsqueeze(1)
-            drop[:, 0] = False
-            sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-        probs_sorted = torch.softmax(sorted_logits, dim=-1)
-        return torch.empty_like(probs_sorted).scatter_(1, order, probs_sorted)
-
-
-
-def _exponential_(out: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """Exp(1) draws into `out` as -log(U), U ~ U[0, 1): `exponential_`'s law at a fifth of its time on the CPU
-    (docs/benchmarks.md, "Sampling on the CPU"). U = 0 gives E = inf: that token loses the race (p 2^-24)."""
-    return out.uniform_(generator=generator).log_().neg_()
+    def _uniforms(self, seqs: list[Sequence], device: torch.device) -> torch.Tensor:
+        """[bs, 1] U[0, 1) draws: a seeded row's from its own generator, the others' from the sampler's."""
+        u = torch.empty((len(seqs), 1), device=device)
+        if any(s.generator is None for s in seqs):
+            u.uniform_(generator=self.generator)
+        for i, s in enumerate(seqs):
+            if s.generator is not None:
+                u[i].uniform_(generator=s.generator)
+        return u
 
 
 def _suppress_stops(logits: torch.Tensor, seqs: list[Sequence], rows: list[int]) -> None:

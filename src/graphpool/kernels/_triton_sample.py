@@ -1,8 +1,8 @@
 """Triton sampling of a `[bs, vocab]` logits tensor in two launches (imported lazily: GPU only).
 
 A row with temperature t > 0 takes argmax(x / t + G), G a Gumbel draw per entry from Philox keyed by the
-row's seed (the Gumbel-max form of the exponential race the torch sampler runs: the same distribution,
-softmax(x / t)); a row with t == 0 takes argmax(x), torch's index (the first maximum, a NaN as the
+row's seed (Gumbel-max: the distribution softmax(x / t), which the torch sampler draws from by its inverse
+CDF); a row with t == 0 takes argmax(x), torch's index (the first maximum, a NaN as the
 maximum). Stage 1, grid `(bs, cdiv(vocab, BLOCK))`, reduces BLOCK entries of a row to (max, first index,
 first NaN); stage 2 is the row argmax's (`_triton_argmax`). The eager sampler launches about a dozen ops
 and three host copies for the same draw; this is one host copy and two launches.
