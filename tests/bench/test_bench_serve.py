@@ -92,7 +92,7 @@ def test_configs_and_ladder() -> None:
                            configs=["lru16-capture-on-miss", "default"], budget="1GiB", prompt_mean=10.0, prompt_cap=20, max_tokens_mean=5.0,
                            max_tokens_cap=10, sigma=1.0, concurrency=None, url=None, server_arg=["--max-num-seqs=8"],
                            startup_timeout=10.0, stop_timeout=5.0, resume=False, prime=True,
-                           step_timeline=False, client_processes=2, temperatures=[0.0, 0.8], vllm_python="python3",
+                           step_timeline=False, client_processes=2, temperatures=[0.0, 0.8], top_p=0.9, vllm_python="python3",
                            vllm_model=None, vllm_pythonpath="/tmp/vllm-site", vllm_arg=[], loads=None,
                            gap_threshold_ms=2.0)
     cfg = config_from_args(args)  # type: ignore[arg-type]
@@ -100,6 +100,10 @@ def test_configs_and_ladder() -> None:
     with pytest.raises(ValueError, match="--gap-threshold-ms"):
         config_from_args(SimpleNamespace(**{**vars(args), "gap_threshold_ms": 0.0}))  # type: ignore[arg-type]
     assert not cfg.step_timeline and cfg.client_processes == 2 and cfg.temperatures == (0.0, 0.8)
+    assert cfg.top_p == 0.9
+    for bad in (0.0, 1.5):
+        with pytest.raises(ValueError, match="--top-p"):
+            config_from_args(SimpleNamespace(**{**vars(args), "top_p": bad}))  # type: ignore[arg-type]
     assert cfg.seeds == (3, 4) and cfg.token_ids and cfg.engine_flags()[-1] == "--max-num-seqs=8"
     with pytest.raises(ValueError, match="--seeds"):
         config_from_args(SimpleNamespace(**{**vars(args), "seeds": 0}))  # type: ignore[arg-type]
@@ -300,7 +304,7 @@ def test_real_run_on_cpu(tmp_path: Path) -> None:
 
     default_gguf_path()  # the default model is installed (fails with the reason otherwise)
     cmd = [sys.executable, "-m", "graphpool.bench", "serve", "--configs", "no-graphs", "--seeds", "1", "--rate", "3",
-           "--temperatures", "0", "0.8", "--duration", "3", "--prompt-mean", "12", "--prompt-cap", "24", "--max-tokens-mean", "8",
+           "--temperatures", "0", "0.8", "--top-p", "0.95", "--duration", "3", "--prompt-mean", "12", "--prompt-cap", "24", "--max-tokens-mean", "8",
            "--max-tokens-cap", "16", "--out", str(tmp_path), "--server-arg=--max-model-len=128",
            "--startup-timeout", "600", "--stop-timeout", "300", "--no-prime"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1200,
@@ -310,8 +314,9 @@ def test_real_run_on_cpu(tmp_path: Path) -> None:
     data = json.loads((tmp_path / "serve.json").read_text())
     run, sampled = data["results"]["runs"]
     assert (run["temperature"], sampled["temperature"]) == (0.0, 0.8)
+    assert (run["top_p"], sampled["top_p"]) == (1.0, 0.95) and sampled["errors"] == 0  # greedy: no top_p sent
     # the second workload's steps are its own: the server's timeline also holds the first's
-    export = json.loads((tmp_path / "timelines" / "no-graphs-t0.8-seed0.json").read_text())
+    export = json.loads((tmp_path / "timelines" / "no-graphs-t0.8p0.95-seed0.json").read_text())
     counted = sum(int(v["steps"]) for v in sampled["gap_causes"]["steps"].values())
     assert 0 < counted == sum(s.start >= export["client_t0_monotonic"] for s in records_from_export(export))
     assert counted < len(export["steps"])
@@ -374,9 +379,12 @@ def test_each_client_process_warms_its_client_up_untimed() -> None:
 
     client = SimpleNamespace(completions=SimpleNamespace(create=create))
     assert asyncio.run(_warm_up(client, "m", list(range(20)), 0.8)) is None
-    (kw,) = calls
+    kw = calls[0]
     assert kw["prompt"] == list(range(8)) and kw["max_tokens"] == 1 and kw["stream"] and kw["temperature"] == 0.8
     assert kw["extra_body"] == {"ignore_eos": True} and kw["stream_options"] == {"include_usage": True}
+    assert "top_p" not in kw  # 1: left out, as a client that does not set it
+    assert asyncio.run(_warm_up(client, "m", list(range(20)), 0.8, 0.9)) is None
+    assert calls[-1]["top_p"] == 0.9
     assert asyncio.run(_warm_up(client, "broken", "a b c", 0.0)) == "warm-up request: ConnectionError: refused"
 
 

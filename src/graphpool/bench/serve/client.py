@@ -67,13 +67,13 @@ class ClientRun:
 
 
 async def _one(client: object, model: str, req: TraceRequest, prompt: str | list[int], res: RequestResult,
-               t0: float, temperature: float) -> None:
+               t0: float, temperature: float, top_p: float = 1.0) -> None:
     tl = res.timeline
     tl.arrival_s = time.perf_counter() - t0
     try:
         stream = await client.completions.create(  # type: ignore[attr-defined]
             model=model, prompt=prompt, max_tokens=req.output_len, temperature=temperature, stream=True,
-            stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
+            stream_options={"include_usage": True}, extra_body={"ignore_eos": True}, **_top_p(top_p),
         )
         async for chunk in stream:
             now = time.perf_counter() - t0
@@ -96,14 +96,20 @@ async def _one(client: object, model: str, req: TraceRequest, prompt: str | list
         res.error = f"{type(exc).__name__}: {exc}"[:300]
 
 
-async def _warm_up(client: object, model: str, prompt: str | list[int], temperature: float) -> str | None:
+def _top_p(top_p: float) -> dict[str, float]:
+    """The request's top_p field where it cuts (1: sent as no field, as a client leaving it unset does)."""
+    return {"top_p": top_p} if top_p < 1 else {}
+
+
+async def _warm_up(client: object, model: str, prompt: str | list[int], temperature: float,
+                   top_p: float = 1.0) -> str | None:
     """One untimed streamed request shaped as the trace's: the client's first call imports and builds its
     response types (30-80 ms of this process's event loop on a 2-core VM, more where Python compiles them from
     source), which would otherwise stall the first timed requests. Its error, if any, for the run's sample."""
     try:
         stream = await client.completions.create(  # type: ignore[attr-defined]
             model=model, prompt=prompt[:8], max_tokens=1, temperature=temperature, stream=True,
-            stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
+            stream_options={"include_usage": True}, extra_body={"ignore_eos": True}, **_top_p(top_p),
         )
         async for _ in stream:
             pass
@@ -116,12 +122,12 @@ async def run_trace(url: str, model: str, trace: Sequence[TraceRequest], seed: i
                     concurrency: int | None, label: str, request_timeout_s: float = 600.0,
                     progress_every_s: float = 5.0, start_monotonic: float | None = None,
                     done: Any = None, ready: Callable[[], float] | None = None,
-                    temperature: float = 0.0) -> ClientRun:
+                    temperature: float = 0.0, top_p: float = 1.0) -> ClientRun:
     """Sends each request at its scheduled time (waiting for a slot under ``concurrency``), streams it, and
     returns once every request has finished or failed. ``start_monotonic``: the trace's time 0 (default: now);
     ``done``: a shared counter of finished requests (a worker of `run_trace_processes`); ``ready``: called
     once the client is set up, returns the start time (the processes' rendezvous); no progress lines when
-    ``progress_every_s`` is 0; ``temperature``: every request's (0: greedy)."""
+    ``progress_every_s`` is 0; ``temperature`` and ``top_p``: every request's (0: greedy; 1: no cut)."""
     import httpx
     import openai
 
@@ -141,7 +147,7 @@ async def run_trace(url: str, model: str, trace: Sequence[TraceRequest], seed: i
         state["in_flight"] += 1
         state["max_in_flight"] = max(state["max_in_flight"], state["in_flight"])
         try:
-            await _one(client, model, req, prompt, res, t0, temperature)
+            await _one(client, model, req, prompt, res, t0, temperature, top_p)
         finally:
             state["in_flight"] -= 1
             state["done"] += 1
@@ -176,7 +182,7 @@ async def run_trace(url: str, model: str, trace: Sequence[TraceRequest], seed: i
             if lags[-1] > 1.0:
                 late.append((t + _LAG_PROBE_S, woke))
 
-    warm_error = await _warm_up(client, model, prompts[0], temperature) if trace else None
+    warm_error = await _warm_up(client, model, prompts[0], temperature, top_p) if trace else None
     # NOTE: the client's start-up objects (openai's, httpx's, the prompts) frozen for the trace: no collection
     # pauses this loop to walk them (a generation-1 pass took ~1.5 ms mid-stream on a 2-core VM)
     with heap_frozen():

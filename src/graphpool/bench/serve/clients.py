@@ -27,7 +27,7 @@ def default_processes() -> int:
 
 
 def _worker(index: int, args: tuple[Any, ...], ready: Any, start: Any, done: Any, out: Any) -> None:
-    url, model, shard, seed, token_ids, concurrency, label, timeout_s, temperature = args
+    url, model, shard, seed, token_ids, concurrency, label, timeout_s, temperature, top_p = args
 
     def rendezvous() -> float:
         ready.wait()
@@ -36,7 +36,8 @@ def _worker(index: int, args: tuple[Any, ...], ready: Any, start: Any, done: Any
 
     # NOTE: the client and the prompts are set up before the rendezvous: no process starts late
     run = asyncio.run(run_trace(url, model, shard, seed, token_ids, concurrency, label, timeout_s,
-                                progress_every_s=0, done=done, ready=rendezvous, temperature=temperature))
+                                progress_every_s=0, done=done, ready=rendezvous, temperature=temperature,
+                                top_p=top_p))
     for r in run.results:
         r.worker = index
     out.put((index, run))
@@ -53,7 +54,7 @@ def process_caps(concurrency: int | None, processes: int) -> list[int | None]:
 
 def run_trace_processes(url: str, model: str, trace: Sequence[TraceRequest], seed: int, token_ids: bool,
                         concurrency: int | None, label: str, processes: int, request_timeout_s: float = 600.0,
-                        progress_every_s: float = 5.0, temperature: float = 0.0,
+                        progress_every_s: float = 5.0, temperature: float = 0.0, top_p: float = 1.0,
                         on_ready: Callable[[], None] | None = None) -> ClientRun:
     """`run_trace` with the requests dealt round-robin to ``processes`` client processes (1: in this one); a
     ``concurrency`` cap is dealt out too, so that never more than it are in flight in all. ``on_ready``: called
@@ -69,11 +70,12 @@ def run_trace_processes(url: str, model: str, trace: Sequence[TraceRequest], see
             return time.monotonic()
 
         return asyncio.run(run_trace(url, model, trace, seed, token_ids, concurrency, label, request_timeout_s,
-                                     progress_every_s, ready=ready_here, temperature=temperature))
+                                     progress_every_s, ready=ready_here, temperature=temperature, top_p=top_p))
     ctx = mp.get_context("spawn")
     ready, start, done, out = ctx.Barrier(processes + 1), ctx.Value("d", 0.0), ctx.Value("i", 0), ctx.Queue()
     procs = [ctx.Process(target=_worker, daemon=True, args=(
-        i, (url, model, list(trace[i::processes]), seed, token_ids, caps[i], label, request_timeout_s, temperature),
+        i, (url, model, list(trace[i::processes]), seed, token_ids, caps[i], label, request_timeout_s, temperature,
+            top_p),
         ready, start, done, out)) for i in range(processes)]
     for p in procs:
         p.start()

@@ -64,6 +64,7 @@ class ServeBenchConfig:
     step_timeline: bool = True  # the server keeps a step timeline, and the client's gaps are attributed by it
     client_processes: int = 1  # client processes streaming the trace (serve/clients.py says why)
     temperatures: tuple[float, ...] = (0.0,)  # one workload each, against the same server (0: greedy)
+    top_p: float = 1.0  # every sampled workload's requests' top_p (1: the field left out)
     gap_threshold_ms: float = THRESHOLD_MS  # client gaps over this are attributed to the server's steps
     vllm: VllmLaunch = field(default_factory=VllmLaunch)
 
@@ -88,6 +89,8 @@ class ServeBenchConfig:
         if not self.temperatures or any(t < 0 for t in self.temperatures) or len(set(self.temperatures)) != len(
                 self.temperatures):
             raise ValueError(f"serve bench: --temperatures are distinct numbers >= 0, got {self.temperatures}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"serve bench: --top-p is in (0, 1], got {self.top_p}")
         if not self.url and any(c in VLLM_CONFIGS for c in self.configs):
             self.vllm.resolved_model_dir(self.model)  # raises without a model folder
         for load in self.loads:
@@ -131,6 +134,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperatures", nargs="+", type=float, default=[0.0], metavar="T",
                    help="one workload per temperature, each against the same server after one untimed request at "
                         "that temperature, e.g. 0 0.8 (default: 0, greedy)")
+    p.add_argument("--top-p", type=float, default=1.0, metavar="P",
+                   help="top_p of every sampled workload's requests, as a model's generation_config.json may "
+                        "recommend (default: 1, the field left out)")
     p.add_argument("--budget", default="256MiB", help="--graph-memory-budget of configuration budget")
     p.add_argument("--prompt-mean", type=float, default=300.0, help="lognormal prompt length mean (tokens)")
     p.add_argument("--prompt-cap", type=int, default=1024)
@@ -189,4 +195,4 @@ def config_from_args(args: argparse.Namespace) -> ServeBenchConfig:
         startup_timeout_s=args.startup_timeout, stop_timeout_s=args.stop_timeout, resume=args.resume,
         prime=args.prime, step_timeline=args.step_timeline,
         client_processes=args.client_processes if args.client_processes is not None else default_processes(),
-        temperatures=tuple(args.temperatures), gap_threshold_ms=args.gap_threshold_ms, vllm=vllm)
+        temperatures=tuple(args.temperatures), top_p=args.top_p, gap_threshold_ms=args.gap_threshold_ms, vllm=vllm)

@@ -106,7 +106,8 @@ def markdown(by_config: Mapping[str, Sequence[RunSummary]], targets: Sequence[Ta
             "/metrics after the run minus /metrics right before it (after start-up, the warm-up graphs a server "
             "captures while idle after ready, one warm-up completion and each client process's untimed request); "
             "a TTFT over a client stall is a request whose wait for its first token overlapped 10 ms or more of "
-            "its client process's event loop waking late; `@T0.8`: the workload sampled at temperature 0.8.\n\n")
+            "its client process's event loop waking late; `@T0.8`: the workload sampled at temperature 0.8 "
+            "(`@T0.8p0.95`: and top-p 0.95).\n\n")
     body += md_table(["configuration", *(c for c, _ in COLUMNS)], rows)
     body += "\nTargets (medians over seeds):\n\n" + "\n".join(t.line() for t in targets) + "\n"
     samples = [f"({r.config}) seed {r.seed}: {e}" for rs in by_config.values() for r in rs for e in r.errors_sample]

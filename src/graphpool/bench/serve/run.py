@@ -53,6 +53,7 @@ class Workload:
 
     load: Load
     temperature: float
+    top_p: float
     client: ClientRun
     before: dict[str, float]
     after: dict[str, float]
@@ -81,17 +82,19 @@ def run_one(cfg: ServeBenchConfig, sc: ServeConfig, seed: int, out_dir: Path) ->
         model = _served_model(server.url)
         for load, trace in traces.items():
             for temp in cfg.temperatures:
-                label = _workload_name(name, cfg.load_tag(load), temp)
-                warm = warm_up(server.url, model, list(range(1, 9)) if cfg.token_ids else "the of and to", temp)
+                top_p = cfg.top_p if temp > 0 else 1.0
+                label = _workload_name(name, cfg.load_tag(load), temp, top_p)
+                warm = warm_up(server.url, model, list(range(1, 9)) if cfg.token_ids else "the of and to", temp,
+                               top_p=top_p)
                 progress(f"{label}: untimed warm-up completion {warm:.2f} s")
                 before: dict[str, float] = {}
                 # NOTE: scraped once the clients' own untimed requests are done: the counters cover the trace only
                 client = run_trace_processes(
                     server.url, model, trace, seed, cfg.token_ids, load.concurrency, label, cfg.client_processes,
-                    temperature=temp,
+                    temperature=temp, top_p=top_p,
                     on_ready=lambda before=before: before.update(scrape(server.url, engine_series=not sc.foreign)))
                 after = scrape(server.url, engine_series=not sc.foreign)
-                workloads.append(Workload(load, temp, client, before, after,
+                workloads.append(Workload(load, temp, top_p, client, before, after,
                                           fetch_timeline(server.url) if timelines else None))
     finally:
         stop = server.stop(cfg.stop_timeout_s)
@@ -101,9 +104,11 @@ def run_one(cfg: ServeBenchConfig, sc: ServeConfig, seed: int, out_dir: Path) ->
         _save(cfg, sc, seed, out_dir, w, boot, server.startup_s, stop, info)
 
 
-def _workload_name(server: str, load_tag: str, temperature: float) -> str:
-    """A workload in the progress lines: its server's name, its load (where the bench has several), its T."""
-    return f"{server}, {load_tag + ', ' if load_tag else ''}T={temperature:g}"
+def _workload_name(server: str, load_tag: str, temperature: float, top_p: float) -> str:
+    """A workload in the progress lines: its server's name, its load (where the bench has several), its T (and
+    top-p where it cuts)."""
+    cut = f" top-p {top_p:g}" if top_p < 1 else ""
+    return f"{server}, {load_tag + ', ' if load_tag else ''}T={temperature:g}{cut}"
 
 
 def _start(cfg: ServeBenchConfig, sc: ServeConfig, seed: int, out_dir: Path) -> ServerProcess:
@@ -121,9 +126,9 @@ def _start(cfg: ServeBenchConfig, sc: ServeConfig, seed: int, out_dir: Path) -> 
 def _save(cfg: ServeBenchConfig, sc: ServeConfig, seed: int, out_dir: Path, w: Workload, boot: dict[str, float],
           startup_s: float, stop: tuple[float, bool], info: VllmLogInfo | None) -> None:
     tag = cfg.load_tag(w.load)
-    name = _workload_name(f"({sc.key}) {sc.label}, seed {seed}", tag, w.temperature)
+    name = _workload_name(f"({sc.key}) {sc.label}, seed {seed}", tag, w.temperature, w.top_p)
     client, causes = w.client, None
-    stem = run_stem(sc.key, seed, w.temperature, tag)
+    stem = run_stem(sc.key, seed, w.temperature, tag, w.top_p)
     if w.timeline is not None:
         ok = [r for r in client.results if r.error is None]
         # NOTE: the server's timeline holds every step since it started: this workload's begin at its time 0
@@ -140,7 +145,7 @@ def _save(cfg: ServeBenchConfig, sc: ServeConfig, seed: int, out_dir: Path, w: W
         progress(f"{name}: {causes['gaps']} gaps over {causes['threshold_ms']:g} ms: "
                  + ", ".join(f"{k} {v}" for k, v in causes["counts"].items() if v))
     run, itls = summarize_run(sc.key, sc.label, seed, cfg.model, w.load.rate, cfg.duration_s, client, w.before,
-                              w.after, startup_s, stop, causes, boot=boot, temperature=w.temperature,
+                              w.after, startup_s, stop, causes, boot=boot, temperature=w.temperature, top_p=w.top_p,
                               server=sc.server, log_info=info, concurrency=w.load.concurrency, load=tag)
     save_run(out_dir / "runs", run, itls)
     progress(f"{name}: {run.errors} errors, {run.itl_gaps} ITL gaps, ITL p50/p99/p99.9 "

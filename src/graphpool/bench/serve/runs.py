@@ -56,6 +56,7 @@ class RunSummary:
     client_cpu_share: float = math.nan  # client CPU time / wall time (1.0 = one core busy)
     client_processes: int = 1
     temperature: float = 0.0  # the workload's sampling temperature (0: greedy)
+    top_p: float = 1.0  # its requests' top_p (1: none sent)
     server: str = "graphpool"  # or "vllm" (a foreign server)
     graphs: float = math.nan  # graphpool: resident after the run; vLLM: captured at start-up (its log)
     graph_mib: float = math.nan  # graphpool: resident bytes (arena included); vLLM: what its log says capture took
@@ -77,19 +78,23 @@ def pcts(xs: Sequence[float]) -> dict[str, float]:
 def group_key(run: RunSummary) -> str:
     """A configuration under one workload: its name, with the temperature when it samples and the load where
     the bench ran several."""
-    key = run.config if run.temperature == 0 else f"{run.config}@T{run.temperature:g}"
+    key = run.config if run.temperature == 0 else f"{run.config}@T{run.temperature:g}{_cut(run.top_p)}"
     return f"{key}@{run.load}" if run.load else key
 
 
-def run_stem(config: str, seed: int, temperature: float, load: str = "") -> str:
+def _cut(top_p: float) -> str:
+    return f"p{top_p:g}" if top_p < 1 else ""
+
+
+def run_stem(config: str, seed: int, temperature: float, load: str = "", top_p: float = 1.0) -> str:
     """A run's file name under <out>/runs (greedy runs of one load keep the name they had before temperatures
     and loads)."""
-    stem = f"{config}-seed{seed}" if temperature == 0 else f"{config}-t{temperature:g}-seed{seed}"
+    stem = f"{config}-seed{seed}" if temperature == 0 else f"{config}-t{temperature:g}{_cut(top_p)}-seed{seed}"
     return f"{load}-{stem}" if load else stem
 
 
 def stem_of(run: RunSummary) -> str:
-    return run_stem(run.config, run.seed, run.temperature, run.load)
+    return run_stem(run.config, run.seed, run.temperature, run.load, run.top_p)
 
 
 def load_order(run: RunSummary) -> tuple[bool, int, float]:
@@ -108,7 +113,7 @@ def load_label(run: RunSummary) -> str:
 def summarize_run(config: str, label: str, seed: int, model: str, rate: float, trace_s: float, client: Any,
                   before: Mapping[str, float], after: Mapping[str, float], startup_s: float, stop: tuple[float, bool],
                   gap_causes: Mapping[str, Any] | None = None, *, boot: Mapping[str, float] | None = None,
-                  temperature: float = 0.0, server: str = "graphpool", log_info: Any = None,
+                  temperature: float = 0.0, top_p: float = 1.0, server: str = "graphpool", log_info: Any = None,
                   concurrency: int | None = None, load: str = "") -> tuple[RunSummary, list[float]]:
     """A run's summary and its ITLs in ms (``client``: serve_client.ClientRun; ``boot``: /metrics right after
     start-up, default ``before``; ``log_info``: a foreign server's foreign.VllmLogInfo)."""
@@ -135,7 +140,7 @@ def summarize_run(config: str, label: str, seed: int, model: str, rate: float, t
         client_loop_lag_ms={"p50": percentile(client.loop_lag_ms, 50), "p99": percentile(client.loop_lag_ms, 99),
                             "max": max(client.loop_lag_ms, default=math.nan)},
         client_cpu_share=client.cpu_share, client_processes=getattr(client, "processes", 1),
-        temperature=temperature, server=server, **_graph_facts(after, boot, log_info),
+        temperature=temperature, top_p=top_p, server=server, **_graph_facts(after, boot, log_info),
         engine={k: after[k] - before.get(k, 0.0) for k in ENGINE_KEYS if k in after},
         itl_first_ms=pcts([g[0] * 1e3 for r in ok if (g := r.timeline.itls())]),
         ttft_unstalled_ms=pcts(unstalled), ttft_client_stalled=stalled, concurrency=concurrency, load=load,
