@@ -1,5 +1,6 @@
 """The torch sampler's draw on the CPU: ms a `Sampler.sample` call (medians of `--reps`) at 1, 4 and 16 rows
-for plain temperature rows, top-p rows and seeded rows. The rows are the default model's own logits (recorded
+for plain temperature rows, top-p, top-k and seeded rows, and Qwen2.5-Instruct's recommended settings (with a
+repetition penalty over a 300-token prompt and 100 tokens of output). The rows are the default model's own logits (recorded
 while it samples eight prompts at T=0.8, CPU defaults); `--flat` adds rows of N(0, 1) logits, whose top-p cut
 lies past any short list of candidates. Compare trees by running it with `PYTHONPATH` at each one's `src`.
 
@@ -27,7 +28,9 @@ PROMPTS = ("The history of the Roman Empire spans", "def quicksort(arr):\n", "Wa
            "Once upon a time, in a land far away,", "The three primary colors are",
            "In machine learning, gradient descent", "My favourite recipe for pancakes", "The capital of France is")
 KINDS = {"T=0.8": {"temperature": 0.8}, "T=0.8 top-p 0.95": {"temperature": 0.8, "top_p": 0.95},
-         "T=0.8 top-k 50": {"temperature": 0.8, "top_k": 50}, "T=0.8 seeded": {"temperature": 0.8, "seed": 1}}
+         "T=0.8 top-k 50": {"temperature": 0.8, "top_k": 50}, "T=0.8 seeded": {"temperature": 0.8, "seed": 1},
+         # Qwen2.5-Instruct's generation_config.json
+         "Qwen's defaults": {"temperature": 0.7, "top_p": 0.8, "top_k": 20, "repetition_penalty": 1.05}}
 
 
 def model_logits(tokens: int) -> torch.Tensor:
@@ -51,9 +54,12 @@ def model_logits(tokens: int) -> torch.Tensor:
 def median_ms(pool: torch.Tensor, rows: int, reps: int, fields: dict) -> float:
     """`reps` calls, each on the next `rows` rows of `pool` (cycling)."""
     params = SamplingParams(**fields)
-    seqs = [Sequence(f"r{i}", [1], params, frozenset(),
+    ids = torch.randint(pool.shape[1], (rows, 400), generator=torch.Generator().manual_seed(rows)).tolist()
+    seqs = [Sequence(f"r{i}", ids[i][:300], params, frozenset(),  # a 300-token prompt and 100 tokens out
                      None if params.seed is None else torch.Generator().manual_seed(params.seed + i))
             for i in range(rows)]
+    for s, more in zip(seqs, ids, strict=True):
+        s.token_ids.extend(more[300:])
     sampler = Sampler(torch.device("cpu"), 0)
     times = []
     for rep in range(reps + 1):  # NOTE: the first call warms up and is dropped

@@ -42,6 +42,16 @@ def test_the_cut_among_candidates_equals_the_whole_rows() -> None:
     assert [among[i] for i in (0, 1, 2, 3, 4, 7)] == [whole[i] for i in (0, 1, 2, 3, 4, 7)]
 
 
+def test_rows_that_all_have_a_top_k_are_cut_among_their_k_largest() -> None:
+    x = _logits(3, 5)
+    x[1] = _flat(6)
+    top_k, top_p = [20, 5, 40], [0.8, 0.99, 1.0]
+    vals, ids, short = nucleus(x, top_k, top_p, candidates=VOCAB)  # any device: CUDA passes the vocabulary
+    assert vals.shape[1] == 40 and short == []
+    whole = _kept(*nucleus(torch.cat([x, x[:1]]), [*top_k, 0], [*top_p, 1.0], candidates=VOCAB)[:2])
+    assert _kept(vals, ids) == whole[:3] and len(whole[1]) == 5 and len(whole[2]) == 40
+
+
 @pytest.mark.parametrize("vocab_candidates", [False, True])
 def test_candidates_and_whole_rows_draw_the_same_tokens(monkeypatch: pytest.MonkeyPatch,
                                                         vocab_candidates: bool) -> None:

@@ -135,6 +135,42 @@ def test_counts_follow_sampled_tokens_and_rows_are_reused() -> None:
     assert counts.prompt[row].nonzero().flatten().tolist() == [9]
 
 
+def test_the_cpus_sparse_penalties_equal_the_dense_ones_bitwise() -> None:
+    """`apply_penalties_sparse` (the CPU's, at each row's seen tokens) gives the dense pass's values exactly; the
+    host record of seen tokens is the dense prompt mask or'ed with counts > 0, also after rows are reused."""
+    from graphpool.engine.penalties import apply_penalties, apply_penalties_sparse
+
+    rng = random.Random(11)
+    sampler = Sampler(torch.device("cpu"), 0)
+    counts = sampler.token_counts
+    params = [{"repetition_penalty": 1.3, "frequency_penalty": 0.4}, {"repetition_penalty": 0.7},
+              {"presence_penalty": -1.5, "frequency_penalty": 2.0}, {"presence_penalty": 0.5, "repetition_penalty": 1.1}]
+    seqs = [_seq(f"r{i}", *_random_case(rng), temperature=1.0, seed=i, **kw) for i, kw in enumerate(params)]
+    for step in range(12):
+        if step == 6:  # a finished request's row goes to a new one
+            sampler.release(seqs[1])
+            seqs[1] = _seq("new", *_random_case(rng), temperature=1.0, seed=9, repetition_penalty=0.7)
+        for s, t in zip(seqs, sampler.sample(torch.randn(len(seqs), VOCAB) * 3, seqs).tolist(), strict=True):
+            s.token_ids.append(t)
+    rows = [s.penalty_row for s in seqs]
+    assert counts.seen is not None
+    for r in rows:
+        assert counts.seen[r] == set(((counts.counts[r] > 0) | counts.prompt[r]).nonzero().flatten().tolist())
+    logits = torch.randn(6, VOCAB) * 4
+    index = [5, 0, 3, 2]  # batch rows, in another order than the count rows
+    col = {k: [float(p.get(k, d)) for p in params] for k, d in
+           (("presence_penalty", 0.0), ("frequency_penalty", 0.0), ("repetition_penalty", 1.0))}
+    dense = apply_penalties(logits[index], counts.counts[rows], counts.prompt[rows],
+                            torch.tensor(col["presence_penalty"]), torch.tensor(col["frequency_penalty"]),
+                            torch.tensor(col["repetition_penalty"]))
+    sparse = logits.clone()
+    apply_penalties_sparse(sparse, index, rows, counts, col["presence_penalty"], col["frequency_penalty"],
+                           col["repetition_penalty"])
+    assert torch.equal(sparse[index], dense) and not torch.equal(dense, logits[index])
+    untouched = [i for i in range(6) if i not in index]
+    assert torch.equal(sparse[untouched], logits[untouched])
+
+
 def test_no_penalty_batch_does_no_penalty_work() -> None:
     sampler = Sampler(torch.device("cpu"), 0)
     seqs = [_seq("a", [1], [], temperature=0, presence_penalty=0.0, repetition_penalty=1.0),

@@ -1,10 +1,10 @@
 """The torch draw of sampled rows: top-k then top-p as each row's kept tokens, min-p, and one U[0, 1) number a
 row located in the kept tokens' cumulative probabilities (the inverse CDF).
 
-On the CPU a row's top-k / top-p cut is first looked for among its `TOP_CANDIDATES` largest logits (a partial
-sort: a full one of a 49,152-entry row takes ~4 ms there), and over the whole row only for rows whose cut lies
-past them; that check reads a value on the host, which on CUDA would wait for the step,
-so the GPU sorts whole rows.
+Where every row has a top-k, the cut is looked for among its k largest logits (`topk`, on any device). Else,
+on the CPU, among its `TOP_CANDIDATES` largest (a full sort of a 49,152-entry row takes ~4 ms there), and over
+the whole row only for rows whose cut lies past them; that check reads a value on the host, which on CUDA
+would wait for the step, so the GPU sorts whole rows.
 """
 
 from __future__ import annotations
@@ -63,12 +63,15 @@ def _pick(x: torch.Tensor, u: torch.Tensor, min_p: list[float], ids: torch.Tenso
 
 def nucleus(x: torch.Tensor, top_k: list[int], top_p: list[float],
             candidates: int) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
-    """Each row's `candidates` largest logits (at least its top-k; at most the vocabulary) in descending order,
-    -inf where top-k (k <= 0: off) then top-p (of the top-k's renormalised mass; p >= 1: off) drop them, their
-    token ids, and the rows whose cut may lie past the candidates (none at the whole vocabulary)."""
+    """Each row's largest logits in descending order, -inf where top-k (k <= 0: off) then top-p (of the top-k's
+    renormalised mass; p >= 1: off) drop them, their token ids, and the rows whose cut may lie past them. As
+    many as the largest k where every row has a top-k, else `candidates` (at least the largest k, at most the
+    vocabulary: then no row is past them)."""
     vocab = x.shape[1]
     ks = [k if 0 < k < vocab else vocab for k in top_k]
-    width = min(vocab, max([candidates, *(k for k in ks if k < vocab)]))
+    # NOTE: where every row has a top-k its kept tokens lie among the largest k (on any device: no check needed)
+    width = max(ks) if max(ks) < vocab else min(vocab, max([candidates, *(k for k in ks if k < vocab)]))
+    uncertain = max(ks) > width  # some row's cut may lie past the candidates (only where width < vocab)
     vals, ids = x.topk(width, dim=-1)
     k = to_device(ks, torch.int64, x.device).unsqueeze(1)
     kept = torch.arange(width, device=x.device) < k
@@ -78,7 +81,7 @@ def nucleus(x: torch.Tensor, top_k: list[int], top_p: list[float],
         masked = vals.masked_fill(~kept, float("-inf"))
         # the normaliser after top-k: the candidates' where they hold all k kept tokens, else the whole row's
         norm = masked.logsumexp(dim=-1, keepdim=True)
-        if width < vocab and max(ks) > width:
+        if uncertain:
             norm = torch.where(k <= width, norm, x.logsumexp(dim=-1, keepdim=True))
         probs = (masked - norm).exp()
         mass = probs.cumsum(dim=-1)
@@ -86,7 +89,7 @@ def nucleus(x: torch.Tensor, top_k: list[int], top_p: list[float],
         kept &= (mass - probs) < p
         kept[:, 0] = True
         short &= mass[:, -1:] < p
-    rows = short.flatten().nonzero().flatten().tolist() if width < vocab else []
+    rows = short.flatten().nonzero().flatten().tolist() if uncertain else []
     return vals.masked_fill(~kept, float("-inf")), ids, rows
 
 

@@ -11,7 +11,7 @@ from graphpool.engine.draw import draw_rows
 from graphpool.engine.grammar import apply_guides
 from graphpool.engine.host_copy import to_device
 from graphpool.engine.logprobs import StepLogprobs, TokenLogprob, gather_logprobs
-from graphpool.engine.penalties import TokenCounts, apply_penalties
+from graphpool.engine.penalties import TokenCounts, apply_penalties, apply_penalties_sparse
 from graphpool.engine.sequence import Sequence
 from graphpool.kernels.sample import sample_params
 from graphpool.model.ops import argmax_torch
@@ -100,6 +100,12 @@ class Sampler:
         rows = self.token_counts.rows(pen_seqs, logits.shape[1])
         index = torch.tensor(penalised, dtype=torch.int64).to(logits.device, non_blocking=True)
         penalties = [s.params for s in pen_seqs]
+        if self.token_counts.seen is not None:  # the CPU: at the seen tokens only
+            count_rows = [s.penalty_row for s in pen_seqs]
+            apply_penalties_sparse(full, penalised, count_rows, self.token_counts,  # type: ignore[arg-type]
+                                   [p.presence_penalty for p in penalties], [p.frequency_penalty for p in penalties],
+                                   [p.repetition_penalty for p in penalties])
+            return index, rows
 
         def column(name: str, off: float) -> torch.Tensor | None:
             values = [getattr(p, name) for p in penalties]
