@@ -1,8 +1,9 @@
 """The torch sampler's draw on the CPU: ms a `Sampler.sample` call (medians of `--reps`) at 1, 4 and 16 rows
 for plain temperature rows, top-p, top-k and seeded rows, and Qwen2.5-Instruct's recommended settings (with a
-repetition penalty over a 300-token prompt and 100 tokens of output). The rows are the default model's own logits (recorded
-while it samples eight prompts at T=0.8, CPU defaults); `--flat` adds rows of N(0, 1) logits, whose top-p cut
-lies past any short list of candidates. Compare trees by running it with `PYTHONPATH` at each one's `src`.
+repetition penalty over a 300-token prompt and 100 tokens of output); then a greedy step's argmax. The rows
+are the default model's own logits (recorded while it samples eight prompts at T=0.8, CPU defaults); `--flat`
+adds rows of N(0, 1) logits, whose top-p cut lies past any short list of candidates. Compare trees by running
+it with `PYTHONPATH` at each one's `src`.
 
     .venv/bin/python benchmarks/sampler_draw.py [--tokens 32] [--reps 51] [--threads 1]
 
@@ -23,6 +24,7 @@ from graphpool.engine.llm import LLM
 from graphpool.engine.sampler import Sampler
 from graphpool.engine.sampling_params import SamplingParams
 from graphpool.engine.sequence import Sequence
+from graphpool.kernels.argmax import argmax_rows
 
 PROMPTS = ("The history of the Roman Empire spans", "def quicksort(arr):\n", "Water boils at",
            "Once upon a time, in a land far away,", "The three primary colors are",
@@ -71,6 +73,17 @@ def median_ms(pool: torch.Tensor, rows: int, reps: int, fields: dict) -> float:
     return statistics.median(times[1:]) * 1e3
 
 
+def argmax_ms(x: torch.Tensor, reps: int) -> tuple[float, float]:
+    """Median ms of `argmax_rows` (a greedy step's token on the CPU) and of torch.argmax, interleaved."""
+    times: tuple[list[float], list[float]] = ([], [])
+    for _ in range(reps + 1):
+        for fn, ts in ((argmax_rows, times[0]), (lambda t: t.argmax(dim=-1), times[1])):
+            start = time.perf_counter()
+            fn(x)
+            ts.append(time.perf_counter() - start)
+    return statistics.median(times[0][1:]) * 1e3, statistics.median(times[1][1:]) * 1e3
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=32, help="tokens sampled per prompt for the logits")
@@ -94,6 +107,11 @@ def main() -> None:
         for rows in (1, 4, 16):
             times = [median_ms(pool, rows, args.reps, fields) for fields in KINDS.values()]
             print(f"| {name} | {rows} | " + " | ".join(f"{t:.3f}" for t in times) + " |")
+    print("\ngreedy: ms a call\n| dtype | rows | argmax_rows | torch.argmax |\n|---|---|---|---|")
+    for dtype in (torch.float32, torch.bfloat16):
+        for rows in (1, 4, 16):
+            ours, theirs = argmax_ms(pools["model"][:rows].to(dtype), args.reps)
+            print(f"| {str(dtype).removeprefix('torch.')} | {rows} | {ours:.3f} | {theirs:.3f} |")
 
 
 if __name__ == "__main__":

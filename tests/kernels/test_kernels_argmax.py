@@ -42,8 +42,17 @@ def test_triton_argmax_is_torchs_in_the_interpreter() -> None:
 
 
 def test_dispatch_is_torch_off_cuda_and_refuses_bad_shapes() -> None:
-    x = torch.randn(3, 17)
-    assert torch.equal(argmax_rows(x), x.argmax(dim=-1))
+    """Off CUDA the rows' max indices, which are torch.argmax's over the same ties, NaN and -inf rows."""
+    gen = torch.Generator().manual_seed(1)
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        x = (torch.randn(6, 4099, generator=gen) * 3).to(dtype)
+        x[0, :] = 1.0
+        x[1, 7] = x[1, 4000] = 50.0
+        x[2, 5] = x[2, 4098] = float("nan")
+        x[3, :] = float("-inf")
+        x[4, 100:] = torch.randint(0, 2, (3999,), generator=gen).to(dtype) + 10  # many ties at the maximum
+        assert torch.equal(argmax_rows(x), x.argmax(dim=-1))
+        assert argmax_rows(x)[:5].tolist() == [0, 7, 5, 0, int((x[4] == 11).nonzero()[0])]
     with pytest.raises(ValueError, match="rows, n >= 1"):
         argmax_rows(torch.randn(4))
     with pytest.raises(ValueError, match="rows, n >= 1"):

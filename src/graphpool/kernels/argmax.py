@@ -1,7 +1,7 @@
 """The argmax of each row of a `[bs, vocab]` tensor, the decode step's greedy token: torch.argmax's result (the
 first index of the maximum; a NaN counts as the maximum). On CUDA two Triton launches (`_triton_argmax.py`
 says why), meant for inside the decode step, where a graph holds them and their host cost is gone (the
-``step_argmax`` switch); torch.argmax elsewhere."""
+``step_argmax`` switch); torch's reductions elsewhere."""
 
 from __future__ import annotations
 
@@ -16,5 +16,7 @@ def argmax_rows(x: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"argmax_rows needs [rows, n >= 1], got {tuple(x.shape)}")
     impl = triton_impl("_triton_argmax") if x.is_cuda else None
     if impl is None:
-        return x.argmax(dim=-1)
+        # NOTE: max's indices are argmax's (the first maximum, a NaN as the maximum), and on the CPU 2-4.5x
+        # faster at 1-16 rows of a 49,152 vocabulary in bfloat16 (docs/benchmarks.md, "Sampling on the CPU")
+        return x.max(dim=-1).indices if x.device.type == "cpu" else x.argmax(dim=-1)
     return impl.argmax_rows_triton(x)
