@@ -19,12 +19,12 @@ TOP_CANDIDATES = 256
 def draw_rows(scaled: torch.Tensor, u: torch.Tensor, top_k: list[int], top_p: list[float],
               min_p: list[float]) -> torch.Tensor:
     """One token id per row of `scaled` (float32 [n, vocab] logits over temperature) from `u` ([n, 1])."""
-    rows = range(len(top_k))
-    filtered = [i for i in rows if top_k[i] > 0 or top_p[i] < 1]
+    is_cut = [k > 0 or p < 1 for k, p in zip(top_k, top_p, strict=True)]
+    filtered = [i for i, cut in enumerate(is_cut) if cut]
     if not filtered or len(filtered) == len(top_k):
         return _draw(scaled, u, min_p, (top_k, top_p) if filtered else None)
     tokens = torch.empty(len(top_k), dtype=torch.int64, device=scaled.device)
-    plain = [i for i in rows if i not in set(filtered)]
+    plain = [i for i, cut in enumerate(is_cut) if not cut]
     for group, cut in ((plain, None), (filtered, ([top_k[i] for i in filtered], [top_p[i] for i in filtered]))):
         index = to_device(group, torch.int64, scaled.device)
         drawn = _draw(scaled.index_select(0, index), u.index_select(0, index), [min_p[i] for i in group], cut)
