@@ -40,12 +40,20 @@ def add_generate_parser(sub: argparse._SubParsersAction) -> None:
                    help="0 = greedy (the default, unless the model's generation_config.json sets one)")
     p.add_argument("--top-p", type=float, default=None, help="1 = off (the default, or the model's)")
     p.add_argument("--top-k", type=int, default=None, help="0 = off (the default, or the model's)")
+    p.add_argument("--min-p", type=float, default=None, help="0 = off (the default, or the model's)")
+    p.add_argument("--repetition-penalty", type=float, default=None, help="1 = off (the default, or the model's)")
+    p.add_argument("--presence-penalty", type=float, default=None, help="0 = off (the default)")
+    p.add_argument("--frequency-penalty", type=float, default=None, help="0 = off (the default)")
     p.add_argument("--stop", action="append", help="a stop string (repeatable)")
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-text token")
     p.add_argument("--chat", action="store_true", help="wrap each prompt as a user message in the chat template")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_engine_args(p)
     p.set_defaults(func=run_generate)
+
+
+_SAMPLING_FLAGS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
+                   "frequency_penalty")
 
 
 def run_generate(args: argparse.Namespace) -> int:
@@ -55,8 +63,7 @@ def run_generate(args: argparse.Namespace) -> int:
 
     try:
         config = engine_config_from_args(args)
-        given = {k: v for k, v in (("temperature", args.temperature), ("top_p", args.top_p), ("top_k", args.top_k))
-                 if v is not None}
+        given = {k: v for k in _SAMPLING_FLAGS if (v := getattr(args, k)) is not None}
         # checked before the model loads; its sampling defaults fill the fields not given once it is loaded
         params = SamplingParams(**{"temperature": 0.0, **given}, max_tokens=args.max_tokens, stop=args.stop,
                                 ignore_eos=args.ignore_eos)

@@ -162,6 +162,10 @@ def test_generate_command_fills_the_flags_not_given(folder: Path, monkeypatch: p
     assert "sampling defaults from" in capsys.readouterr().err
     given = _cli_params(folder, monkeypatch, "--temperature", "0", "--top-k", "5")
     assert _sampling(given) == {**FROM_FILE, "temperature": 0.0, "top_k": 5}
+    given = _cli_params(folder, monkeypatch, "--min-p", "0.1", "--repetition-penalty", "1", "--presence-penalty",
+                        "0.5", "--frequency-penalty", "0.25")
+    assert _sampling(given) == {**FROM_FILE, "min_p": 0.1, "repetition_penalty": 1.0}
+    assert (given.presence_penalty, given.frequency_penalty) == (0.5, 0.25)
     # none: the command's own defaults, greedy
     own = _cli_params(folder, monkeypatch, "--generation-config", "none")
     assert asdict(own) == asdict(SamplingParams(temperature=0.0, max_tokens=2))
