@@ -62,6 +62,8 @@ def hf_default_model(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -
             model.load_state_dict(torch.load(shared / "weights.pt", mmap=True, weights_only=True))
         else:
             model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
-            model.config.save_pretrained(str(shared))  # NOTE: the model itself refuses save_pretrained (GGUF-quantized)
+            shared.mkdir()
             torch.save(model.state_dict(), shared / "weights.pt")
+            # NOTE: the config last, as the mark of a whole save (the model refuses save_pretrained: GGUF-quantized)
+            model.config.save_pretrained(str(shared))
     return model.eval()
