@@ -75,7 +75,7 @@ def nucleus(x: torch.Tensor, top_k: list[int], top_p: list[float],
     vals, ids = x.topk(width, dim=-1)
     k = to_device(ks, torch.int64, x.device).unsqueeze(1)
     kept = torch.arange(width, device=x.device) < k
-    short = k > width
+    short = k > width if uncertain else None
     if any(p < 1 for p in top_p):
         p = to_device([p if p < 1 else float("inf") for p in top_p], torch.float32, x.device).unsqueeze(1)
         masked = vals.masked_fill(~kept, float("-inf"))
@@ -88,8 +88,9 @@ def nucleus(x: torch.Tensor, top_k: list[int], top_p: list[float],
         # NOTE: a token goes once the mass before it reaches top_p; the top token always stays
         kept &= (mass - probs) < p
         kept[:, 0] = True
-        short &= mass[:, -1:] < p
-    rows = short.flatten().nonzero().flatten().tolist() if uncertain else []
+        if short is not None:
+            short &= mass[:, -1:] < p
+    rows = short.flatten().nonzero().flatten().tolist() if short is not None else []
     return vals.masked_fill(~kept, float("-inf")), ids, rows
 
 

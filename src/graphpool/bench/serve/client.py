@@ -73,7 +73,7 @@ async def _one(client: object, model: str, req: TraceRequest, prompt: str | list
     try:
         stream = await client.completions.create(  # type: ignore[attr-defined]
             model=model, prompt=prompt, max_tokens=req.output_len, temperature=temperature, stream=True,
-            stream_options={"include_usage": True}, extra_body={"ignore_eos": True}, **_top_p(top_p),
+            stream_options={"include_usage": True}, extra_body={"ignore_eos": True}, **top_p_field(top_p),
         )
         async for chunk in stream:
             now = time.perf_counter() - t0
@@ -96,7 +96,7 @@ async def _one(client: object, model: str, req: TraceRequest, prompt: str | list
         res.error = f"{type(exc).__name__}: {exc}"[:300]
 
 
-def _top_p(top_p: float) -> dict[str, float]:
+def top_p_field(top_p: float) -> dict[str, float]:
     """The request's top_p field where it cuts (1: sent as no field, as a client leaving it unset does)."""
     return {"top_p": top_p} if top_p < 1 else {}
 
@@ -109,7 +109,7 @@ async def _warm_up(client: object, model: str, prompt: str | list[int], temperat
     try:
         stream = await client.completions.create(  # type: ignore[attr-defined]
             model=model, prompt=prompt[:8], max_tokens=1, temperature=temperature, stream=True,
-            stream_options={"include_usage": True}, extra_body={"ignore_eos": True}, **_top_p(top_p),
+            stream_options={"include_usage": True}, extra_body={"ignore_eos": True}, **top_p_field(top_p),
         )
         async for _ in stream:
             pass

@@ -26,7 +26,7 @@ _PLOTTED = ("ttft_ms.p50", "ttft_ms.p99", "itl_ms.p50", "itl_ms.p99", "e2e_ms.p5
 def workload_label(run: RunSummary) -> str:
     """'greedy' or 'sampled, temperature 0.8', after the load where the bench ran several."""
     drawn = "greedy" if run.temperature == 0 else f"sampled, temperature {run.temperature:g}"
-    if run.temperature and run.top_p < 1:
+    if run.top_p < 1:  # NOTE: only sampled runs carry one
         drawn += f", top-p {run.top_p:g}"
     return f"{load_label(run)}, {drawn}" if run.load else drawn
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from graphpool.bench.common import progress
+from graphpool.bench.serve.client import top_p_field
 
 # NOTE: counters as the exposition names them (prometheus_client adds `_total` to a counter's samples)
 POOL_COUNTERS = {
@@ -222,14 +223,15 @@ def connect(url: str, timeout_s: float = 10.0, foreign: bool = False) -> ServerP
 
 def warm_up(url: str, model: str, prompt: str | list[int], temperature: float, timeout_s: float = 300.0,
             top_p: float = 1.0) -> float:
-    """One untimed completion at ``temperature`` (and ``top_p`` where it cuts); returns its seconds. A server's first sampled request may
-    compile its sampler (vLLM 0.26 without FlashInfer: a Triton JIT), which no timed request should pay."""
+    """One untimed completion at ``temperature`` (and ``top_p`` where it cuts); returns its seconds. A server's
+    first sampled request may compile its sampler (vLLM 0.26 without FlashInfer: a Triton JIT), which no timed
+    request should pay."""
     import httpx
 
     t0 = time.perf_counter()
     r = httpx.post(f"{url}/v1/completions", timeout=timeout_s, json={
         "model": model, "prompt": prompt, "max_tokens": 8, "temperature": temperature, "ignore_eos": True,
-        **({"top_p": top_p} if top_p < 1 else {})})
+        **top_p_field(top_p)})
     if r.status_code != 200:
         raise ServerFailed(f"the warm-up completion answered {r.status_code}: {r.text[:300]}")
     return time.perf_counter() - t0
