@@ -38,21 +38,25 @@ def head_blocks() -> Q8Blocks:
     return blocks
 
 
-def hidden_rows(tokens: int) -> torch.Tensor:
-    """The rows the model computed logits from while sampling `tokens` tokens for each prompt."""
+def recorded_rows(tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The hidden rows the model computed logits from while sampling `tokens` tokens for each prompt, and those
+    logits (both float32)."""
     llm = LLM(device="cpu", max_model_len=1024, num_kv_blocks=512)
     model = llm.engine.runner.model
-    rows: list[torch.Tensor] = []
+    hidden_rows: list[torch.Tensor] = []
+    logit_rows: list[torch.Tensor] = []
     compute = model.compute_logits
 
     def recording(hidden: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
-        rows.append(hidden.detach().clone())
-        return compute(hidden, *args, **kwargs)
+        hidden_rows.append(hidden.detach().to(torch.float32, copy=True))
+        logits = compute(hidden, *args, **kwargs)
+        logit_rows.append(logits.detach().to(torch.float32, copy=True))
+        return logits
 
     model.compute_logits = recording
     params = SamplingParams(temperature=0.8, max_tokens=tokens, ignore_eos=True, seed=1)
     llm.generate(list(PROMPTS), params, use_tqdm=False)
-    return torch.cat(rows).float()
+    return torch.cat(hidden_rows), torch.cat(logit_rows)
 
 
 def median_ms(fn: Callable[[], object], reps: int) -> float:
@@ -70,7 +74,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=400)
     parser.add_argument("--reps", type=int, default=21)
     args = parser.parse_args()
-    hidden, blocks = hidden_rows(args.tokens), head_blocks()
+    hidden, blocks = recorded_rows(args.tokens)[0], head_blocks()
     weight = blocks.dequantize().double()
     exact = hidden.to(torch.bfloat16).double() @ weight.T
     copy = weight.to(torch.bfloat16)

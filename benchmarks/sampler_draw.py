@@ -20,37 +20,16 @@ import time
 
 import torch
 
-from graphpool.engine.llm import LLM
 from graphpool.engine.sampler import Sampler
 from graphpool.engine.sampling_params import SamplingParams
 from graphpool.engine.sequence import Sequence
 from graphpool.kernels.argmax import argmax_rows
+from head_agreement import recorded_rows  # NOTE: run by path, benchmarks/ is on sys.path
 
-PROMPTS = ("The history of the Roman Empire spans", "def quicksort(arr):\n", "Water boils at",
-           "Once upon a time, in a land far away,", "The three primary colors are",
-           "In machine learning, gradient descent", "My favourite recipe for pancakes", "The capital of France is")
 KINDS = {"T=0.8": {"temperature": 0.8}, "T=0.8 top-p 0.95": {"temperature": 0.8, "top_p": 0.95},
          "T=0.8 top-k 50": {"temperature": 0.8, "top_k": 50}, "T=0.8 seeded": {"temperature": 0.8, "seed": 1},
          # Qwen2.5-Instruct's generation_config.json
          "Qwen's defaults": {"temperature": 0.7, "top_p": 0.8, "top_k": 20, "repetition_penalty": 1.05}}
-
-
-def model_logits(tokens: int) -> torch.Tensor:
-    """The float32 logits the default model sampled from, one row per token drawn."""
-    llm = LLM(device="cpu", max_model_len=1024)
-    model = llm.engine.runner.model
-    rows: list[torch.Tensor] = []
-    compute = model.compute_logits
-
-    def recording(hidden: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
-        logits = compute(hidden, *args, **kwargs)
-        rows.append(logits.detach().float().clone())
-        return logits
-
-    model.compute_logits = recording
-    llm.generate(list(PROMPTS), SamplingParams(temperature=0.8, max_tokens=tokens, ignore_eos=True, seed=1),
-                 use_tqdm=False)
-    return torch.cat(rows)
 
 
 def median_ms(pool: torch.Tensor, rows: int, reps: int, fields: dict) -> float:
@@ -91,7 +70,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--flat", action="store_true", help="also rows of N(0, 1) logits")
     args = parser.parse_args()
-    pools = {"model": model_logits(args.tokens)}
+    pools = {"model": recorded_rows(args.tokens)[1]}
     if args.flat:
         pools["flat"] = torch.randn(256, pools["model"].shape[1], generator=torch.Generator().manual_seed(0))
     torch.set_num_threads(args.threads)
