@@ -54,3 +54,20 @@ def test_mismatched_params_are_refused_before_any_request(llm: LLM) -> None:
     with pytest.raises(ValueError, match="'prompt' or 'prompt_token_ids'"):
         llm.generate({"text": "hi"}, use_tqdm=False)
     assert not llm.engine.has_unfinished_requests()
+
+
+def test_chat_takes_vllms_rendering_arguments(llm: LLM) -> None:
+    greedy = SamplingParams(temperature=0, max_tokens=4)
+    tok = llm.get_tokenizer()
+    chat = [{"role": "user", "content": "Name a color."}, {"role": "assistant", "content": "My favourite is"}]
+    out = llm.chat(chat, greedy, add_generation_prompt=False, continue_final_message=True, use_tqdm=False)[0]
+    assert out.prompt.endswith("<|im_start|>assistant\nMy favourite is")
+    assert out.outputs[0].token_ids == llm.generate(out.prompt, greedy, use_tqdm=False)[0].outputs[0].token_ids
+    lead = "{% for m in messages %}{{ m.content }}\n{% endfor %}{{ lead }}"
+    out = llm.chat(chat[:1], greedy, chat_template=lead, chat_template_kwargs={"lead": "Blue or"}, use_tqdm=False)[0]
+    assert out.prompt == "Name a color.\nBlue or" and out.prompt_token_ids == tok.encode(out.prompt, False)
+    with pytest.raises(ValueError, match="does not read 'enable_thinking'"):
+        llm.chat(chat[:1], greedy, chat_template_kwargs={"enable_thinking": False}, use_tqdm=False)
+    with pytest.raises(ValueError, match="add_generation_prompt false"):
+        llm.chat(chat, greedy, continue_final_message=True, use_tqdm=False)
+    assert not llm.engine.has_unfinished_requests()

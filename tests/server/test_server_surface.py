@@ -24,7 +24,8 @@ MAX_MODEL_LEN = 256
 N = 8
 TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\nThe answer is{% endif %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{{ lead if lead is defined else 'The answer is' }}"
+    "{% endif %}"
 )
 CHAT = [{"role": "user", "content": "What is 2 + 2?"}]
 PROMPT = "The capital of France is"
@@ -132,6 +133,32 @@ def test_streamed_chat_with_the_key_and_the_template(served: Served) -> None:
     stream = client.chat.completions.create(model=served.model, messages=CHAT, max_tokens=N, temperature=0,
                                             stream=True)
     assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == served.chat_greedy
+
+
+def test_chat_template_kwargs_and_a_continued_final_message(served: Served) -> None:
+    client = served.client()
+    lead = served.post("/tokenize", {"messages": CHAT, "chat_template_kwargs": {"lead": "Paris is"}}).json()["tokens"]
+    assert served.post("/detokenize", {"tokens": lead}).json()["prompt"].endswith("assistant\nParis is")
+    out = client.chat.completions.create(model=served.model, messages=CHAT, max_tokens=N, temperature=0,
+                                         extra_body={"chat_template_kwargs": {"lead": "Paris is"}})
+    plain = client.completions.create(model=served.model, prompt=lead, max_tokens=N, temperature=0)
+    assert out.usage.prompt_tokens == len(lead) and out.choices[0].message.content == plain.choices[0].text
+    # the template's own generation prompt ends in "The answer is": continuing that message is the same prompt
+    opened = [*CHAT, {"role": "assistant", "content": "The answer is"}]
+    fields = {"add_generation_prompt": False, "continue_final_message": True}
+    assert served.post("/tokenize", {"messages": opened, **fields}).json()["tokens"] == served.chat_ids
+    out = client.chat.completions.create(model=served.model, messages=opened, max_tokens=N, temperature=0,
+                                         extra_body=fields)
+    assert out.usage.prompt_tokens == len(served.chat_ids) and out.choices[0].message.content == served.chat_greedy
+    for body, param, says in (
+        ({"chat_template_kwargs": {"enable_thinking": False}}, "chat_template_kwargs", "does not read 'enable_thinking'"),
+        ({"chat_template_kwargs": {"messages": []}}, "chat_template_kwargs", "set by the server"),
+        ({"continue_final_message": True}, "continue_final_message", "add_generation_prompt false"),
+        ({"add_generation_prompt": "no"}, "add_generation_prompt", "boolean"),
+    ):
+        for path in ("/v1/chat/completions", "/tokenize"):
+            e = error(served.post(path, {"messages": opened, **body}, headers={"Authorization": f"Bearer {KEY}"}), 400)
+            assert e["param"] == param and says in e["message"], (path, e)
 
 
 # ---- command line ----

@@ -90,8 +90,16 @@ class LLM:
         use_tqdm: bool = True,
         *,
         params: Params = None,
+        chat_template: str | None = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
     ) -> list[CompletionOutput]:
-        """One conversation (a list of {"role", "content"} dicts) or a list of them, with the chat template."""
+        """One conversation (a list of {"role", "content"} dicts) or a list of them, through the chat template
+        (`chat_template`: a Jinja source in place of the model's own) as vLLM's `LLM.chat` takes it: the
+        assistant's turn opened after it (`add_generation_prompt`), or its final message left open for the model
+        to continue (`continue_final_message`); `chat_template_kwargs`: more template variables
+        (`{"enable_thinking": False}`), each one the template reads (else ValueError)."""
         if self.engine.tokenizer is None:
             raise ValueError(f"model {self.engine.model_name!r} has no tokenizer, so no chat template")
         if not messages:
@@ -102,7 +110,9 @@ class LLM:
                 for key, value in message.items():
                     if isinstance(value, str):
                         check_text(value, f"messages[{i}].{key}")
-        token_ids = [self.engine.tokenizer.apply_chat_template(list(c)) for c in conversations]  # type: ignore[arg-type]
+        token_ids = [self.engine.tokenizer.apply_chat_template(
+            list(c), chat_template, add_generation_prompt, template_vars=chat_template_kwargs,  # type: ignore[arg-type]
+            continue_final_message=continue_final_message) for c in conversations]
         texts = [self.engine.tokenizer.decode(ids, skip_special_tokens=False) for ids in token_ids]
         return self._run(texts, token_ids, _one_of(sampling_params, params), use_tqdm)
 

@@ -14,10 +14,23 @@ from typing import Any, ClassVar
 
 import jinja2
 import jinja2.ext
+import jinja2.meta
 import jinja2.nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 _REASONING_NAMES = ("reasoning_content", "thinking", "reasoning")
+SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+# NOTE: the variables the renderer sets itself: a request's template variables may not replace them
+RENDERER_NAMES = frozenset({"messages", "tools", "documents", "add_generation_prompt", "raise_exception",
+                            "strftime_now", *SPECIAL_TOKEN_NAMES})
+
+
+class ChatRequestError(ValueError):
+    """A chat request's rendering options that its template cannot take; `field` names the option."""
+
+    def __init__(self, message: str, field: str) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class _GenerationBlock(jinja2.ext.Extension):
@@ -47,14 +60,65 @@ def _strftime_now(fmt: str) -> str:
     return datetime.datetime.now().strftime(fmt)
 
 
-@functools.lru_cache(maxsize=32)
-def compile_template(source: str) -> jinja2.Template:
+@functools.cache
+def _environment() -> ImmutableSandboxedEnvironment:
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                         extensions=[_GenerationBlock, jinja2.ext.loopcontrols])
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
-    return env.from_string(source)
+    return env
+
+
+@functools.lru_cache(maxsize=32)
+def compile_template(source: str) -> jinja2.Template:
+    return _environment().from_string(source)
+
+
+@functools.lru_cache(maxsize=32)
+def template_variables(source: str) -> frozenset[str]:
+    """The variables a template reads that the renderer does not set: those a request may set
+    (`enable_thinking`, `date_string`, ...)."""
+    env = _environment()
+    return frozenset(jinja2.meta.find_undeclared_variables(env.parse(source))) - RENDERER_NAMES - set(env.globals)
+
+
+def check_template_vars(source: str, template_vars: Mapping[str, Any]) -> None:
+    """Raises ChatRequestError for a variable the renderer sets itself or that the template never reads (it
+    would change nothing: a typo, or a switch of another model's template)."""
+    readable = template_variables(source)
+    for name in template_vars:
+        if name in RENDERER_NAMES:
+            raise ChatRequestError(f"chat_template_kwargs: {name!r} is set by the server, not by the request",
+                                   "chat_template_kwargs")
+        if name not in readable:
+            reads = ", ".join(sorted(readable)) or "none"
+            raise ChatRequestError(f"chat_template_kwargs: this model's chat template does not read {name!r} "
+                                   f"(the variables it reads: {reads})", "chat_template_kwargs")
+
+
+def check_continuation(messages: Sequence[Any], add_generation_prompt: bool) -> str:
+    """The text of the final message that `continue_final_message` leaves open (ChatRequestError if none)."""
+    if add_generation_prompt:
+        raise ChatRequestError("continue_final_message continues the final message: it needs "
+                               "add_generation_prompt false (a new turn would start after it)",
+                               "continue_final_message")
+    content = messages[-1].get("content") if messages and isinstance(messages[-1], Mapping) else None
+    if not isinstance(content, str) or not content.strip():
+        raise ChatRequestError("continue_final_message needs a final message with text to continue",
+                               "continue_final_message")
+    return content
+
+
+def cut_after(rendered: str, final: str) -> str:
+    """The rendered chat up to the end of the final message's text (what closes its turn dropped), found as
+    written or, for templates that trim content, stripped."""
+    for text in (final, final.strip()):
+        end = rendered.rfind(text)
+        if end >= 0:
+            return rendered[:end + len(text)]
+    raise ChatRequestError("continue_final_message: the chat template does not render the final message's "
+                           "text as given, so it cannot be continued", "continue_final_message")
 
 
 def _with_reasoning_aliases(message: Any) -> Any:
@@ -66,13 +130,15 @@ def _with_reasoning_aliases(message: Any) -> Any:
 
 
 def render_chat(source: str, messages: Sequence[Any], special_tokens: Mapping[str, str], *,
-                add_generation_prompt: bool, tools: list[dict[str, Any]] | None = None) -> str:
-    """`messages` through the template `source`; `special_tokens` (bos_token, eos_token, ...) are its variables.
-    Raises jinja2.TemplateError where the template does (its `raise_exception`) or cannot be parsed."""
+                add_generation_prompt: bool, tools: list[dict[str, Any]] | None = None,
+                template_vars: Mapping[str, Any] | None = None) -> str:
+    """`messages` through the template `source`; `special_tokens` (bos_token, eos_token, ...) and `template_vars`
+    (checked by the caller: `check_template_vars`) are its variables. Raises jinja2.TemplateError where the
+    template does (its `raise_exception`) or cannot be parsed."""
     for message in messages:
         if not isinstance(message, Mapping):
             raise ValueError(f"chat messages must be objects, got {message!r}")
     return compile_template(source).render(
-        **special_tokens, messages=[_with_reasoning_aliases(m) for m in messages], tools=tools, documents=None,
-        add_generation_prompt=add_generation_prompt,
+        **(template_vars or {}), **special_tokens, messages=[_with_reasoning_aliases(m) for m in messages],
+        tools=tools, documents=None, add_generation_prompt=add_generation_prompt,
     )

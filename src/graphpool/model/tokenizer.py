@@ -8,6 +8,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from graphpool.model.chat_render import check_continuation, check_template_vars, cut_after
+
 logger = logging.getLogger(__name__)
 
 
@@ -65,22 +67,36 @@ class Tokenizer:
     def apply_chat_template(
         self, messages: Sequence[Mapping[str, Any]], chat_template: str | None = None,
         add_generation_prompt: bool = True, add_special_tokens: bool = False,
-        tools: list[dict[str, Any]] | None = None,
+        tools: list[dict[str, Any]] | None = None, *, template_vars: Mapping[str, Any] | None = None,
+        continue_final_message: bool = False,
     ) -> list[int]:
-        """The conversation as token ids; `chat_template` (a Jinja source) replaces the model's own; `tools`
-        (OpenAI function tools) go to the template as its `tools` variable."""
+        """The conversation as token ids (`render_chat`, then encoded)."""
         if not (chat_template or self.chat_template):
             raise ValueError("this model's tokenizer has no chat template; use raw text prompts")
-        text = self.render_chat(messages, chat_template, add_generation_prompt, tools)
+        text = self.render_chat(messages, chat_template, add_generation_prompt, tools, template_vars=template_vars,
+                                continue_final_message=continue_final_message)
         # NOTE: the rendered template already holds its special tokens; by default add none of our own.
         return self.encode(text, add_special_tokens=add_special_tokens)
 
     def render_chat(self, messages: Sequence[Mapping[str, Any]], chat_template: str | None = None,
-                    add_generation_prompt: bool = True, tools: list[dict[str, Any]] | None = None) -> str:
-        """The conversation as text through the chat template (`apply_chat_template` before it is encoded)."""
-        return str(self.hf.apply_chat_template(list(messages), chat_template=chat_template, tokenize=False,
-                                               add_generation_prompt=add_generation_prompt, tools=tools))
+                    add_generation_prompt: bool = True, tools: list[dict[str, Any]] | None = None, *,
+                    template_vars: Mapping[str, Any] | None = None, continue_final_message: bool = False) -> str:
+        """The conversation as text through the chat template. `chat_template` (a Jinja source) replaces the
+        model's own; `tools` (OpenAI function tools) go to the template as its `tools` variable; `template_vars`
+        are more of its variables (`enable_thinking`, ...: each one it reads, else ChatRequestError);
+        `continue_final_message` leaves the final message open for the model to continue (no generation prompt).
+        """
+        final = check_continuation(messages, add_generation_prompt) if continue_final_message else None
+        if template_vars:
+            check_template_vars(self._choose_template(chat_template, tools is not None), template_vars)
+        text = self._render(messages, chat_template, add_generation_prompt, tools, template_vars or {})
+        return text if final is None else cut_after(text, final)
 
+    def _render(self, messages: Sequence[Mapping[str, Any]], chat_template: str | None, add_generation_prompt: bool,
+                tools: list[dict[str, Any]] | None, template_vars: Mapping[str, Any]) -> str:
+        return str(self.hf.apply_chat_template(list(messages), chat_template=chat_template, tokenize=False,
+                                               add_generation_prompt=add_generation_prompt, tools=tools,
+                                               **template_vars))
 
 def with_eos(eos_token_ids: Sequence[int], eos_token_id: int | None) -> tuple[int, ...]:
     """The model's stop ids with the tokenizer's own end-of-text id added (when it has one not among them)."""

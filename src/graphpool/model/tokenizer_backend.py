@@ -8,10 +8,8 @@ import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from graphpool.model.chat_render import render_chat
+from graphpool.model.chat_render import SPECIAL_TOKEN_NAMES, render_chat
 from graphpool.model.tokenizer import Tokenizer, with_eos
-
-SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 
 
 class BackendTokenizer(Tokenizer):
@@ -93,7 +91,7 @@ class BackendTokenizer(Tokenizer):
     def token_strs(self, ids: Sequence[int]) -> list[str]:
         return [str(self.backend.id_to_token(int(i))) for i in ids]
 
-    def render_chat(self, messages: Sequence[Mapping[str, Any]], chat_template: str | None = None,
-                    add_generation_prompt: bool = True, tools: list[dict[str, Any]] | None = None) -> str:
+    def _render(self, messages: Sequence[Mapping[str, Any]], chat_template: str | None, add_generation_prompt: bool,
+                tools: list[dict[str, Any]] | None, template_vars: Mapping[str, Any]) -> str:
         return render_chat(self._choose_template(chat_template, tools is not None), messages, self.special_tokens,
-                           add_generation_prompt=add_generation_prompt, tools=tools)
+                           add_generation_prompt=add_generation_prompt, tools=tools, template_vars=template_vars)

@@ -11,11 +11,13 @@ import jinja2
 from graphpool.engine.generation_defaults import SamplingDefaults
 from graphpool.engine.guided import GuidedDecoding
 from graphpool.engine.sampling_params import InvalidParam, SamplingParams, child_seed
+from graphpool.model.chat_render import ChatRequestError
 from graphpool.server.logprobs import check_logprobs
 from graphpool.server.protocol import (
     APIError,
     ChatCompletionRequest,
     ChatMessage,
+    ChatRenderFields,
     CompletionRequest,
     FunctionTool,
 )
@@ -100,7 +102,7 @@ class PromptBuilder:
             except APIError:
                 self._compile_each_tool(req.tools)  # NOTE: names the tool whose parameters do not compile
                 raise
-        ids = self.render_chat(self.chat_messages(req.messages, req.tools), tools=plan.prompt_tools)
+        ids = self.render_chat(self.chat_messages(req.messages, req.tools), req, tools=plan.prompt_tools)
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         if max_tokens is None:  # NOTE: OpenAI's chat default: as many tokens as the context leaves
             max_tokens = max(self.max_model_len - len(ids), 1)
@@ -188,10 +190,11 @@ class PromptBuilder:
         except (OverflowError, TypeError) as e:  # NOTE: an id the tokenizer cannot hold (negative, past 2**32)
             raise APIError(f"prompt token ids must be ints in the vocabulary ({e})", param=param) from None
 
-    def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-                    add_special_tokens: bool = False, tools: list[dict[str, Any]] | None = None) -> list[int]:
-        """The conversation through the chat template (--chat-template's, else the model's), as LLM.chat does;
-        `tools` through the template, or the fallback system prompt when the template reads no tools."""
+    def render_chat(self, messages: list[dict[str, Any]], fields: ChatRenderFields, add_special_tokens: bool = False,
+                    tools: list[dict[str, Any]] | None = None) -> list[int]:
+        """The conversation through the chat template (--chat-template's, else the model's), as LLM.chat does,
+        rendered as the request's `fields` ask; `tools` through the template, or the fallback system prompt when
+        the template reads no tools."""
         tok = self.need_tokenizer()
         extra: dict[str, Any] = {}
         if self.template_reads_tools:
@@ -199,9 +202,12 @@ class PromptBuilder:
         else:
             messages = fallback_messages(messages, tools, self.parser)
         try:
-            return list(tok.apply_chat_template(messages, chat_template=self.chat_template,
-                                                add_generation_prompt=add_generation_prompt,
-                                                add_special_tokens=add_special_tokens, **extra))
+            return list(tok.apply_chat_template(
+                messages, chat_template=self.chat_template, add_generation_prompt=fields.add_generation_prompt,
+                add_special_tokens=add_special_tokens, template_vars=fields.chat_template_kwargs,
+                continue_final_message=fields.continue_final_message, **extra))
+        except ChatRequestError as e:
+            raise APIError(str(e), param=e.field) from None
         except (ValueError, jinja2.TemplateError) as e:
             raise APIError(f"cannot apply the chat template: {e}", param="messages") from None
 

@@ -56,8 +56,7 @@ UNHONOURED_FIELDS: dict[str, Any] = {
     "use_beam_search": False,
     "length_penalty": 1.0, "truncate_prompt_tokens": None, "bad_words": None, "allowed_token_ids": None,
     "logits_processors": None, "functions": None, "function_call": None,
-    "prediction": None, "audio": None, "modalities": None, "add_generation_prompt": True,
-    "continue_final_message": False, "chat_template": None, "chat_template_kwargs": None,
+    "prediction": None, "audio": None, "modalities": None, "chat_template": None,
     "return_tokens_as_token_ids": False,
 }
 # stream_options this server does not honour: vLLM's usage in every chunk, OpenAI's random padding in every chunk
@@ -182,7 +181,17 @@ class ChatMessage(BaseModel):
     tool_call_id: str | None = None  # tool messages only
 
 
-class ChatCompletionRequest(_SamplingFields):
+class ChatRenderFields(BaseModel):
+    """How a conversation is rendered (vLLM's fields; model/chat_render.py checks them against the template):
+    the assistant's turn opened after it, or its final message left open to continue, and more template
+    variables (`{"enable_thinking": false}`)."""
+
+    add_generation_prompt: StrictBool = True
+    continue_final_message: StrictBool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+class ChatCompletionRequest(_SamplingFields, ChatRenderFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = None
     max_completion_tokens: int | None = None

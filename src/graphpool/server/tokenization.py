@@ -17,6 +17,7 @@ from graphpool.server.protocol import (
     UNHONOURED_FIELDS,
     APIError,
     ChatMessage,
+    ChatRenderFields,
     FunctionTool,
     refuse_unhonoured,
 )
@@ -32,7 +33,7 @@ class TokenizeCompletionRequest(BaseModel):
     return_token_strs: StrictBool = False
 
 
-class TokenizeChatRequest(BaseModel):
+class TokenizeChatRequest(ChatRenderFields):
     """Other fields land in ``model_extra``: those this server cannot honour are refused by name (it renders
     only its own template); `tools` and `tool_choice` render as in a chat completion."""
 
@@ -40,7 +41,6 @@ class TokenizeChatRequest(BaseModel):
 
     model: str | None = None
     messages: list[ChatMessage] = Field(min_length=1)
-    add_generation_prompt: StrictBool = True
     add_special_tokens: StrictBool = False  # NOTE: vLLM's default for chat: the template holds them
     return_token_strs: StrictBool = False
     tools: list[FunctionTool] | None = None
@@ -96,6 +96,5 @@ def _token_ids(builder: PromptBuilder, req: TokenizeChatRequest | TokenizeComple
     refuse_unhonoured(req.model_extra, UNHONOURED_FIELDS)
     plan = plan_tools(req.tools, req.tool_choice, None, builder.parser)
     messages = builder.chat_messages(req.messages, req.tools)
-    return builder.render_chat(messages, add_generation_prompt=req.add_generation_prompt,
-                               add_special_tokens=req.add_special_tokens, tools=plan.prompt_tools)
+    return builder.render_chat(messages, req, add_special_tokens=req.add_special_tokens, tools=plan.prompt_tools)
 
