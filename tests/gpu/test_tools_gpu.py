@@ -59,7 +59,7 @@ def served(default_gguf: Path) -> Iterator[Served]:
     builder = PromptBuilder(llm.tokenizer, MAX_MODEL_LEN, [llm.engine.model_name])
     (inp,), plan = builder.chat(ChatCompletionRequest(messages=history(), tools=[WEATHER]))
     text = llm.generate(inp.prompt, SamplingParams(temperature=0, max_tokens=MAX_TOKENS), use_tqdm=False)[0].text
-    parsed = plan.result(text)
+    parsed = plan.tools.result(text)
     assert parsed.calls, f"the greedy answer holds no call: {text!r}"
     with serve_in_thread(llm.engine) as (base_url, _):
         yield Served(base_url, llm.engine.model_name, [(c.name, c.arguments) for c in parsed.calls],

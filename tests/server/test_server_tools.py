@@ -234,4 +234,4 @@ def test_a_template_that_reads_tools_renders_them_itself(default_model) -> None:
     assert f"<tools>\n{json.dumps(WEATHER)}\n</tools>" in text  # the template's own rendering, not the fallback
     assert HermesParser().instructions() not in text
     assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>' in text
-    assert "<|im_start|>tool\nsunny<|im_end|>" in text and plan.prompt_tools == [WEATHER]
+    assert "<|im_start|>tool\nsunny<|im_end|>" in text and plan.tools.prompt_tools == [WEATHER]

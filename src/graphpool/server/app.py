@@ -39,7 +39,7 @@ ENGINE_STOP_TIMEOUT_S = 5.0
 def build_app(
     engine: AsyncEngine, metrics: ServerMetrics, served_model_name: str | None = None,
     max_request_bytes: int | None = None, chat_template: str | None = None, api_keys: Sequence[str] = (),
-    tool_call_parser: str = "auto",
+    tool_call_parser: str = "auto", reasoning_parser: str = "auto",
 ) -> FastAPI:
     """An app serving ``engine`` (an AsyncEngine around an LLMEngine); the lifespan starts and stops its loop.
 
@@ -48,7 +48,9 @@ def build_app(
     ``chat_template``: a Jinja source that replaces the model's own (chat completions and /tokenize).
     ``api_keys``: when any, every /v1/* route needs one of them as a Bearer token (else a 401).
     ``tool_call_parser``: the format tool calls are read in (server/tool_parsers.py; `auto`: from the chat
-    template and the vocabulary); an unknown name is a ValueError.
+    template and the vocabulary); ``reasoning_parser``: how a chat reply's reasoning is told apart
+    (server/reasoning.py; `auto`: from the chat template and the vocabulary); an unknown name, or a named parser
+    whose markers the vocabulary lacks, is a ValueError.
     """
     if max_request_bytes is None:
         max_request_bytes = DEFAULT_MAX_REQUEST_BYTES
@@ -58,7 +60,9 @@ def build_app(
     # NOTE: a test's stand-in engine may have no grammars and no sampling defaults
     builder = PromptBuilder(engine.engine.tokenizer, engine.engine.max_model_len, [model_name], chat_template,
                             tool_call_parser, getattr(engine.engine, "grammars", None),
-                            getattr(engine.engine, "sampling_defaults", None))
+                            getattr(engine.engine, "sampling_defaults", None), reasoning_parser)
+    logger.info("chat replies: tool calls read as %s; reasoning %s", builder.parser.name,
+                "told apart (<think>...</think>)" if builder.reasoning is not None else "not told apart")
     serving = OpenAIServing(engine, builder, metrics, model_name)
     created = int(time.time())
 

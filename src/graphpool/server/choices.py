@@ -5,12 +5,15 @@ once however many choices it has)."""
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from graphpool.engine.outputs import RequestOutput
 from graphpool.server.logprobs import LogprobFormatter, PromptAsk
+from graphpool.server.reasoning import ReasoningStream
 from graphpool.server.tool_stream import ToolCallStream, finish_reason, message
-from graphpool.server.tools import ToolPlan
+
+if TYPE_CHECKING:
+    from graphpool.server.prompts import ChatPlan
 
 
 def sse(data: dict[str, Any] | str) -> str:
@@ -22,16 +25,20 @@ class Choices:
     """One response's choices: choice i is the (i // n)-th prompt's (i % n)-th sequence."""
 
     def __init__(self, chat: bool, header: dict[str, Any], n: int, logprobs: LogprobFormatter | None,
-                 include_usage: bool = False, tools: ToolPlan | None = None, prompt: PromptAsk | None = None,
+                 include_usage: bool = False, plan: ChatPlan | None = None, prompt: PromptAsk | None = None,
                  formatter: LogprobFormatter | None = None) -> None:
-        """`logprobs`: the generated tokens' formatter when they are asked; `prompt`: what is asked of the
-        prompt's logprobs, with their `formatter`."""
+        """`logprobs`: the generated tokens' formatter when they are asked; `plan`: how a chat reply is read
+        (tool calls, reasoning); `prompt`: what is asked of the prompt's logprobs, with their `formatter`."""
         self.chat, self.header, self.n, self.logprobs = chat, header, n, logprobs
         self.prompt, self.formatter = (prompt, formatter) if prompt is not None and formatter is not None else (
             None, None)
-        # NOTE: with tools to parse, each chat choice's text goes through its own tool-call stream
+        # NOTE: with tools to parse, each chat choice's text goes through its own tool-call stream, and with
+        # reasoning told apart, through its own reasoning split first
+        tools = plan.tools if plan is not None else None
         self.tools = tools if tools is not None and tools.mode != "none" else None
+        self.reasoning = plan.reasoning if plan is not None else None
         self._tool_streams: dict[int, ToolCallStream] = {}
+        self._reasoning_streams: dict[int, ReasoningStream] = {}
         self.obj = "chat.completion.chunk" if chat else "text_completion"
         self.extra: dict[str, Any] = {"usage": None} if include_usage else {}
         self._offsets: dict[int, int] = {}  # streamed completions: each choice's text offset so far
@@ -41,7 +48,7 @@ class Choices:
         if self.chat:
             choices = []
             for i, last in enumerate(lasts):
-                msg = message(self.tools, last.text)
+                msg = self._message(last.text)
                 choices.append({"index": i, "message": msg, "logprobs": self._logprobs(i, last.logprobs),
                                 "finish_reason": finish_reason(last.finish_reason, "tool_calls" in msg)})
             # NOTE: vLLM gives a chat response's prompt_logprobs once, beside its choices (one prompt)
@@ -55,6 +62,18 @@ class Choices:
                       "logprobs": _joined(head, self._logprobs(i, last.logprobs)), "finish_reason": last.finish_reason}
             choices.append({**choice, **self._prompt_field(last)} if self._asks_field else choice)
         return {**self.header, "object": "text_completion", "choices": choices, "usage": self.usage(lasts)}
+
+    def _message(self, text: str) -> dict[str, Any]:
+        """A collected chat reply's `message`: its reasoning apart (when told apart and asked), then the rest."""
+        if self.reasoning is None:
+            return message(self.tools, text)
+        reasoning, text = self.reasoning.split(text)
+        msg = message(self.tools, text)
+        if self.reasoning.include:
+            msg["reasoning"] = reasoning
+        if reasoning is not None and not msg["content"]:
+            msg["content"] = None  # a reply that only reasoned (it ended before its answer)
+        return msg
 
     @property
     def _asks_field(self) -> bool:
@@ -106,25 +125,43 @@ class Choices:
         return sse({**self.header, "object": self.obj, "choices": [choice], **self.extra})
 
     def chat_chunks(self, index: int, out: RequestOutput) -> list[str]:
-        """A chat choice's chunks for one output: its content and tool calls (through the tool-call stream when
-        tools are parsed), the logprobs of its new tokens on the first, then its finish chunk when it ended."""
+        """A chat choice's chunks for one output: its reasoning (when told apart and asked), its content and tool
+        calls (through the tool-call stream when tools are parsed), the logprobs of its new tokens on the first,
+        then its finish chunk when it ended."""
+        reasoning, text = self._split(index, out)
+        bodies: list[dict[str, Any]] = [{"reasoning": reasoning}] if reasoning else []
+        called = False
         if self.tools is None:
-            chunks = [self.chunk(index, out.delta_text, out=out)] if out.delta_text or out.new_token_ids else []
-            return chunks + ([self.chunk(index, None, out.finish_reason)] if out.finished else [])
-        stream = self._tool_streams.setdefault(index, ToolCallStream(self.tools))
-        deltas = [stream.feed(out.delta_text)] + ([stream.finish()] if out.finished else [])
-        chunks = []
+            if text or (out.new_token_ids and not bodies):
+                bodies.append({"content": text})
+        else:
+            stream = self._tool_streams.setdefault(index, ToolCallStream(self.tools))
+            for delta in [stream.feed(text)] + ([stream.finish()] if out.finished else []):
+                if delta:
+                    body: dict[str, Any] = {"content": delta.content} if delta.content else {}
+                    if delta.calls:
+                        body["tool_calls"] = delta.calls
+                    bodies.append(body)
+            called = stream.called
         logprobs = self._logprobs(index, out.new_logprobs) if out.new_token_ids else None
-        for delta in deltas:
-            if delta or logprobs is not None:
-                body: dict[str, Any] = {"content": delta.content} if delta.content else {}
-                if delta.calls:
-                    body["tool_calls"] = delta.calls
-                chunks.append(self._chat_chunk(index, body, logprobs, None))
-                logprobs = None
+        if not bodies and logprobs is not None:
+            bodies.append({})
+        chunks = [self._chat_chunk(index, body, logprobs if k == 0 else None, None) for k, body in enumerate(bodies)]
         if out.finished:
-            chunks.append(self._chat_chunk(index, {}, None, finish_reason(out.finish_reason, stream.called)))
+            chunks.append(self._chat_chunk(index, {}, None, finish_reason(out.finish_reason, called)))
         return chunks
+
+    def _split(self, index: int, out: RequestOutput) -> tuple[str, str]:
+        """An output's new (reasoning, content) text: all content unless reasoning is told apart; the reasoning
+        left out when not asked."""
+        if self.reasoning is None:
+            return "", out.delta_text
+        stream = self._reasoning_streams.setdefault(index, self.reasoning.stream())
+        reasoning, text = stream.feed(out.delta_text)
+        if out.finished:
+            more = stream.finish()
+            reasoning, text = reasoning + more[0], text + more[1]
+        return (reasoning if self.reasoning.include else ""), text
 
     def _chat_chunk(self, index: int, delta: dict[str, Any], logprobs: dict[str, Any] | None,
                     finish: str | None) -> str:

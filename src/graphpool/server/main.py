@@ -52,6 +52,7 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
 def add_api_args(parser: argparse.ArgumentParser) -> None:
     """`serve MODEL` (as `vllm serve MODEL`; --model still works), API keys, the chat template and the
     tool-call parser."""
+    from graphpool.server.reasoning import REASONING_PARSERS
     from graphpool.server.tool_parsers import PARSER_NAMES
 
     parser.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
@@ -67,6 +68,10 @@ def add_api_args(parser: argparse.ArgumentParser) -> None:
                        help="the format the model writes tool calls in: hermes (Qwen2/Qwen3, Hermes, and the "
                        "fallback prompt), llama3_json, mistral; auto (default): from the chat template and the "
                        "vocabulary")
+    group.add_argument("--reasoning-parser", default="auto", choices=REASONING_PARSERS,
+                       help="tell a chat reply's reasoning (<think>...</think>) apart from its answer, as "
+                       "message.reasoning: qwen3 or deepseek_r1 (one format, vLLM's two names); auto (default): "
+                       "when the chat template writes <think> and the vocabulary has its tokens; none: all content")
 
 
 def resolve_api_args(args: argparse.Namespace) -> str | None:
@@ -154,6 +159,7 @@ def make_server(
     chat_template: str | None = None,
     api_keys: Sequence[str] = (),
     tool_call_parser: str = "auto",
+    reasoning_parser: str = "auto",
 ):
     """A GracefulServer (uvicorn.Server) for ``engine`` (an LLMEngine); ``server.run()`` blocks;
     ``begin_shutdown()`` (or SIGTERM) drains and stops it, ``should_exit`` stops it without draining.
@@ -169,7 +175,7 @@ def make_server(
     metrics = ServerMetrics(disabled_kernels=disabled_kernels, startup=getattr(engine, "startup", None))
     async_engine = AsyncEngine(engine, observer=metrics)
     app = build_app(async_engine, metrics, served_model_name, max_request_bytes, chat_template, api_keys,
-                    tool_call_parser)
+                    tool_call_parser, reasoning_parser)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False)
     return GracefulServer(config, async_engine, shutdown_timeout, on_ready)
 
@@ -185,6 +191,7 @@ def serve_in_thread(
     chat_template: str | None = None,
     api_keys: Sequence[str] = (),
     tool_call_parser: str = "auto",
+    reasoning_parser: str = "auto",
 ) -> Iterator[tuple[str, Any]]:
     """Serves ``engine`` from a background thread on a free port; yields (base URL, GracefulServer).
 
@@ -196,7 +203,7 @@ def serve_in_thread(
     try:
         server = make_server(engine, host, port, served_model_name, log_level, shutdown_timeout,
                              max_request_bytes=max_request_bytes, chat_template=chat_template, api_keys=api_keys,
-                             tool_call_parser=tool_call_parser)
+                             tool_call_parser=tool_call_parser, reasoning_parser=reasoning_parser)
     except BaseException:
         sock.close()
         raise
@@ -261,11 +268,18 @@ def serve(args: argparse.Namespace, config: Any = None) -> int:
             seconds_since_process_start(),
         )
 
-    server = make_server(
-        engine, args.host, args.port, args.served_model_name, args.log_level, args.shutdown_timeout, ready,
-        config.disabled_kernels, args.max_request_bytes, getattr(args, "chat_template_source", None),
-        getattr(args, "api_keys", None) or (), getattr(args, "tool_call_parser", "auto"),
-    )
+    try:
+        server = make_server(
+            engine, args.host, args.port, args.served_model_name, args.log_level, args.shutdown_timeout, ready,
+            config.disabled_kernels, args.max_request_bytes, getattr(args, "chat_template_source", None),
+            getattr(args, "api_keys", None) or (), getattr(args, "tool_call_parser", "auto"),
+            getattr(args, "reasoning_parser", "auto"),
+        )
+    except ValueError as e:  # a parser the model's vocabulary cannot read (--reasoning-parser)
+        sock.close()
+        engine.close()
+        print(f"graphpool serve: {e}", file=sys.stderr)
+        return 2
     try:
         server.run(sockets=[sock])
     finally:

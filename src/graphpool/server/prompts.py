@@ -21,6 +21,7 @@ from graphpool.server.protocol import (
     CompletionRequest,
     FunctionTool,
 )
+from graphpool.server.reasoning import ReasoningPlan, reasoning_format
 from graphpool.server.request_fields import check_fields, check_text_param, sampling_params
 from graphpool.server.structured import guided_decoding
 from graphpool.server.tool_parsers import ToolParser
@@ -29,6 +30,14 @@ from graphpool.server.tools import ToolPlan, forced_call_guided, plan_tools
 
 if TYPE_CHECKING:
     from graphpool.engine.grammar import Grammars
+
+
+@dataclass(frozen=True)
+class ChatPlan:
+    """How a chat request's replies are read: tool calls, and reasoning apart (None: all content)."""
+
+    tools: ToolPlan
+    reasoning: ReasoningPlan | None
 
 
 @dataclass(frozen=True)
@@ -44,7 +53,8 @@ class PromptBuilder:
 
     def __init__(self, tokenizer: Any, max_model_len: int, served_model_names: list[str],
                  chat_template: str | None = None, tool_call_parser: str = "auto",
-                 grammars: Grammars | None = None, defaults: SamplingDefaults | None = None) -> None:
+                 grammars: Grammars | None = None, defaults: SamplingDefaults | None = None,
+                 reasoning_parser: str = "auto") -> None:
         self.tokenizer = tokenizer
         self.defaults = defaults or SamplingDefaults()  # for fields a request leaves unset (the model's, or ours)
         self.max_model_len = max_model_len
@@ -54,6 +64,7 @@ class PromptBuilder:
         tools = tool_setup(tokenizer, chat_template, tool_call_parser)
         self.parser: ToolParser = tools.parser
         self.template_reads_tools, self.keep_special_tokens = tools.template_reads_tools, tools.keep_special_tokens
+        self.reasoning = reasoning_format(tokenizer, chat_template, reasoning_parser)
 
     # ---- per endpoint ----
     def completion(self, req: CompletionRequest) -> list[EngineInput]:
@@ -84,8 +95,8 @@ class PromptBuilder:
                               req.n or 1)
         return inputs
 
-    def chat(self, req: ChatCompletionRequest) -> tuple[list[EngineInput], ToolPlan]:
-        """`n` inputs of the conversation, one per choice, and the plan its output is read with."""
+    def chat(self, req: ChatCompletionRequest) -> tuple[list[EngineInput], ChatPlan]:
+        """`n` inputs of the conversation, one per choice, and the plan their replies are read with."""
         self.check_model(req.model)
         check_fields(req)
         check_logprobs(req.top_logprobs, "top_logprobs")
@@ -107,10 +118,23 @@ class PromptBuilder:
         if max_tokens is None:  # NOTE: OpenAI's chat default: as many tokens as the context leaves
             max_tokens = max(self.max_model_len - len(ids), 1)
         params = sampling_params(req, len(ids), max_tokens, guided, self.defaults, self.max_model_len)
-        if plan.mode != "none" and self.keep_special_tokens:
-            params = replace(params, skip_special_tokens=False)  # the call marker is a special token
+        reasoning = self._reasoning(req, ids, guided)
+        marked = reasoning is not None and self.reasoning is not None and self.reasoning.keep_special_tokens
+        if (plan.mode != "none" and self.keep_special_tokens) or marked:
+            params = replace(params, skip_special_tokens=False)  # a call or reasoning marker is a special token
         inp = EngineInput(prompt=ids, prompt_text="", num_prompt_tokens=len(ids), params=params)
-        return fan_out(inp, req.n or 1), plan
+        return fan_out(inp, req.n or 1), ChatPlan(plan, reasoning)
+
+    def _reasoning(self, req: ChatCompletionRequest, ids: list[int],
+                   guided: GuidedDecoding | None) -> ReasoningPlan | None:
+        """How the reply's reasoning is told apart: none without a reasoning format, nor under an output
+        constraint (it holds from the reply's first token, so the reply is all content)."""
+        if self.reasoning is None:
+            if not req.include_reasoning:
+                raise APIError("include_reasoning: this server tells no reasoning apart from the answer "
+                               "(--reasoning-parser)", param="include_reasoning")
+            return None
+        return None if guided is not None else self.reasoning.plan(ids, req.include_reasoning)
 
     # ---- pieces ----
     def guided(self, req: CompletionRequest | ChatCompletionRequest) -> GuidedDecoding | None:
@@ -142,9 +166,13 @@ class PromptBuilder:
             check_text_param(text, f"messages[{i}].content")
             for j, call in enumerate(messages[i].tool_calls or ()):
                 check_text_param(call.function.arguments, f"messages[{i}].tool_calls[{j}].function.arguments")
+            for name in ("reasoning", "reasoning_content"):
+                if getattr(messages[i], name) is not None:
+                    check_text_param(getattr(messages[i], name), f"messages[{i}].{name}")
         tools_text = json.dumps([t.model_dump(exclude_none=True) for t in tools or ()], ensure_ascii=False)
         check_text_param(tools_text, "tools")
         args = sum(len(c.function.arguments) for m in messages for c in m.tool_calls or ())
+        args += sum(len(m.reasoning or m.reasoning_content or "") for m in messages)
         self.check_text_length(sum(map(len, texts)) + args + len(tools_text), "messages")
         return history_messages(messages, texts, self.parser)
 

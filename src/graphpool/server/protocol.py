@@ -179,6 +179,8 @@ class ChatMessage(BaseModel):
     name: str | None = None
     tool_calls: list[MessageToolCall] | None = None  # assistant messages only
     tool_call_id: str | None = None  # tool messages only
+    reasoning: str | None = None  # an earlier reply's reasoning (vLLM's name; `reasoning_content` before it)
+    reasoning_content: str | None = None
 
 
 class ChatRenderFields(BaseModel):
@@ -200,3 +202,4 @@ class ChatCompletionRequest(_SamplingFields, ChatRenderFields):
     tools: list[FunctionTool] | None = None
     tool_choice: Any = None  # checked by server/tools.py: a string or a named function, with its own 400s
     parallel_tool_calls: StrictBool | None = None
+    include_reasoning: StrictBool = True  # vLLM's: false leaves `reasoning` out (server/reasoning.py)

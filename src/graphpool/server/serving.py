@@ -17,9 +17,8 @@ from graphpool.server.async_engine import AsyncEngine, EngineDeadError, RequestS
 from graphpool.server.choices import Choices, sse
 from graphpool.server.logprobs import LogprobFormatter, prompt_ask
 from graphpool.server.metrics import ServerMetrics
-from graphpool.server.prompts import EngineInput, PromptBuilder
+from graphpool.server.prompts import ChatPlan, EngineInput, PromptBuilder
 from graphpool.server.protocol import APIError, ChatCompletionRequest, CompletionRequest, error_body
-from graphpool.server.tools import ToolPlan
 
 DISCONNECT_POLL_S = 0.1
 
@@ -117,8 +116,8 @@ class OpenAIServing:
 
     async def chat(self, req: ChatCompletionRequest, raw: Request) -> Response:
         timer = _Timer(self.metrics)
-        inputs, tools = await asyncio.to_thread(self.builder.chat, req)
-        return await self._serve(req, inputs, raw, timer, chat=True, tools=tools)
+        inputs, plan = await asyncio.to_thread(self.builder.chat, req)
+        return await self._serve(req, inputs, raw, timer, chat=True, plan=plan)
 
     async def _add(self, request_id: str, inputs: list[EngineInput], chat: bool, n: int) -> list[RequestStream]:
         ids = [request_id if len(inputs) == 1 else f"{request_id}-{i}" for i in range(len(inputs))]
@@ -142,7 +141,7 @@ class OpenAIServing:
         raw: Request,
         timer: _Timer,
         chat: bool,
-        tools: ToolPlan | None = None,
+        plan: ChatPlan | None = None,
     ) -> Response:
         request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         n = req.n or 1
@@ -153,15 +152,14 @@ class OpenAIServing:
         echoes = [inp.prompt_text if echo else None for inp in inputs]
         logprobs = self.logprobs if inputs[0].params.logprobs is not None else None
         prompt = prompt_ask(req)
+        include_usage = req.stream and req.stream_options is not None and req.stream_options.include_usage
+        choices = Choices(chat, header, n, logprobs, include_usage, plan, prompt, self.logprobs)
         if req.stream:
-            include_usage = req.stream_options is not None and req.stream_options.include_usage
-            choices = Choices(chat, header, n, logprobs, include_usage, tools, prompt, self.logprobs)
             return AbortingStreamingResponse(self._stream_body(streams, choices, timer, echoes), self.engine, streams)
         lasts = await self._collect(streams, raw, timer)
         if lasts is None:  # client disconnected; nobody reads this
             return Response(status_code=499)
-        return JSONResponse(Choices(chat, header, n, logprobs, tools=tools, prompt=prompt,
-                                    formatter=self.logprobs).response(lasts, echoes))
+        return JSONResponse(choices.response(lasts, echoes))
 
     async def _collect(self, streams: list[RequestStream], raw: Request, timer: _Timer) -> list[Any] | None:
         async def collect() -> list[Any]:

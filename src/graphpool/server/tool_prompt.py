@@ -76,8 +76,14 @@ def history_messages(messages: list[ChatMessage], texts: list[str], parser: Tool
         if m.tool_call_id is not None and m.role != "tool":
             raise APIError(f"messages[{i}].tool_call_id: only tool messages carry a tool_call_id",
                            param=f"messages[{i}].tool_call_id")
+        reasoning = m.reasoning if m.reasoning is not None else m.reasoning_content
+        if reasoning is not None and m.role != "assistant":
+            raise APIError(f"messages[{i}].reasoning: only assistant messages carry reasoning",
+                           param=f"messages[{i}].reasoning")
         if m.role == "assistant":
             open_calls = {}
+            if reasoning is not None:  # NOTE: templates that keep reasoning read this name (chat_render's aliases)
+                d["reasoning_content"] = reasoning
             if m.tool_calls:
                 d["tool_calls"] = [_call_dict(i, j, c, parser) for j, c in enumerate(m.tool_calls)]
                 open_calls = {c.id: c.function.name for c in m.tool_calls}
