@@ -87,3 +87,26 @@ def test_min_p_one_is_greedy_and_ranges_are_checked(served: Served) -> None:
         r = httpx.post(f"{served.base_url}/v1/completions", timeout=60,
                        json={"prompt": PROMPT, "max_tokens": N, **body})
         assert r.status_code == 400 and r.json()["error"]["param"] == param, (body, r.text)
+
+
+def test_logit_bias_and_allowed_token_ids(served: Served) -> None:
+    client = served.client()
+    out = client.completions.create(model=served.model, prompt=PROMPT, temperature=0, max_tokens=4,
+                                    logit_bias={"42": 100}, logprobs=0)
+    assert out.choices[0].logprobs.tokens == [out.choices[0].logprobs.tokens[0]] * 4
+    assert httpx.post(f"{served.base_url}/detokenize", json={"tokens": [42] * 4}).json()["prompt"] == out.choices[0].text
+    drawn = client.completions.create(model=served.model, prompt=PROMPT, temperature=1.5, seed=1, max_tokens=8,
+                                      logprobs=0, extra_body={"allowed_token_ids": [42, 300], "ignore_eos": True})
+    texts = {httpx.post(f"{served.base_url}/detokenize", json={"tokens": [t]}).json()["prompt"] for t in (42, 300)}
+    assert len(drawn.choices[0].logprobs.tokens) == 8 and set(drawn.choices[0].logprobs.tokens) <= texts
+    for body, param, says in (({"logit_bias": {"x1": 1}}, "logit_bias", "token ids"),
+                              ({"logit_bias": {"1" * 5000: 1}}, "logit_bias", "token ids"),
+                              ({"logit_bias": {"1": 100.5}}, "logit_bias", "[-100, 100]"),
+                              ({"logit_bias": {"999999": 1}}, "logit_bias", "outside the vocabulary"),
+                              ({"allowed_token_ids": []}, "allowed_token_ids", "non-empty"),
+                              ({"allowed_token_ids": [1], "response_format": {"type": "json_object"}},
+                               "allowed_token_ids", "guided")):
+        r = httpx.post(f"{served.base_url}/v1/completions", timeout=60,
+                       json={"prompt": PROMPT, "max_tokens": N, **body})
+        assert r.status_code == 400 and r.json()["error"]["param"] == param and says in r.json()["error"]["message"], \
+            (body, r.text)

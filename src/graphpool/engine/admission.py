@@ -34,9 +34,11 @@ def check_request(prompt_len: int, params: SamplingParams, max_model_len: int, v
             "prompt", f"the prompt has {prompt_len} tokens; max_model_len is {max_model_len}, which leaves no "
             "room for output (a prompt must be shorter than max_model_len)"
         )
-    bad_stops = [t for t in params.stop_token_ids or () if t >= vocab_size]
-    if bad_stops:
-        raise InvalidParam("stop_token_ids", f"stop_token_ids {bad_stops} are outside the vocabulary [0, {vocab_size})")
+    for name, ids in (("stop_token_ids", params.stop_token_ids), ("logit_bias", params.logit_bias),
+                      ("allowed_token_ids", params.allowed_token_ids)):
+        outside = [t for t in ids or () if t >= vocab_size]
+        if outside:
+            raise InvalidParam(name, f"{name} holds token ids outside the vocabulary [0, {vocab_size}): {outside[:8]}")
     total = min(prompt_len + params.max_tokens, max_model_len)
     if block_manager.blocks_for(total) > block_manager.num_usable_blocks:
         raise ValueError(

@@ -17,6 +17,7 @@ from graphpool.engine.engine_stats import EngineIntrospection
 from graphpool.engine.generation_defaults import SamplingDefaults, load_sampling_defaults
 from graphpool.engine.grammar import Grammars
 from graphpool.engine.kv_cache import BlockManager
+from graphpool.engine.logit_bias import LogitBias
 from graphpool.engine.outputs import (
     EngineStats,
     RequestOutput,
@@ -157,10 +158,15 @@ class LLMEngine(EngineIntrospection):
         if params.min_tokens and len(stop_ids) >= self.model_config.vocab_size:
             raise InvalidParam("min_tokens", "min_tokens keeps every stop token from being sampled, and the stop "
                                "tokens are the whole vocabulary: no token is left to sample")
+        if params.min_tokens and params.allowed_token_ids is not None and stop_ids.issuperset(params.allowed_token_ids):
+            raise InvalidParam("allowed_token_ids", "every allowed token is a stop token, which min_tokens keeps "
+                               "from being sampled: no token is left to sample")
         generator = self.sampler.make_generator(params.seed) if params.seed is not None else None
         seq = Sequence(request_id, token_ids, params, frozenset(stop_ids), generator)
         if params.guided is not None:  # NOTE: compiled here unless already cached (the server compiles first)
             seq.guide = self.grammars.guide(params.guided, stop_ids)
+        if params.has_logit_bias:
+            seq.logit_bias = LogitBias.build(params, self.device)
         self._seqs[request_id] = seq
         self.scheduler.add(seq)
 

@@ -10,6 +10,7 @@ import torch
 from graphpool.engine.draw import draw_rows
 from graphpool.engine.grammar import apply_guides
 from graphpool.engine.host_copy import to_device
+from graphpool.engine.logit_bias import apply_logit_bias
 from graphpool.engine.logprobs import StepLogprobs, TokenLogprob, gather_logprobs
 from graphpool.engine.penalties import TokenCounts, apply_penalties, apply_penalties_sparse
 from graphpool.engine.sequence import Sequence
@@ -34,8 +35,8 @@ class Sampler:
     the sampler's. Which form a row takes depends only on its own parameters.
 
     Rows with penalties get them applied (float32, on a copy: the logits may be a graph's output buffer)
-    before the greedy argmax or the draw; `release(seq)` frees a finished request's token counts. A batch
-    without penalties does no penalty work at all. Rows short of their `min_tokens` get -inf at their stop
+    before the greedy argmax or the draw, then their `logit_bias` / `allowed_token_ids`; `release(seq)` frees a
+    finished request's token counts. A batch without penalties does no penalty work at all. Rows short of their `min_tokens` get -inf at their stop
     ids on the same copy, and guided rows (engine/grammar.py) -inf at every token their grammar disallows next;
     `min_p` drops low-probability tokens before the draw (one vectorised mask).
     `sample_step` also gathers the logprobs of the rows that ask for them, from the unchanged logits.
@@ -79,12 +80,15 @@ class Sampler:
         # NOTE: num_output_tokens counts async scheduling's placeholder, so it is the count before this token.
         held = [i for i, s in enumerate(seqs) if s.num_output_tokens < s.params.min_tokens and s.stop_ids]
         guided = [i for i, s in enumerate(seqs) if s.guide is not None]
-        if not penalised and not held and not guided:
+        biased = [i for i, s in enumerate(seqs) if s.logit_bias is not None]
+        if not penalised and not held and not guided and not biased:
             return self._choose(logits, seqs)
         # NOTE: a float32 copy: the logits may be a graph's output buffer.
         full = logits.to(torch.float32, copy=True)
         if penalised:
             index, rows = self._penalise(full, logits, [seqs[i] for i in penalised], penalised)
+        if biased:
+            apply_logit_bias(full, [seqs[i].logit_bias for i in biased], biased)  # type: ignore[misc]
         if held:
             _suppress_stops(full, [seqs[i] for i in held], held)
         if guided:

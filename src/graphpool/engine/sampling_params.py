@@ -14,6 +14,7 @@ PENALTY_MIN, PENALTY_MAX = -2.0, 2.0  # OpenAI's documented range for presence/f
 GREEDY_BELOW = 1e-5  # a temperature under this is greedy
 REPETITION_MIN = 1e-6
 MAX_LOGPROBS = 20  # OpenAI's limit on top_logprobs (and on the completions API's logprobs)
+LOGIT_BIAS_MAX = 100.0  # OpenAI's range for a logit_bias value: [-100, 100]
 
 
 class InvalidParam(ValueError):
@@ -55,9 +56,13 @@ class SamplingParams:
     Such a request does not reuse cached prefix blocks until its prompt's logprobs are complete (a cached
     position's logits are never computed).
 
+    `logit_bias` (OpenAI's; None = off): token id -> a number in [-100, 100] added to that token's logit;
+    `allowed_token_ids` (vLLM's; None = off): the tokens the output may hold, every other one's logit -inf.
+    Both apply after the penalties, to greedy and sampled rows alike (engine/logit_bias.py).
+
     `guided` (None = off): a `GuidedDecoding` constraint (JSON schema, any JSON object, regex, choice, EBNF
     grammar) the output follows, token by token; the request stops when the grammar ends. It cannot be
-    combined with `ignore_eos` or `min_tokens` (the grammar decides where the output ends).
+    combined with `ignore_eos`, `min_tokens` (the grammar decides where the output ends) or `allowed_token_ids`.
     """
 
     temperature: float = 1.0
@@ -78,7 +83,10 @@ class SamplingParams:
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     guided: GuidedDecoding | None = None
+    logit_bias: dict[int, float] | None = None
+    allowed_token_ids: list[int] | None = None
     has_penalties: bool = field(init=False, repr=False, compare=False, default=False)
+    has_logit_bias: bool = field(init=False, repr=False, compare=False, default=False)
 
     def __post_init__(self) -> None:
         _number(self.temperature, "temperature")
@@ -139,10 +147,31 @@ class SamplingParams:
                 "repetition_penalty",
                 f"repetition_penalty must be >= {REPETITION_MIN:g} (1 is off), got {self.repetition_penalty}",
             )
+        self._check_logit_bias()
         self._check_guided()
-        # NOTE: a plain attribute, not a property: the sampler reads it for every row of every step.
+        # NOTE: plain attributes, not properties: the sampler reads them for every row of every step.
         penalised = self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
         object.__setattr__(self, "has_penalties", penalised)
+        object.__setattr__(self, "has_logit_bias", bool(self.logit_bias) or self.allowed_token_ids is not None)
+
+    def _check_logit_bias(self) -> None:
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, dict):
+                raise InvalidParam("logit_bias", f"logit_bias must map token ids to numbers, got {self.logit_bias!r}")
+            for token, bias in self.logit_bias.items():
+                if not _is_int(token) or token < 0:
+                    raise InvalidParam("logit_bias", f"logit_bias keys must be token ids (ints >= 0), got {token!r}")
+                _number(bias, "logit_bias")
+                if not -LOGIT_BIAS_MAX <= bias <= LOGIT_BIAS_MAX:
+                    raise InvalidParam("logit_bias", f"logit_bias values must be in [-100, 100], got {bias} for "
+                                       f"token {token}")
+            object.__setattr__(self, "logit_bias", dict(self.logit_bias))
+        if self.allowed_token_ids is not None:
+            ids = list(self.allowed_token_ids)
+            if not ids or not all(_is_int(t) and t >= 0 for t in ids):
+                raise InvalidParam("allowed_token_ids", "allowed_token_ids must be a non-empty list of token ids "
+                                   f"(ints >= 0), got {self.allowed_token_ids!r}")
+            object.__setattr__(self, "allowed_token_ids", ids)
 
     def _check_guided(self) -> None:
         if self.guided is None:
@@ -155,6 +184,9 @@ class SamplingParams:
         if self.min_tokens:
             raise InvalidParam("min_tokens", "min_tokens cannot be combined with guided decoding: the grammar "
                                "decides where the output ends")
+        if self.allowed_token_ids is not None:
+            raise InvalidParam("allowed_token_ids", "allowed_token_ids cannot be combined with guided decoding: "
+                               "the grammar decides which tokens may come next")
 
     @property
     def greedy(self) -> bool:

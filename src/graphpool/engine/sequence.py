@@ -12,6 +12,7 @@ from graphpool.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from graphpool.engine.grammar import Guide
+    from graphpool.engine.logit_bias import LogitBias
 
 
 class Status(enum.Enum):
@@ -47,6 +48,7 @@ class Sequence:
         # one per prompt token after the first when params.prompt_logprobs is set (complete once prefilled)
         self.prompt_logprobs: list[TokenLogprob] = []
         self.guide: Guide | None = None  # the grammar state of a request with params.guided
+        self.logit_bias: LogitBias | None = None  # a request's logit_bias / allowed_token_ids, on the device
         # detokenizer state (see engine.detokenize)
         self.text = ""
         self.emitted_len = 0  # chars of `text` already handed out as delta_text

@@ -54,7 +54,7 @@ class StreamOptions(BaseModel):
 UNHONOURED_FIELDS: dict[str, Any] = {
     "spaces_between_special_tokens": True, "guided_whitespace_pattern": None,
     "use_beam_search": False,
-    "length_penalty": 1.0, "truncate_prompt_tokens": None, "bad_words": None, "allowed_token_ids": None,
+    "length_penalty": 1.0, "truncate_prompt_tokens": None, "bad_words": None,
     "logits_processors": None, "functions": None, "function_call": None,
     "prediction": None, "audio": None, "modalities": None, "chat_template": None,
     "return_tokens_as_token_ids": False,
@@ -104,13 +104,14 @@ class _SamplingFields(BaseModel):
     stream_options: StreamOptions | None = None
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, float] | None = None  # token ids as strings, as OpenAI's API sends them
     user: str | None = None
     # Extensions (vLLM spells them the same way).
     repetition_penalty: float | None = Field(default=None, gt=0.0)
     top_k: int | None = Field(default=None, ge=-1)
     ignore_eos: StrictBool = False
     stop_token_ids: list[int] | None = None
+    allowed_token_ids: list[int] | None = None
     min_tokens: int | None = Field(default=None, ge=0)
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
     include_stop_str_in_output: StrictBool = False

@@ -21,8 +21,6 @@ Request = CompletionRequest | ChatCompletionRequest
 
 def check_fields(req: Request) -> None:
     """The fields that need no prompt: refused when the server would not honour them."""
-    if req.logit_bias:
-        raise APIError("logit_bias is not supported by this server", param="logit_bias")
     refuse_unhonoured(req.model_extra)
     if req.stream_options is not None:
         if not req.stream:
@@ -89,6 +87,8 @@ def sampling_params(
             logprobs=_engine_logprobs(req),
             prompt_logprobs=prompt_ask(req).engine_k,
             guided=guided,
+            logit_bias=_logit_bias(req.logit_bias),
+            allowed_token_ids=req.allowed_token_ids,
         )
     except InvalidParam as e:
         raise APIError(str(e), param=e.param) from None
@@ -107,3 +107,13 @@ def _engine_logprobs(req: Request) -> int | None:
     if isinstance(req, CompletionRequest):
         return req.logprobs
     return (req.top_logprobs or 0) if req.logprobs else None
+
+
+def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
+    """OpenAI's logit_bias (token ids as strings) with int keys."""
+    if not bias:
+        return None
+    bad = next((k for k in bias if not (k.isascii() and k.isdigit() and len(k) <= 12)), None)
+    if bad is not None:
+        raise APIError(f"logit_bias keys must be token ids (decimal digits), got {bad!r}", param="logit_bias")
+    return {int(k): v for k, v in bias.items()}
