@@ -1,7 +1,8 @@
 """The sampling kernel and the sampler's use of it on the GPU: draws follow softmax(x / t) (chi-square over
 20,000 rows of distinct seeds, bf16 and float32 logits, a 128,256-wide row), temperature-0 rows are torch's
 argmax, and in the engine's Sampler a seeded row's tokens depend only on its own seed and position, whichever
-rows (top-p ones, drawn in torch, included) share its batch."""
+rows (top-p ones, drawn in torch, included) share its batch; allowed tokens and logit biases hold for the kernel
+draw too."""
 
 from __future__ import annotations
 
@@ -70,3 +71,21 @@ def test_a_seeded_row_draws_alone_what_it_draws_in_any_batch() -> None:
     assert walk[0] == alone and len(set(walk)) > 1
     draws = {sampler.sample(logits[:1], [_seq("s", temperature=1.0, seed=s)]).item() for s in range(40)}
     assert len(draws) > 20  # distinct seeds, distinct draws over a flat-ish 32k row
+
+
+def test_allowed_tokens_and_biases_hold_for_the_kernel_draw() -> None:
+    from graphpool.engine.logit_bias import LogitBias
+
+    sampler = Sampler(CUDA, 0, draw=sample_rows)
+    logits = torch.randn(64, 32_000, device=CUDA)
+    logits[:, 7] = logits[:, 31_999] = 0.0  # with the bias: 7 drawn about a quarter of the time
+    seqs = []
+    for i in range(64):  # temperature-only rows: the kernel draws them
+        seq = _seq(f"r{i}", temperature=1.0, seed=i, allowed_token_ids=[7, 31_999], logit_bias={7: -1.0})
+        seq.logit_bias = LogitBias.build(seq.params, CUDA)
+        seqs.append(seq)
+    drawn = sampler.sample(logits, seqs).tolist()
+    assert set(drawn) <= {7, 31_999} and len(set(drawn)) == 2
+    forced = _seq("f", temperature=0, logit_bias={5: 100.0})
+    forced.logit_bias = LogitBias.build(forced.params, CUDA)
+    assert sampler.sample(logits[:1], [forced]).item() == 5
