@@ -54,9 +54,9 @@ def served(default_model) -> Iterator[Served]:
         yield Served(url, engine.model_name, final.logprobs, greedy)
 
 
-def _completion(served: Served, stream: bool, **kw):
+def _completion(served: Served, stream: bool, extra: dict | None = None, **kw):
     return served.client().completions.create(model=served.model, prompt=PROMPT, temperature=0, max_tokens=N,
-                                              stream=stream, extra_body={"ignore_eos": True}, **kw)
+                                              stream=stream, extra_body={"ignore_eos": True, **(extra or {})}, **kw)
 
 
 def test_completion_logprobs_are_the_engines(served: Served) -> None:
@@ -104,6 +104,21 @@ def test_chat_logprobs_shape_streamed_and_collected(served: Served) -> None:
     assert [e.top_logprobs for e in bare] == [[]] * N
     assert [e.logprob for e in bare] == pytest.approx([e.logprob for e in content], abs=TOL)
     assert client.chat.completions.create(**{**kw, "logprobs": False}).choices[0].logprobs is None
+
+
+def test_return_tokens_as_token_ids_names_tokens_by_id(served: Served) -> None:
+    ids = [t.token_id for t in served.reference]
+    lp = _completion(served, False, {"return_tokens_as_token_ids": True}, logprobs=2).choices[0].logprobs
+    assert lp.tokens == [f"token_id:{t}" for t in ids]
+    assert all(set(top) == {f"token_id:{t}" for t, _ in ref.top[:2]} for top, ref in zip(lp.top_logprobs,
+                                                                                          served.reference, strict=True))
+    texts = _completion(served, False, logprobs=0).choices[0].logprobs.tokens
+    chat = served.client().chat.completions.create(
+        model=served.model, messages=CHAT, temperature=0, max_tokens=N, logprobs=True, top_logprobs=1,
+        extra_body={"ignore_eos": True, "return_tokens_as_token_ids": True}).choices[0].logprobs.content
+    assert all(e.token.startswith("token_id:") and e.top_logprobs[0].token == e.token for e in chat)
+    assert texts == _completion(served, False, logprobs=0).choices[0].logprobs.tokens  # the shared cache unchanged
+    assert texts[0] == served.greedy[PROMPT][:len(texts[0])]
 
 
 def test_refusals_name_the_field(served: Served) -> None:

@@ -4,7 +4,8 @@ logprobs (`PromptAsk`): leading the completions' lists when `echo` comes with `l
 token's logprob null, as OpenAI and vLLM give it), and vLLM's `prompt_logprobs` field.
 
 Every generated token is listed, a stop token included (usage counts it too), each as its own text decoded
-alone with special tokens kept; a tokenizer-less model names tokens `token_id:<id>` (vLLM's spelling).
+alone with special tokens kept; a tokenizer-less model, or a request with vLLM's `return_tokens_as_token_ids`,
+names tokens `token_id:<id>` (vLLM's spelling).
 A logprob of -inf is sent as -9999.0 (vLLM's clamp: JSON has no infinity).
 """
 
@@ -55,11 +56,21 @@ def prompt_ask(req: CompletionRequest | ChatCompletionRequest) -> PromptAsk:
 class LogprobFormatter:
     """Turns `TokenLogprob`s into the response fields of either endpoint."""
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, as_ids: bool = False) -> None:
         self.tokenizer = tokenizer
+        self.as_ids = as_ids  # tokens named `token_id:<id>` (return_tokens_as_token_ids)
         self._texts: dict[int, str] = {}
+        self._ids: LogprobFormatter | None = None
 
-    def token_text(self, token_id: int) -> str:
+    def naming_ids(self) -> LogprobFormatter:
+        """The formatter that names every token `token_id:<id>` (its decoded text kept for the chat `bytes`)."""
+        if self._ids is None:
+            self._ids = LogprobFormatter(self.tokenizer, as_ids=True)
+            self._ids._texts = self._texts
+        return self._ids
+
+    def decoded(self, token_id: int) -> str:
+        """The token's own text (special tokens kept), `token_id:<id>` without a tokenizer."""
         text = self._texts.get(token_id)
         if text is None:
             if self.tokenizer is None:
@@ -68,6 +79,10 @@ class LogprobFormatter:
                 text = self.tokenizer.decode([token_id], skip_special_tokens=False)
             self._texts[token_id] = text
         return text
+
+    def token_text(self, token_id: int) -> str:
+        """How a response names the token."""
+        return f"token_id:{token_id}" if self.as_ids else self.decoded(token_id)
 
     def completion(self, logprobs: Sequence[TokenLogprob], offset: int = 0) -> dict[str, Any]:
         """The completions API's `logprobs` object; `offset`: the text offset of the first token (streaming
@@ -96,7 +111,7 @@ class LogprobFormatter:
     def prompt_field(self, logprobs: Sequence[TokenLogprob], k: int) -> list[dict[str, Any] | None]:
         """vLLM's `prompt_logprobs`: null for the first prompt token, then per position its token and the `k`
         most likely ones, id -> {"logprob", "rank", "decoded_token"}."""
-        text = self.token_text if self.tokenizer is not None else (lambda _: None)
+        text = self.decoded if self.tokenizer is not None else (lambda _: None)
         return [None if entry is None else
                 {str(t): {"logprob": max(v.logprob, LOGPROB_FLOOR), "rank": v.rank, "decoded_token": v.decoded_token}
                  for t, v in entry.items()}
@@ -110,5 +125,5 @@ class LogprobFormatter:
         ]}
 
     def _entry(self, token_id: int, logprob: float) -> dict[str, Any]:
-        text = self.token_text(token_id)
-        return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+        return {"token": self.token_text(token_id), "logprob": logprob,
+                "bytes": list(self.decoded(token_id).encode("utf-8"))}

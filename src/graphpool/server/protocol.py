@@ -57,7 +57,6 @@ UNHONOURED_FIELDS: dict[str, Any] = {
     "length_penalty": 1.0, "truncate_prompt_tokens": None, "bad_words": None,
     "logits_processors": None, "functions": None, "function_call": None,
     "prediction": None, "audio": None, "modalities": None, "chat_template": None,
-    "return_tokens_as_token_ids": False,
 }
 # stream_options this server does not honour: vLLM's usage in every chunk, OpenAI's random padding in every chunk
 STREAM_OPTIONS_UNHONOURED: dict[str, Any] = {"continuous_usage_stats": False, "include_obfuscation": False}
@@ -117,6 +116,7 @@ class _SamplingFields(BaseModel):
     include_stop_str_in_output: StrictBool = False
     skip_special_tokens: StrictBool = True
     prompt_logprobs: int | None = None  # the prompt tokens' logprobs with this many top tokens (server/logprobs.py)
+    return_tokens_as_token_ids: StrictBool = False  # logprobs name tokens `token_id:<id>` (server/logprobs.py)
     # Structured output (server/structured.py): OpenAI's response_format, or one of vLLM's guided fields.
     response_format: dict[str, Any] | None = None
     guided_json: dict[str, Any] | str | None = None

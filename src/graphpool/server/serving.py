@@ -150,10 +150,11 @@ class OpenAIServing:
         header = {"id": request_id, "created": int(time.time()), "model": req.model or self.model_name}
         echo = isinstance(req, CompletionRequest) and req.echo
         echoes = [inp.prompt_text if echo else None for inp in inputs]
-        logprobs = self.logprobs if inputs[0].params.logprobs is not None else None
+        formatter = self.logprobs.naming_ids() if req.return_tokens_as_token_ids else self.logprobs
+        logprobs = formatter if inputs[0].params.logprobs is not None else None
         prompt = prompt_ask(req)
         include_usage = req.stream and req.stream_options is not None and req.stream_options.include_usage
-        choices = Choices(chat, header, n, logprobs, include_usage, plan, prompt, self.logprobs)
+        choices = Choices(chat, header, n, logprobs, include_usage, plan, prompt, formatter)
         if req.stream:
             return AbortingStreamingResponse(self._stream_body(streams, choices, timer, echoes), self.engine, streams)
         lasts = await self._collect(streams, raw, timer)
