@@ -71,3 +71,18 @@ def test_chat_takes_vllms_rendering_arguments(llm: LLM) -> None:
     with pytest.raises(ValueError, match="add_generation_prompt false"):
         llm.chat(chat, greedy, continue_final_message=True, use_tqdm=False)
     assert not llm.engine.has_unfinished_requests()
+
+
+def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(llm: LLM) -> None:
+    greedy = SamplingParams(temperature=0, max_tokens=4)
+    ids = llm.get_tokenizer().encode(PROMPTS[0] + " and the capital of Spain is Madrid; the capital of Italy is")
+    cut = llm.generate(ids, SamplingParams(temperature=0, max_tokens=4, truncate_prompt_tokens=5), use_tqdm=False)[0]
+    assert cut.prompt_token_ids == ids[-5:]
+    assert cut.outputs[0].token_ids == llm.generate(ids[-5:], greedy, use_tqdm=False)[0].outputs[0].token_ids
+    long = (ids * 20)[:200]  # past max_model_len=128: refused unless truncated
+    with pytest.raises(ValueError, match="max_model_len"):
+        llm.generate(long, greedy, use_tqdm=False)
+    fit = llm.generate(long, SamplingParams(temperature=0, max_tokens=4, truncate_prompt_tokens=-1), use_tqdm=False)[0]
+    assert fit.prompt_token_ids == long[-124:] and len(fit.outputs[0].token_ids) == 4
+    with pytest.raises(ValueError, match="truncate_prompt_tokens must be"):
+        SamplingParams(truncate_prompt_tokens=0)

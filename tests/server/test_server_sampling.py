@@ -110,3 +110,23 @@ def test_logit_bias_and_allowed_token_ids(served: Served) -> None:
                        json={"prompt": PROMPT, "max_tokens": N, **body})
         assert r.status_code == 400 and r.json()["error"]["param"] == param and says in r.json()["error"]["message"], \
             (body, r.text)
+
+
+def test_truncate_prompt_tokens(served: Served) -> None:
+    client = served.client()
+    text = "Tell me: " + PROMPT
+    last = httpx.post(f"{served.base_url}/tokenize", json={"prompt": text}).json()["tokens"][-5:]
+    out = client.completions.create(model=served.model, prompt=text, temperature=0, max_tokens=N, echo=True,
+                                    extra_body={"truncate_prompt_tokens": 5})
+    alone = client.completions.create(model=served.model, prompt=last, temperature=0, max_tokens=N, echo=True)
+    assert out.usage.prompt_tokens == 5 and out.choices[0].text == alone.choices[0].text  # echo: the tokens kept
+    chat = client.chat.completions.create(model=served.model, messages=CHAT, temperature=0, max_tokens=4,
+                                          extra_body={"truncate_prompt_tokens": 6})
+    assert chat.usage.prompt_tokens == 6
+    long = client.completions.create(model=served.model, prompt=PROMPT * 100, max_tokens=4,
+                                     extra_body={"truncate_prompt_tokens": -1})
+    assert long.usage.prompt_tokens == 256 - 4 and long.usage.completion_tokens == 4
+    for value in (0, -2, "3"):
+        r = httpx.post(f"{served.base_url}/v1/completions", timeout=60,
+                       json={"prompt": PROMPT, "max_tokens": N, "truncate_prompt_tokens": value})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "truncate_prompt_tokens", (value, r.text)

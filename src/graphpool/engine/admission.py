@@ -25,6 +25,16 @@ def encode_prompt(prompt: str | list[int], tokenizer: Any, vocab_size: int, mode
     return token_ids
 
 
+def truncate_prompt(token_ids: list[int], keep: int | None, max_model_len: int, max_tokens: int) -> list[int]:
+    """The prompt's last `keep` tokens (vLLM's truncate_prompt_tokens; -1: as many as leave room for `max_tokens`
+    within `max_model_len`, at least one); all of them for None."""
+    if keep is None:
+        return token_ids
+    if keep == -1:
+        keep = max(max_model_len - max_tokens, 1)
+    return token_ids[-keep:]
+
+
 def check_request(prompt_len: int, params: SamplingParams, max_model_len: int, vocab_size: int,
                   block_manager: BlockManager, block_size: int) -> None:
     """A prompt that leaves room for output, stop ids inside the vocabulary, and a request that the whole KV

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import torch
 
-from graphpool.engine.admission import check_request, encode_prompt
+from graphpool.engine.admission import check_request, encode_prompt, truncate_prompt
 from graphpool.engine.async_scheduling import AsyncDecode
 from graphpool.engine.config import EngineConfig
 from graphpool.engine.cpu_threads import apply_cpu_threads
@@ -149,7 +149,8 @@ class LLMEngine(EngineIntrospection):
             raise ValueError(f"request id {request_id!r} is already in use")
         if not isinstance(params, SamplingParams):
             raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
-        token_ids = self.encode(prompt)
+        token_ids = truncate_prompt(self.encode(prompt), params.truncate_prompt_tokens, self.max_model_len,
+                                    params.max_tokens)
         check_request(len(token_ids), params, self.max_model_len, self.model_config.vocab_size,
                       self.block_manager, self.config.block_size)
         stop_ids = set(params.stop_token_ids or ())

@@ -60,6 +60,9 @@ class SamplingParams:
     `allowed_token_ids` (vLLM's; None = off): the tokens the output may hold, every other one's logit -inf.
     Both apply after the penalties, to greedy and sampled rows alike (engine/logit_bias.py).
 
+    `truncate_prompt_tokens` (vLLM's; None = off): only the prompt's last k tokens are used; -1: as many as
+    leave room for `max_tokens` within max_model_len (`admission.truncate_prompt`).
+
     `guided` (None = off): a `GuidedDecoding` constraint (JSON schema, any JSON object, regex, choice, EBNF
     grammar) the output follows, token by token; the request stops when the grammar ends. It cannot be
     combined with `ignore_eos`, `min_tokens` (the grammar decides where the output ends) or `allowed_token_ids`.
@@ -85,6 +88,7 @@ class SamplingParams:
     guided: GuidedDecoding | None = None
     logit_bias: dict[int, float] | None = None
     allowed_token_ids: list[int] | None = None
+    truncate_prompt_tokens: int | None = None
     has_penalties: bool = field(init=False, repr=False, compare=False, default=False)
     has_logit_bias: bool = field(init=False, repr=False, compare=False, default=False)
 
@@ -147,6 +151,7 @@ class SamplingParams:
                 "repetition_penalty",
                 f"repetition_penalty must be >= {REPETITION_MIN:g} (1 is off), got {self.repetition_penalty}",
             )
+        check_truncate(self.truncate_prompt_tokens)
         self._check_logit_bias()
         self._check_guided()
         # NOTE: plain attributes, not properties: the sampler reads them for every row of every step.
@@ -202,6 +207,13 @@ def child_seed(seed: int, index: int) -> int:
     the accepted range (a generator reads a seed modulo 2**64, so the wrap draws the same stream)."""
     child = seed + index
     return child - 2**64 if child > SEED_MAX else child
+
+
+def check_truncate(keep: object) -> None:
+    """truncate_prompt_tokens: None, an int >= 1, or -1."""
+    if keep is not None and not (_is_int(keep) and (keep >= 1 or keep == -1)):  # type: ignore[operator]
+        raise InvalidParam("truncate_prompt_tokens", "truncate_prompt_tokens must be an int >= 1, or -1 (what "
+                           f"leaves room for max_tokens), got {keep!r}")
 
 
 def check_text(text: str, param: str) -> None:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import jinja2
 
+from graphpool.engine.admission import truncate_prompt
 from graphpool.engine.generation_defaults import SamplingDefaults
 from graphpool.engine.guided import GuidedDecoding
 from graphpool.engine.sampling_params import InvalidParam, SamplingParams, child_seed
@@ -89,6 +90,9 @@ class PromptBuilder:
             else:
                 ids = prompt
                 text = self._echo_text(prompt, param) if req.echo else ""
+            kept = truncate_prompt(ids, req.truncate_prompt_tokens, self.max_model_len, max_tokens)
+            if len(kept) < len(ids):  # NOTE: an echo gives the prompt the model saw
+                ids, text = kept, (self._echo_text(kept, param) if req.echo else "")
             params = sampling_params(req, len(ids), max_tokens, guided, self.defaults, self.max_model_len, param)
             # NOTE: token ids, tokenized exactly as engine.encode does (the tokenizer's default special tokens).
             inputs += fan_out(EngineInput(prompt=ids, prompt_text=text, num_prompt_tokens=len(ids), params=params),
@@ -115,6 +119,7 @@ class PromptBuilder:
                 raise
         ids = self.render_chat(self.chat_messages(req.messages, req.tools), req, tools=plan.prompt_tools)
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        ids = truncate_prompt(ids, req.truncate_prompt_tokens, self.max_model_len, max_tokens or 1)
         if max_tokens is None:  # NOTE: OpenAI's chat default: as many tokens as the context leaves
             max_tokens = max(self.max_model_len - len(ids), 1)
         params = sampling_params(req, len(ids), max_tokens, guided, self.defaults, self.max_model_len)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from graphpool.engine.generation_defaults import SamplingDefaults
 from graphpool.engine.guided import GuidedDecoding
-from graphpool.engine.sampling_params import InvalidParam, SamplingParams, check_text
+from graphpool.engine.sampling_params import InvalidParam, SamplingParams, check_text, check_truncate
 from graphpool.server.logprobs import prompt_ask
 from graphpool.server.protocol import (
     MAX_STOP_SEQUENCES,
@@ -22,6 +22,10 @@ Request = CompletionRequest | ChatCompletionRequest
 def check_fields(req: Request) -> None:
     """The fields that need no prompt: refused when the server would not honour them."""
     refuse_unhonoured(req.model_extra)
+    try:
+        check_truncate(req.truncate_prompt_tokens)
+    except InvalidParam as e:
+        raise APIError(str(e), param=e.param) from None
     if req.stream_options is not None:
         if not req.stream:
             raise APIError("stream_options needs stream: true", param="stream_options")
@@ -89,6 +93,7 @@ def sampling_params(
             guided=guided,
             logit_bias=_logit_bias(req.logit_bias),
             allowed_token_ids=req.allowed_token_ids,
+            truncate_prompt_tokens=req.truncate_prompt_tokens,
         )
     except InvalidParam as e:
         raise APIError(str(e), param=e.param) from None
