@@ -161,6 +161,14 @@ def test_chat_template_kwargs_and_a_continued_final_message(served: Served) -> N
             assert e["param"] == param and says in e["message"], (path, e)
 
 
+def test_the_responses_api_answers_as_the_chat_endpoint(served: Served) -> None:
+    client = served.client()
+    r = client.responses.create(model=served.model, input=CHAT[0]["content"], temperature=0, max_output_tokens=N)
+    assert r.output_text == served.chat_greedy and r.usage.input_tokens == len(served.chat_ids)
+    with client.responses.stream(model=served.model, input=CHAT, temperature=0, max_output_tokens=N) as stream:
+        assert stream.get_final_response().output_text == served.chat_greedy
+
+
 # ---- command line ----
 def test_serve_takes_the_model_as_a_positional_or_as_model() -> None:
     from graphpool.cli import build_parser, main

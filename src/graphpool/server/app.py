@@ -28,6 +28,7 @@ from graphpool.server.protocol import (
     CompletionRequest,
     error_body,
 )
+from graphpool.server.responses import ResponsesRequest
 from graphpool.server.serving import OpenAIServing
 from graphpool.server.tokenization import add_utility_routes
 
@@ -163,6 +164,10 @@ def build_app(
     @app.post("/v1/chat/completions", openapi_extra=body_schema(ChatCompletionRequest))
     async def chat_completions(raw: Request) -> Response:
         return await serving.chat(await parse_body(raw, ChatCompletionRequest, max_request_bytes), raw)
+
+    @app.post("/v1/responses", openapi_extra=body_schema(ResponsesRequest))
+    async def responses(raw: Request) -> Response:
+        return await serving.responses(await parse_body(raw, ResponsesRequest, max_request_bytes), raw)
 
     add_utility_routes(app, builder, __version__, max_request_bytes)
     return app

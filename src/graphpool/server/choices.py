@@ -125,9 +125,20 @@ class Choices:
         return sse({**self.header, "object": self.obj, "choices": [choice], **self.extra})
 
     def chat_chunks(self, index: int, out: RequestOutput) -> list[str]:
-        """A chat choice's chunks for one output: its reasoning (when told apart and asked), its content and tool
-        calls (through the tool-call stream when tools are parsed), the logprobs of its new tokens on the first,
-        then its finish chunk when it ended."""
+        """A chat choice's chunks for one output: `chat_bodies`' deltas, the logprobs of its new tokens on the
+        first, then its finish chunk when it ended."""
+        bodies, finish = self.chat_bodies(index, out)
+        logprobs = self._logprobs(index, out.new_logprobs) if out.new_token_ids else None
+        if not bodies and logprobs is not None:
+            bodies.append({})
+        chunks = [self._chat_chunk(index, body, logprobs if k == 0 else None, None) for k, body in enumerate(bodies)]
+        if out.finished:
+            chunks.append(self._chat_chunk(index, {}, None, finish))
+        return chunks
+
+    def chat_bodies(self, index: int, out: RequestOutput) -> tuple[list[dict[str, Any]], str | None]:
+        """A chat choice's deltas for one output: its reasoning (when told apart and asked), its content and tool
+        calls (through the tool-call stream when tools are parsed); and its finish reason once it ended."""
         reasoning, text = self._split(index, out)
         bodies: list[dict[str, Any]] = [{"reasoning": reasoning}] if reasoning else []
         called = False
@@ -143,13 +154,7 @@ class Choices:
                         body["tool_calls"] = delta.calls
                     bodies.append(body)
             called = stream.called
-        logprobs = self._logprobs(index, out.new_logprobs) if out.new_token_ids else None
-        if not bodies and logprobs is not None:
-            bodies.append({})
-        chunks = [self._chat_chunk(index, body, logprobs if k == 0 else None, None) for k, body in enumerate(bodies)]
-        if out.finished:
-            chunks.append(self._chat_chunk(index, {}, None, finish_reason(out.finish_reason, called)))
-        return chunks
+        return bodies, (finish_reason(out.finish_reason, called) if out.finished else None)
 
     def _split(self, index: int, out: RequestOutput) -> tuple[str, str]:
         """An output's new (reasoning, content) text: all content unless reasoning is told apart; the reasoning

@@ -4,6 +4,7 @@ each prompt gets `n` choices), streamed (SSE) or collected."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -19,6 +20,8 @@ from graphpool.server.logprobs import LogprobFormatter, prompt_ask
 from graphpool.server.metrics import ServerMetrics
 from graphpool.server.prompts import ChatPlan, EngineInput, PromptBuilder
 from graphpool.server.protocol import APIError, ChatCompletionRequest, CompletionRequest, error_body
+from graphpool.server.response_items import ResponseWriter
+from graphpool.server.responses import ResponsesRequest, chat_request, new_id, responses_param
 
 DISCONNECT_POLL_S = 0.1
 
@@ -118,6 +121,52 @@ class OpenAIServing:
         timer = _Timer(self.metrics)
         inputs, plan = await asyncio.to_thread(self.builder.chat, req)
         return await self._serve(req, inputs, raw, timer, chat=True, plan=plan)
+
+    async def responses(self, req: ResponsesRequest, raw: Request) -> Response:
+        """The Responses API over the chat path (server/responses.py); its refusals name the Responses fields."""
+        timer = _Timer(self.metrics)
+        response_id = new_id("resp")
+        try:
+            inputs, plan = await asyncio.to_thread(self.builder.chat, chat_request(req))
+            streams = await self._add(response_id, inputs, chat=True, n=1)
+        except APIError as e:
+            raise APIError(e.message, param=responses_param(e.param), code=e.code, status_code=e.status_code,
+                           type=e.type) from None
+        choices = Choices(True, {}, 1, None, plan=plan)
+        writer = ResponseWriter(response_id, req.model or self.model_name, req)
+        if req.stream:
+            events = self._response_events(streams[0], choices, writer, timer)
+            return AbortingStreamingResponse(events, self.engine, streams)
+        lasts = await self._collect(streams, raw, timer)
+        if lasts is None:
+            return Response(status_code=499)
+        chat = choices.response(lasts, [None])
+        message = chat["choices"][0]["message"]
+        writer.text("reasoning", message.get("reasoning") or "")
+        writer.text("message", message.get("content") or "")
+        writer.calls(message.get("tool_calls") or [])
+        return JSONResponse(writer.finish(lasts[0].finish_reason, chat["usage"])[1])
+
+    async def _response_events(self, stream: RequestStream, choices: Choices, writer: ResponseWriter,
+                               timer: _Timer) -> AsyncIterator[str]:
+        for event in writer.start():
+            yield event
+        last = None
+        try:
+            async for out in stream:
+                timer.on_output(len(out.token_ids), out.finished)
+                for body in choices.chat_bodies(0, out)[0]:
+                    for event in (writer.text("reasoning", body.get("reasoning", ""))
+                                  + writer.text("message", body.get("content", ""))
+                                  + writer.calls(body.get("tool_calls", []))):
+                        yield event
+                last = out
+        except EngineDeadError as e:
+            yield f"event: error\ndata: {json.dumps({'type': 'error', 'message': str(e), 'code': 'server_error'})}\n\n"
+            return
+        assert last is not None and last.finished
+        for event in writer.finish(last.finish_reason, choices.usage([last]))[0]:
+            yield event
 
     async def _add(self, request_id: str, inputs: list[EngineInput], chat: bool, n: int) -> list[RequestStream]:
         ids = [request_id if len(inputs) == 1 else f"{request_id}-{i}" for i in range(len(inputs))]
