@@ -18,6 +18,7 @@ import pytest
 from graphpool import LLM, SamplingParams
 from graphpool.engine.config import EngineConfig
 from graphpool.engine.engine import LLMEngine
+from graphpool.engine.grammar import Grammars
 from graphpool.server.main import serve_in_thread
 from graphpool.server.prompts import PromptBuilder
 from graphpool.server.protocol import ChatCompletionRequest
@@ -142,8 +143,8 @@ def test_bad_tools_are_400s_naming_the_field(served: Served) -> None:
                                                                                        "parameters": "x"}}])
     bad(served, "tools", tools=[])
     bad(served, "tools[1].function.name", tools=[WEATHER, WEATHER])
-    assert "strict" in bad(served, "tools[0].function.strict", tools=[
-        {"type": "function", "function": {"name": "f", "strict": True}}])
+    strict = {"type": "function", "function": {**WEATHER["function"], "strict": True}}
+    assert "strict" in bad(served, "tools", tools=[strict], response_format={"type": "json_object"})
     bad(served, "parallel_tool_calls", tools=[WEATHER], extra_body={"parallel_tool_calls": "no"})
 
 
@@ -223,6 +224,26 @@ def test_malformed_tool_history_is_a_400_naming_the_field(served: Served) -> Non
     r = served.client.chat.completions.create(model=served.model, max_tokens=2, messages=history(
         {"role": "assistant", "tool_calls": [call]}, {"role": "tool", "tool_call_id": "call_1", "content": "ok"}))
     assert r.choices[0].finish_reason in ("stop", "length")  # the same history, well formed, is served
+
+
+def test_strict_tools_constrain_the_calls_the_model_makes(served: Served, default_model) -> None:
+    strict = {"type": "function", "function": {**WEATHER["function"], "strict": True}}
+    tok = default_model[2]
+    grammars = Grammars(tok, default_model[1].vocab_size, tok.eos_token_ids)
+    builder = PromptBuilder(tok, MAX_MODEL_LEN, ["m"], grammars=grammars)
+    (inp,), _ = builder.chat(ChatCompletionRequest(messages=HISTORY[:2], tools=[strict]))
+    assert inp.params.guided is not None and inp.params.guided.kind == "structural_tag"
+    (free,), _ = builder.chat(ChatCompletionRequest(messages=HISTORY[:2], tools=[strict], tool_choice="none"))
+    assert free.params.guided is None
+    kw = {"model": served.model, "messages": HISTORY[:2], "tools": [strict], "temperature": 0,
+          "max_tokens": MAX_TOKENS}
+    message = served.client.chat.completions.create(**kw).choices[0].message
+    for call in message.tool_calls or ():
+        assert isinstance(json.loads(call.function.arguments)["city"], str)
+    chunks = [c.choices[0].delta for c in served.client.chat.completions.create(stream=True, **kw) if c.choices]
+    assert "".join(d.content or "" for d in chunks).strip() == (message.content or "")
+    assert [c.function.arguments for d in chunks for c in d.tool_calls or ()] == [
+        c.function.arguments for c in message.tool_calls or ()]
 
 
 def test_a_template_that_reads_tools_renders_them_itself(default_model) -> None:

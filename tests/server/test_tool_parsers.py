@@ -164,8 +164,6 @@ def test_bad_tools_and_tool_choice_are_refused_by_name() -> None:
     refused("tool_choice", tools(WEATHER), {"type": "function"}, None, h)
     refused("tools", [], None, None, h)
     refused("tools[1].function.name", tools(WEATHER, WEATHER), None, None, h)
-    strict = {"type": "function", "function": {"name": "f", "strict": True}}
-    refused("tools[0].function.strict", tools(strict), None, None, h)
     refused("tools[0].function.parameters", tools({"type": "function", "function": {
         "name": "f", "parameters": {"type": "array"}}}), None, None, h)
 

@@ -102,6 +102,8 @@ def _compile(compiler: xgrammar.GrammarCompiler, guided: GuidedDecoding) -> xgra
         return compiler.compile_json_schema(_ANY_OBJECT, strict_mode=False, **_JSON_OPTIONS)
     if guided.kind == "regex":
         return compiler.compile_regex(guided.spec)
+    if guided.kind == "structural_tag":
+        return compiler.compile_structural_tag(guided.spec)
     if guided.kind == "choice":
         # NOTE: JSON string escapes are EBNF string escapes, so each choice is one literal.
         return compiler.compile_grammar("root ::= " + " | ".join(json.dumps(c) for c in guided.choices))

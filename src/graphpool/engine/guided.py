@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-GuidedKind = Literal["json_schema", "json_object", "regex", "choice", "grammar"]
+GuidedKind = Literal["json_schema", "json_object", "regex", "choice", "grammar", "structural_tag"]
 GUIDED_KINDS: tuple[str, ...] = get_args(GuidedKind)
 
 
@@ -19,7 +19,9 @@ GUIDED_KINDS: tuple[str, ...] = get_args(GuidedKind)
 class GuidedDecoding:
     """A request's output constraint. `spec` by `kind`: `json_schema` the schema as JSON text (an object),
     `json_object` "" (any JSON object), `regex` a regular expression, `choice` a JSON list of the allowed
-    strings, `grammar` an EBNF grammar whose start rule is `root`. Raises ValueError when malformed."""
+    strings, `grammar` an EBNF grammar whose start rule is `root`, `structural_tag` xgrammar's structural tag as
+    JSON text (free text, with JSON-schema sections wherever a trigger starts one: strict tool calls). Raises
+    ValueError when malformed."""
 
     kind: GuidedKind
     spec: str = ""
@@ -40,9 +42,9 @@ class GuidedDecoding:
             return
         if not self.spec:
             raise ValueError(f"a {self.kind} constraint needs a non-empty spec")
-        if self.kind == "json_schema":
-            if not isinstance(_json(self.spec, "the json_schema spec"), dict):
-                raise ValueError("the json_schema spec must be a JSON object (a JSON schema)")
+        if self.kind in ("json_schema", "structural_tag"):
+            if not isinstance(_json(self.spec, f"the {self.kind} spec"), dict):
+                raise ValueError(f"the {self.kind} spec must be a JSON object")
         elif self.kind == "choice":
             choices = _json(self.spec, "the choice spec")
             if not isinstance(choices, list) or not choices or not all(isinstance(c, str) for c in choices):

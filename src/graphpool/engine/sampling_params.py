@@ -64,7 +64,7 @@ class SamplingParams:
     leave room for `max_tokens` within max_model_len (`admission.truncate_prompt`).
 
     `guided` (None = off): a `GuidedDecoding` constraint (JSON schema, any JSON object, regex, choice, EBNF
-    grammar) the output follows, token by token; the request stops when the grammar ends. It cannot be
+    grammar, or a structural tag: free text with constrained sections, as strict tools use) the output follows, token by token; the request stops when the grammar ends. It cannot be
     combined with `ignore_eos`, `min_tokens` (the grammar decides where the output ends) or `allowed_token_ids`.
     """
 

@@ -27,7 +27,7 @@ from graphpool.server.request_fields import check_fields, check_text_param, samp
 from graphpool.server.structured import guided_decoding
 from graphpool.server.tool_parsers import ToolParser
 from graphpool.server.tool_prompt import fallback_messages, history_messages, tool_setup
-from graphpool.server.tools import ToolPlan, forced_call_guided, plan_tools
+from graphpool.server.tools import ToolPlan, forced_call_guided, plan_tools, strict_calls_guided
 
 if TYPE_CHECKING:
     from graphpool.engine.grammar import Grammars
@@ -108,6 +108,11 @@ class PromptBuilder:
             raise APIError("top_logprobs needs logprobs: true", param="top_logprobs")
         plan = plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls, self.parser)
         guided = self.guided(req)
+        if plan.strict:
+            if guided is not None:
+                raise APIError("tools with strict: true take no other output constraint (they constrain the calls "
+                               "the model makes)", param="tools")
+            guided = self._compiled(strict_calls_guided(plan), "tools")
         if plan.mode == "forced":
             if guided is not None:
                 raise APIError("a tool_choice that forces a call takes no other output constraint",
@@ -133,13 +138,15 @@ class PromptBuilder:
     def _reasoning(self, req: ChatCompletionRequest, ids: list[int],
                    guided: GuidedDecoding | None) -> ReasoningPlan | None:
         """How the reply's reasoning is told apart: none without a reasoning format, nor under an output
-        constraint (it holds from the reply's first token, so the reply is all content)."""
+        constraint that holds from the reply's first token (the reply is all content; strict tools' does not)."""
         if self.reasoning is None:
             if not req.include_reasoning:
                 raise APIError("include_reasoning: this server tells no reasoning apart from the answer "
                                "(--reasoning-parser)", param="include_reasoning")
             return None
-        return None if guided is not None else self.reasoning.plan(ids, req.include_reasoning)
+        if guided is not None and guided.kind != "structural_tag":  # NOTE: strict tools leave free text free
+            return None
+        return self.reasoning.plan(ids, req.include_reasoning)
 
     # ---- pieces ----
     def guided(self, req: CompletionRequest | ChatCompletionRequest) -> GuidedDecoding | None:

@@ -56,6 +56,9 @@ def _decode_at(text: str, pos: int) -> tuple[Any, int] | None:
         return None
 
 
+_HOLE = {"\u2063": 0}  # stands for the arguments in `call_tag` (an invisible separator: no name holds it)
+
+
 class ToolParser(ABC):
     """One format. `start` finds where the calls begin (a stream holds back the text from there), `parse` reads
     a section that begins there: with `final` False, a call still being written is neither a call nor content."""
@@ -64,6 +67,7 @@ class ToolParser(ABC):
     markers: ClassVar[tuple[str, ...]]
     # the marker is a special token the detokenizer would drop: the server keeps special tokens' text
     keep_special_tokens: ClassVar[bool] = False
+    call_trigger: ClassVar[str]  # what every call `write_call` writes begins with (strict tools' structural tag)
 
     def start(self, text: str, pos: int = 0) -> int | None:
         """Where the first call begins (searching from `pos`: a stream knows no marker ends before it)."""
@@ -103,10 +107,18 @@ class ToolParser(ABC):
         """A history tool-call id as this family's chat template accepts it."""
         return call_id
 
+    def call_tag(self, name: str) -> tuple[str, str]:
+        """The text `write_call` puts before and after a call's arguments object."""
+        hole = json.dumps(_HOLE, ensure_ascii=False)
+        text = self.write_call(name, _HOLE)
+        at = text.index(hole)
+        return text[:at], text[at + len(hole):]
+
 
 class HermesParser(ToolParser):
     name = "hermes"
     markers = ("<tool_call>",)
+    call_trigger = "<tool_call>"
     _END = "</tool_call>"
 
     def parse_section(self, section: str, final: bool) -> tuple[list[ToolCall], str]:
@@ -155,6 +167,7 @@ class Llama3JsonParser(ToolParser):
 
     name = "llama3_json"
     markers = ("<|python_tag|>",)
+    call_trigger = '{"name": '
 
     _LEADING_OBJECT = re.compile(r"\s*\{")
 
@@ -199,6 +212,7 @@ class Llama3JsonParser(ToolParser):
 class MistralParser(ToolParser):
     name = "mistral"
     markers = ("[TOOL_CALLS]",)
+    call_trigger = "[TOOL_CALLS]"
     keep_special_tokens = True
     _ARGS = "[ARGS]"
     _ID = re.compile(r"[A-Za-z0-9]{9}")

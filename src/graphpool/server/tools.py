@@ -32,6 +32,11 @@ class ToolPlan:
         fn = next(t["function"] for t in self.tools if t["function"]["name"] == name)
         return fn.get("parameters") or EMPTY_PARAMETERS
 
+    @property
+    def strict(self) -> bool:
+        """Whether a call the model chooses to make must follow its tool's schema (some tool has `strict: true`)."""
+        return self.mode == "auto" and any(t["function"].get("strict") for t in self.tools)
+
     def result(self, text: str) -> Parsed:
         """The output as content and tool calls (`mode` 'none': all content)."""
         if self.mode == "none":
@@ -42,8 +47,8 @@ class ToolPlan:
 
 def plan_tools(tools: list[FunctionTool] | None, tool_choice: Any, parallel: bool | None,
                parser: ToolParser) -> ToolPlan:
-    """The request's plan; a 400 naming the field for duplicate names, `strict` (not supported),
-    a `tool_choice` that is malformed, needs tools, or names a function not in `tools`."""
+    """The request's plan; a 400 naming the field for duplicate names, a `tool_choice` that is malformed, needs
+    tools, or names a function not in `tools`."""
     if tools is not None and not tools:
         raise APIError("tools must not be empty: leave it out to offer no tools", param="tools")
     specs = tuple(t.model_dump(exclude_none=True) for t in tools or ())
@@ -53,10 +58,6 @@ def plan_tools(tools: list[FunctionTool] | None, tool_choice: Any, parallel: boo
             raise APIError(f"tools[{i}].function.name: {t.function.name!r} is offered twice",
                            param=f"tools[{i}].function.name")
         names.add(t.function.name)
-        if t.function.strict:
-            raise APIError(f"tools[{i}].function.strict: true is not supported: the arguments of a call the model "
-                           "chooses to make are not constrained (tool_choice 'required' or a named function "
-                           "constrains the whole answer)", param=f"tools[{i}].function.strict")
         params = t.function.parameters
         if params is not None and params.get("type", "object") != "object":
             raise APIError(f"tools[{i}].function.parameters: must be a JSON Schema of type 'object'",
@@ -122,3 +123,20 @@ def forced_call_guided(plan: ToolPlan) -> GuidedDecoding:
     """The output constraint that forces `plan`'s call: `forced_call_schema(plan)` as a JSON schema (the
     response side, `ToolPlan.result` -> `parse_forced`, reads such output)."""
     return GuidedDecoding(kind="json_schema", spec=json.dumps(forced_call_schema(plan)))
+
+
+def strict_calls_guided(plan: ToolPlan) -> GuidedDecoding:
+    """The output constraint of `auto` with strict tools: free text, where each call begins (the parser's
+    trigger) written as the parser writes calls, its arguments following its tool's schema when the tool is
+    strict (any object otherwise); with `parallel_tool_calls` false, nothing after the first call."""
+    tags = []
+    for t in plan.tools:
+        fn = t["function"]
+        begin, end = plan.parser.call_tag(fn["name"])
+        schema = plan.parameters(fn["name"]) if fn.get("strict") else {"type": "object"}
+        tags.append({"type": "tag", "begin": begin, "content": {"type": "json_schema", "json_schema": schema},
+                     "end": end})
+    tag = {"type": "structural_tag", "format": {"type": "triggered_tags", "triggers": [plan.parser.call_trigger],
+                                                 "tags": tags, "at_least_one": False,
+                                                 "stop_after_first": not plan.parallel}}
+    return GuidedDecoding(kind="structural_tag", spec=json.dumps(tag))
