@@ -4,6 +4,7 @@ length past the model's own. The real default model on CPU, served over HTTP on 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import httpx
@@ -132,7 +133,7 @@ def test_values_of_the_wrong_json_type_are_not_coerced(base_url: str, field: str
     assert error(post(base_url, {"prompt": "Hi", "max_tokens": 1, field: value}), 400)["param"] == field
 
 
-def test_stream_options_need_a_stream_and_take_no_continuous_usage(base_url: str) -> None:
+def test_stream_options_need_a_stream_and_continuous_usage_needs_include_usage(base_url: str) -> None:
     body = {"prompt": "Hi", "max_tokens": 1, "stream_options": {"include_usage": True}}
     assert error(post(base_url, body), 400)["param"] == "stream_options"
     for option in ("continuous_usage_stats", "include_obfuscation"):
@@ -140,6 +141,20 @@ def test_stream_options_need_a_stream_and_take_no_continuous_usage(base_url: str
         assert error(post(base_url, body), 400)["param"] == f"stream_options.{option}"
     body["stream_options"] = {"include_usage": True, "include_obfuscation": False}
     assert post(base_url, body).status_code == 200
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_continuous_usage_stats_put_the_usage_so_far_in_every_chunk(base_url: str, path: str) -> None:
+    body = {"max_tokens": 5, "n": 2, "temperature": 0, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    body |= {"messages": [{"role": "user", "content": "Hi"}]} if "chat" in path else {"prompt": "Hi"}
+    with httpx.stream("POST", f"{base_url}{path}", json=body, timeout=120) as r:
+        chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    usages = [c["usage"] for c in chunks]
+    assert all(u is not None for u in usages) and len({u["prompt_tokens"] for u in usages}) == 1
+    done = [u["completion_tokens"] for u in usages]
+    assert done == sorted(done) and done[0] == (0 if "chat" in path else 1) and done[-1] == 10  # chat: role chunks first
+    assert all(u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"] for u in usages)
 
 
 def test_a_huge_integer_literal_and_echoed_ids_past_any_vocabulary_are_400s(base_url: str) -> None:

@@ -42,6 +42,23 @@ class Choices:
         self.obj = "chat.completion.chunk" if chat else "text_completion"
         self.extra: dict[str, Any] = {"usage": None} if include_usage else {}
         self._offsets: dict[int, int] = {}  # streamed completions: each choice's text offset so far
+        self._running: tuple[int, dict[int, int]] | None = None  # continuous usage: prompt tokens, tokens a choice
+
+    def count_continuously(self, prompt_tokens: int) -> None:
+        """Every chunk from now on carries the usage so far (vLLM's continuous_usage_stats)."""
+        self._running = (prompt_tokens, {})
+        self.extra["usage"] = self._usage_so_far()
+
+    def observe(self, index: int, out: RequestOutput) -> None:
+        """A choice's latest output, before its chunks are built (the running usage)."""
+        if self._running is not None:
+            self._running[1][index] = len(out.token_ids)
+            self.extra["usage"] = self._usage_so_far()
+
+    def _usage_so_far(self) -> dict[str, int]:
+        assert self._running is not None
+        prompt, completion = self._running[0], sum(self._running[1].values())
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
     # ---- collected ----
     def response(self, lasts: list[RequestOutput], echoes: list[str | None]) -> dict[str, Any]:

@@ -47,6 +47,7 @@ class StreamOptions(BaseModel):
 
     model_config = ConfigDict(extra="allow", strict=True)
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's: every chunk carries the usage so far (with include_usage)
 
 
 # Fields of OpenAI's API or vLLM's extensions that change the output and that this server does not honour,
@@ -58,8 +59,8 @@ UNHONOURED_FIELDS: dict[str, Any] = {
     "logits_processors": None, "functions": None, "function_call": None,
     "prediction": None, "audio": None, "modalities": None, "chat_template": None,
 }
-# stream_options this server does not honour: vLLM's usage in every chunk, OpenAI's random padding in every chunk
-STREAM_OPTIONS_UNHONOURED: dict[str, Any] = {"continuous_usage_stats": False, "include_obfuscation": False}
+# stream_options this server does not honour: OpenAI's random padding in every chunk
+STREAM_OPTIONS_UNHONOURED: dict[str, Any] = {"include_obfuscation": False}
 # Fields that change nothing in the output (bookkeeping, caching and scheduling hints): accepted and not used.
 IGNORED_FIELDS = frozenset({"store", "metadata", "service_tier", "priority", "request_id", "prompt_cache_key",
                             "safety_identifier"})

@@ -30,6 +30,9 @@ def check_fields(req: Request) -> None:
         if not req.stream:
             raise APIError("stream_options needs stream: true", param="stream_options")
         refuse_unhonoured(req.stream_options.model_extra, STREAM_OPTIONS_UNHONOURED, prefix="stream_options.")
+        if req.stream_options.continuous_usage_stats and not req.stream_options.include_usage:
+            raise APIError("stream_options.continuous_usage_stats needs include_usage: true",
+                           param="stream_options.continuous_usage_stats")
     prompt_ask(req)  # NOTE: checked before any tokenizing
     if isinstance(req.stop, list) and len(req.stop) > MAX_STOP_SEQUENCES:
         raise APIError(f"stop takes at most {MAX_STOP_SEQUENCES} sequences, got {len(req.stop)}", param="stop")

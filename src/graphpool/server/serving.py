@@ -204,6 +204,8 @@ class OpenAIServing:
         prompt = prompt_ask(req)
         include_usage = req.stream and req.stream_options is not None and req.stream_options.include_usage
         choices = Choices(chat, header, n, logprobs, include_usage, plan, prompt, formatter)
+        if include_usage and req.stream_options.continuous_usage_stats:  # type: ignore[union-attr]
+            choices.count_continuously(sum(inp.num_prompt_tokens for inp in inputs[::n]))
         if req.stream:
             return AbortingStreamingResponse(self._stream_body(streams, choices, timer, echoes), self.engine, streams)
         lasts = await self._collect(streams, raw, timer)
@@ -252,6 +254,7 @@ class OpenAIServing:
         try:
             async for index, out in merged(streams):
                 timer.on_output(len(out.token_ids), out.finished)
+                choices.observe(index, out)
                 if index in waiting:
                     yield choices.echo_chunk(index, waiting.pop(index), out)
                 if choices.chat:
