@@ -1,4 +1,4 @@
-"""Model families beyond Llama/Qwen2 (Qwen3, Phi-3, Gemma 2, Gemma 3): tiny random transformers models saved as safetensors
+"""Model families beyond Llama/Qwen2 (Qwen3, Phi-3, Gemma 2, Gemma 3, SmolLM3): tiny random transformers models saved as safetensors
 folders, loaded by graphpool; logits, paged decode and the engine's greedy tokens equal transformers'."""
 
 from __future__ import annotations
@@ -24,16 +24,16 @@ from graphpool.model.weights import init_random_weights
 from graphpool.pool.testing import EagerCapturer
 from model_reference import hf_greedy, paged_greedy, prefill_logits_match, run_waves, tiny_hf_model
 
-FAMILIES = ["qwen3", "phi3", "gemma2", "gemma3"]
+FAMILIES = ["qwen3", "phi3", "gemma2", "gemma3", "smollm3"]
 NEW_TOKENS = 10
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
 def saved(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path, torch.nn.Module]:
-    """(kind, folder, transformers model) of one family, saved once per module (lm head tied for Gemmas,
-    as its checkpoints are, untied otherwise)."""
+    """(kind, folder, transformers model) of one family, saved once per module (lm head tied for Gemmas
+    and SmolLM3, as their checkpoints are, untied otherwise)."""
     folder = tmp_path_factory.mktemp(request.param)
-    hf = tiny_hf_model(request.param, tied=request.param.startswith("gemma"))
+    hf = tiny_hf_model(request.param, tied=request.param.startswith(("gemma", "smollm3")))
     hf.save_pretrained(folder, safe_serialization=True)
     return request.param, folder, hf
 
@@ -63,6 +63,11 @@ def test_config_reads_the_family(saved: tuple[str, Path, torch.nn.Module]) -> No
         assert [layer.self_attn.window for layer in load_model(folder, max_positions=256)[0].layers] == [128, 0, 128]
         with pytest.raises(ValueError, match="tensor parallel does not support Gemma 2"):
             check_shardable(cfg, 2)
+    elif kind == "smollm3":
+        assert cfg.family == "llama" and cfg.nope_layers == (1, 3) and cfg.rope_theta == 2e6 and cfg.tie_word_embeddings
+        assert cfg.sliding_window is None
+        model = load_model(folder, max_positions=256)[0]
+        assert [layer.self_attn.rotary is model.rotary for layer in model.layers] == [True, False, True, False]
     else:
         assert cfg.family == "llama" and cfg.head_dim == 16 and cfg.sliding_window == 200
 
@@ -128,14 +133,16 @@ def test_engine_greedy_through_graphs_equals_transformers(saved: tuple[str, Path
         assert got[f"r{i}"] == hf_greedy(hf, p, NEW_TOKENS), i
 
 
-def _qwen3_logits(rank: int, world: int) -> torch.Tensor:
-    """Prefill logits of a small random Qwen3 (q/k norm weights not all ones) on this rank's shard."""
+def _sharded_logits(rank: int, world: int, family: str) -> torch.Tensor:
+    """Prefill logits of a small random Qwen3 (q/k norm weights not all ones) or SmolLM3 (layer 1 NoPE) on this
+    rank's shard."""
     cfg = ModelConfig(vocab_size=101, hidden_size=64, intermediate_size=96, num_layers=2, num_heads=4,
-                      num_kv_heads=2, head_dim=32, family="qwen3")
+                      num_kv_heads=2, head_dim=32, family="qwen3" if family == "qwen3" else "llama",
+                      nope_layers=() if family == "qwen3" else (1,))
     model = build_model(cfg, max_positions=32)
     init_random_weights(model, seed=3)
     with torch.no_grad():
-        for layer in model.layers:
+        for layer in model.layers if family == "qwen3" else ():
             layer.self_attn.q_norm.weight.uniform_(0.5, 1.5, generator=torch.Generator().manual_seed(4))
             layer.self_attn.k_norm.weight.uniform_(0.5, 1.5, generator=torch.Generator().manual_seed(5))
     shard_model(model, TPGroup(rank, world))
@@ -145,9 +152,10 @@ def _qwen3_logits(rank: int, world: int) -> torch.Tensor:
         return model.compute_logits(model(torch.tensor([5, 17, 90, 100, 3, 64]), meta, kv))
 
 
-def test_qwen3_two_shards_give_the_logits_of_the_whole_model() -> None:
-    want = _qwen3_logits(0, 1)
-    for got in run_ranks(_qwen3_logits, 2):
+@pytest.mark.parametrize("family", ["qwen3", "smollm3"])
+def test_two_shards_give_the_logits_of_the_whole_model(family: str) -> None:
+    want = _sharded_logits(0, 1, family)
+    for got in run_ranks(_sharded_logits, 2, family):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
@@ -173,6 +181,17 @@ def test_refused_families_say_why() -> None:
     with pytest.raises(ValueError, match="family"):
         ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=1, num_heads=4,
                     num_kv_heads=2, head_dim=8, family="gemma")
+
+
+def test_smollm3_nope_and_sliding_layers_as_transformers_derives_them() -> None:
+    base = {"model_type": "smollm3", "vocab_size": 300, "hidden_size": 64, "intermediate_size": 96,
+            "num_hidden_layers": 8, "num_attention_heads": 4}
+    assert ModelConfig.from_hf_config(base).nope_layers == (3, 7)  # every fourth layer by default
+    cfg = ModelConfig.from_hf_config({**base, "no_rope_layers": [1, 0, 1, 1, 1, 1, 1, 0], "use_sliding_window": True,
+                                      "sliding_window": 64})
+    assert (cfg.nope_layers, cfg.sliding_window, cfg.sliding_layers) == ((1, 7), 64, (1, 7))
+    with pytest.raises(ValueError, match="no_rope_layers has 2 entries for 8 layers"):
+        ModelConfig.from_hf_config({**base, "no_rope_layers": [1, 0]})
 
 
 def test_gemma2_2b_config_as_published() -> None:

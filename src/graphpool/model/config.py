@@ -11,7 +11,7 @@ from typing import Any
 from graphpool.model.gemma2_config import gemma2_fields
 from graphpool.model.gemma3_config import gemma3_fields
 from graphpool.model.moe_config import MOE_REFUSED, MoeConfig, moe_fields
-from graphpool.model.window_config import check_sliding, qwen_sliding_layers
+from graphpool.model.window_config import check_sliding, qwen_sliding_layers, smollm3_layers
 
 # NOTE: model_type -> (q/k/v bias, decoder family). Qwen2 differs from Llama only by its q/k/v bias; Mistral
 # is Llama with a sliding window; Phi-3 only fuses q/k/v and gate/up in its checkpoint (our layout).
@@ -24,6 +24,7 @@ _HF_MODEL_TYPES = {
     "gemma2": (False, "gemma2"),
     "gemma3_text": (False, "gemma3"),
     "qwen3_moe": (False, "qwen3_moe"),
+    "smollm3": (False, "llama"),  # Llama with NoPE layers (ModelConfig.nope_layers)
 }
 # decoder families (model/families.py: their module classes); "qwen3": per-head q/k RMSNorm before rotary;
 # "gemma2": Llama's attention (soft-capped scores) with Gemma's norms, GeLU MLP and embedding scale;
@@ -99,6 +100,8 @@ class ModelConfig:
     final_logit_softcapping: float | None = None
     # Qwen3-MoE: the router and experts of the sparse layers (the others keep the dense MLP)
     moe: MoeConfig | None = None
+    # SmolLM3: the layers whose attention applies no rotary (NoPE), every fourth by default
+    nope_layers: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
@@ -114,8 +117,9 @@ class ModelConfig:
             if value is not None and not (value > 0 and math.isfinite(value)):
                 raise ValueError(f"ModelConfig.{name} must be a positive number (or None), got {value!r}")
         check_sliding(self.sliding_window, self.sliding_layers, self.num_layers)
-        if any(not 0 <= i < self.num_layers for i in self.local_layers):
-            raise ValueError(f"local_layers must be layer indices below {self.num_layers}, got {self.local_layers}")
+        for name in ("local_layers", "nope_layers"):
+            if any(not 0 <= i < self.num_layers for i in getattr(self, name)):
+                raise ValueError(f"{name} must be layer indices below {self.num_layers}, got {getattr(self, name)}")
         for name in (
             "vocab_size",
             "hidden_size",
@@ -239,6 +243,8 @@ class ModelConfig:
         window, sliding_layers = cfg.get("sliding_window"), None
         if model_type in ("qwen2", "qwen3", "qwen3_moe"):
             window, sliding_layers = qwen_sliding_layers(cfg)
+        if model_type == "smollm3":
+            extra["nope_layers"], window, sliding_layers = smollm3_layers(cfg)
         fields: dict[str, Any] = dict(
             vocab_size=int(cfg["vocab_size"]),
             hidden_size=hidden,

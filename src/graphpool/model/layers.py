@@ -68,6 +68,16 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("sin", freqs.sin().to(device), persistent=False)
 
 
+class NoRotary(nn.Module):
+    """A rotary of cos 1 and sin 0 (`RotaryEmbedding`'s shape): the layers of a model without one (SmolLM3's NoPE
+    layers) run every rotary path, fused decode kernels included, and leave q and k as they are."""
+
+    def __init__(self, head_dim: int, max_positions: int, device: torch.device) -> None:
+        super().__init__()
+        self.register_buffer("cos", torch.ones(max_positions, head_dim // 2, device=device), persistent=False)
+        self.register_buffer("sin", torch.zeros(max_positions, head_dim // 2, device=device), persistent=False)
+
+
 class SwiGLU(nn.Module):
     """down(silu(gate) * up): the fused gate/up projection's output is ``[T, 2I]``, gate first; the
     activation is `ModelOps.silu_mul` (one Triton kernel with the triton ops on CUDA)."""

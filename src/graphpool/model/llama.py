@@ -11,7 +11,7 @@ from graphpool.model.attn_metadata import AttentionMetadata
 from graphpool.model.attn_ops import prefill_attention
 from graphpool.model.config import ModelConfig
 from graphpool.model.int4 import Q8_HEAD_MAX_ROWS, Q8Head
-from graphpool.model.layers import RMSNorm, RotaryEmbedding, SwiGLU
+from graphpool.model.layers import NoRotary, RMSNorm, RotaryEmbedding, SwiGLU
 from graphpool.model.linear import ColumnLinear, RowLinear
 from graphpool.model.ops import AttnBackend, ModelOps, resolve_ops
 from graphpool.model.tp_group import DONE, SINGLE, TPGroup
@@ -215,6 +215,10 @@ class LlamaModel(nn.Module):
         )
         for i, layer in enumerate(self.layers):
             layer.self_attn.set_window(config.layer_window(i))
+        if config.nope_layers:
+            self.no_rotary = NoRotary(config.head_dim, self.max_positions, device)
+            for i in config.nope_layers:
+                self.layers[i].self_attn.rotary = self.no_rotary
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, device, dtype)
         # NOTE: a tensor-parallel shard (model.parallel.shard_model) holds its rank's KV heads and vocab rows
         self.tp: TPGroup = SINGLE

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["check_sliding", "qwen_sliding_layers", "sliding_layers_of"]
+__all__ = ["check_sliding", "qwen_sliding_layers", "sliding_layers_of", "smollm3_layers"]
 
 # transformers' default of Qwen2's and Qwen3's max_window_layers (the layers below it attend to everything)
 _QWEN_MAX_WINDOW_LAYERS = 28
@@ -41,3 +41,21 @@ def qwen_sliding_layers(cfg: Mapping[str, Any]) -> tuple[int | None, tuple[int, 
     types = cfg.get("layer_types") or ["sliding_attention" if i >= first else "full_attention" for i in range(layers)]
     sliding = sliding_layers_of(types)
     return (None, None) if sliding is None else (int(window), sliding)
+
+
+def smollm3_layers(cfg: Mapping[str, Any]) -> tuple[tuple[int, ...], int | None, tuple[int, ...] | None]:
+    """(nope_layers, sliding_window, sliding_layers) of a SmolLM3 config, as transformers reads it: `no_rope_layers`
+    holds 1 for a layer with the rotary (by default every `no_rope_layer_interval`-th layer has none); with
+    use_sliding_window, the sliding_attention entries of layer_types slide (by default the NoPE layers)."""
+    layers = int(cfg["num_hidden_layers"])
+    interval = int(cfg.get("no_rope_layer_interval", 4))
+    uses_rope = cfg.get("no_rope_layers") or [int((i + 1) % interval != 0) for i in range(layers)]
+    if len(uses_rope) != layers:
+        raise ValueError(f"no_rope_layers has {len(uses_rope)} entries for {layers} layers")
+    nope = tuple(i for i, rope in enumerate(uses_rope) if not rope)
+    window = cfg.get("sliding_window")
+    if not cfg.get("use_sliding_window", False) or window is None:
+        return nope, None, None
+    types = cfg.get("layer_types") or ["full_attention" if rope else "sliding_attention" for rope in uses_rope]
+    sliding = sliding_layers_of(types)
+    return nope, (None if sliding is None else int(window)), sliding
