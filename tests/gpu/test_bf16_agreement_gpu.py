@@ -31,6 +31,7 @@ SHAPES: dict[str, dict[str, Any]] = {
     "qwen3": {"hidden_size": 256, "head_dim": 128, "intermediate_size": 512},
     "gemma3": GEMMA,
     "gemma2": {**GEMMA, "final_logit_softcapping": 10.0},
+    "smollm3": {"hidden_size": 256, "intermediate_size": 512},
 }
 assert set(SHAPES) == set(FAMILIES)
 

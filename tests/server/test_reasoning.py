@@ -4,6 +4,7 @@ scripted engine (a reply written a few characters a step, so markers straddle st
 
 from __future__ import annotations
 
+import gc
 import random
 from collections.abc import Iterator
 from typing import Any
@@ -185,3 +186,4 @@ def test_serve_refuses_a_named_parser_the_model_cannot_read(capsys: pytest.Captu
     argv = ["serve", "random:smollm2-135m?layers=1", "--device", "cpu", "--max-model-len", "64", "--port", "0"]
     assert main([*argv, "--reasoning-parser", "qwen3"]) == 2
     assert "--reasoning-parser qwen3: this model has no tokenizer" in capsys.readouterr().err
+    assert gc.get_freeze_count() == 0 and gc.isenabled()  # the start-up heap left as it was

@@ -247,9 +247,26 @@ def serve(args: argparse.Namespace, config: Any = None) -> int:
         print(f"graphpool serve: {e}", file=sys.stderr)
         return 2
     start = time.perf_counter()
+    name = args.served_model_name
+
+    def ready() -> None:
+        logger.info("serving %s on http://%s:%d/v1 (ready %.1f s after process start)", name, args.host, args.port,
+                    seconds_since_process_start())
+
     try:
-        with startup_heap():
+        with startup_heap():  # NOTE: the server's objects too: a refused --reasoning-parser leaves nothing frozen
             engine = LLMEngine(config, defer_graph_warmup=not args.graph_warmup_before_ready)
+            name = name or engine.model_name
+            try:
+                server = make_server(
+                    engine, args.host, args.port, args.served_model_name, args.log_level, args.shutdown_timeout,
+                    ready, config.disabled_kernels, args.max_request_bytes,
+                    getattr(args, "chat_template_source", None), getattr(args, "api_keys", None) or (),
+                    getattr(args, "tool_call_parser", "auto"), getattr(args, "reasoning_parser", "auto"),
+                )
+            except ValueError:  # a parser the model's vocabulary cannot read (--reasoning-parser)
+                engine.close()
+                raise
     except ValueError as e:  # a setting the model refuses (e.g. tensor_parallel_size over its heads)
         sock.close()
         print(f"graphpool serve: {e}", file=sys.stderr)
@@ -257,29 +274,6 @@ def serve(args: argparse.Namespace, config: Any = None) -> int:
     for line in describe_startup(engine, config, time.perf_counter() - start):
         logger.info(line)
     logger.info(engine.startup.describe())
-    name = args.served_model_name or engine.model_name
-
-    def ready() -> None:
-        logger.info(
-            "serving %s on http://%s:%d/v1 (ready %.1f s after process start)",
-            name,
-            args.host,
-            args.port,
-            seconds_since_process_start(),
-        )
-
-    try:
-        server = make_server(
-            engine, args.host, args.port, args.served_model_name, args.log_level, args.shutdown_timeout, ready,
-            config.disabled_kernels, args.max_request_bytes, getattr(args, "chat_template_source", None),
-            getattr(args, "api_keys", None) or (), getattr(args, "tool_call_parser", "auto"),
-            getattr(args, "reasoning_parser", "auto"),
-        )
-    except ValueError as e:  # a parser the model's vocabulary cannot read (--reasoning-parser)
-        sock.close()
-        engine.close()
-        print(f"graphpool serve: {e}", file=sys.stderr)
-        return 2
     try:
         server.run(sockets=[sock])
     finally:
