@@ -13,6 +13,7 @@ from graphpool.server.tool_parsers import (
     HermesParser,
     Llama3JsonParser,
     MistralParser,
+    Qwen3CoderParser,
     ToolCall,
     ToolParser,
     choose_parser,
@@ -52,6 +53,11 @@ CANNED: list[tuple[ToolParser, str, str, tuple[ToolCall, ...]]] = [
      '{"name": "get_time", "arguments": {}}]', "", (PARIS, UTC)),
     (MistralParser(), 'Sure. [TOOL_CALLS]get_weather[ARGS]{"city": "Paris", "days": 2}[TOOL_CALLS]get_time[ARGS]{}',
      "Sure.", (PARIS, UTC)),
+    (Qwen3CoderParser(), "I will look.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+     "<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=get_time>\n</function>\n"
+     "</tool_call>", "I will look.", (PARIS, UTC)),
+    (Qwen3CoderParser(), "<tool_call>\n<function=get_time>\n</function>\n", "", (UTC,)),  # stopped before its end tag
+    (Qwen3CoderParser(), "No call: <function=x> alone.", "No call: <function=x> alone.", ()),
 ]
 
 
@@ -65,11 +71,12 @@ def test_each_format_parses_into_calls_and_content(parser: ToolParser, text: str
         assert isinstance(json.loads(call.arguments), dict)
 
 
-@pytest.mark.parametrize("parser", [HermesParser(), Llama3JsonParser(), MistralParser()])
+@pytest.mark.parametrize("parser", [HermesParser(), Llama3JsonParser(), MistralParser(), Qwen3CoderParser()])
 def test_malformed_calls_stay_content(parser: ToolParser) -> None:
     bad = {"hermes": '<tool_call>{"name": "get_weather", "arguments": {"city": </tool_call>',
            "llama3_json": '{"name": "get_weather", "parameters": [1, 2]}',
-           "mistral": '[TOOL_CALLS][{"name": "get_weather", "arguments": "not json"}]'}[parser.name]
+           "mistral": '[TOOL_CALLS][{"name": "get_weather", "arguments": "not json"}]',
+           "qwen3_coder": "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis"}[parser.name]
     parsed = parser.parse(bad)
     assert parsed.calls == () and parsed.content == bad
 
@@ -121,6 +128,20 @@ def test_collected_message_shape() -> None:
     assert [c["function"]["name"] for c in single["tool_calls"]] == ["get_weather"]
     none = message(ToolPlan((WEATHER,), "none", HermesParser()), CANNED[0][1])
     assert none == {"role": "assistant", "content": CANNED[0][1]}
+
+
+def test_qwen3_coder_values_take_their_parameters_types() -> None:
+    schema = {"type": "object", "properties": {"zip": {"type": "string"}, "n": {"type": "integer"},
+                                               "ok": {"type": "boolean"}, "tags": {"type": "array"}}}
+    tool = {"type": "function", "function": {"name": "f", "parameters": schema}}
+    bound = Qwen3CoderParser().for_tools([tool])
+    text = Qwen3CoderParser().write_call("f", {"zip": "75001", "n": 3, "ok": True, "tags": ["a", "b"], "x": "1"})
+    assert json.loads(bound.parse(text).calls[0].arguments) == {"zip": "75001", "n": 3, "ok": True,
+                                                                 "tags": ["a", "b"], "x": 1}  # untyped: JSON if it is
+    assert json.loads(Qwen3CoderParser().parse(text).calls[0].arguments)["zip"] == 75001  # unbound: no types
+    plan = plan_tools([FunctionTool.model_validate(tool)], "auto", None, Qwen3CoderParser())
+    assert json.loads(plan.result(text).calls[0].arguments)["zip"] == "75001"  # the plan binds its tools
+    assert choose_parser("auto", "{{ '<tool_call>\\n<function=' }}{{ tools }}", [], True).name == "qwen3_coder"
 
 
 def test_mistral_history_ids_become_nine_alphanumerics_consistently() -> None:

@@ -66,8 +66,8 @@ def add_api_args(parser: argparse.ArgumentParser) -> None:
                        "own, for /v1/chat/completions and /tokenize with messages")
     group.add_argument("--tool-call-parser", default="auto", choices=PARSER_NAMES,
                        help="the format the model writes tool calls in: hermes (Qwen2/Qwen3, Hermes, and the "
-                       "fallback prompt), llama3_json, mistral; auto (default): from the chat template and the "
-                       "vocabulary")
+                       "fallback prompt), llama3_json, mistral, qwen3_coder (Qwen3-Coder's XML); auto (default): "
+                       "from the chat template and the vocabulary")
     group.add_argument("--reasoning-parser", default="auto", choices=REASONING_PARSERS,
                        help="tell a chat reply's reasoning (<think>...</think>) apart from its answer, as "
                        "message.reasoning: qwen3 or deepseek_r1 (one format, vLLM's two names); auto (default): "

@@ -109,6 +109,9 @@ class PromptBuilder:
         plan = plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls, self.parser)
         guided = self.guided(req)
         if plan.strict:
+            if not plan.parser.supports_strict:
+                raise APIError(f"tools with strict: true are not supported with the {plan.parser.name} tool-call "
+                               "format (its arguments are not one JSON object to constrain)", param="tools")
             if guided is not None:
                 raise APIError("tools with strict: true take no other output constraint (they constrain the calls "
                                "the model makes)", param="tools")

@@ -2,8 +2,8 @@
 
 Formats: `hermes` (Hermes / Qwen2 / Qwen3, and the fallback prompt: `<tool_call>{"name", "arguments"}</tool_call>`
 blocks), `llama3_json` (Llama 3.x: `{"name", "parameters"}` objects, optionally after `<|python_tag|>`,
-several separated by `;`) and `mistral` (`[TOOL_CALLS][{"name", "arguments"}, ...]`, or the newer
-`[TOOL_CALLS]name[ARGS]{...}`). A parser only returns calls whose JSON is complete and well formed; anything
+several separated by `;`), `mistral` (`[TOOL_CALLS][{"name", "arguments"}, ...]`, or the newer
+`[TOOL_CALLS]name[ARGS]{...}`) and `qwen3_coder` (XML elements: tool_parser_xml.py). A parser only returns calls whose JSON is complete and well formed; anything
 else stays in the content, so a model that writes something malformed is answered with what it wrote.
 """
 
@@ -12,108 +12,14 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from abc import ABC, abstractmethod
 from collections.abc import Collection
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
-_DECODER = json.JSONDecoder()
+from graphpool.server.tool_parser_base import Parsed, ToolCall, ToolParser, decode_at, make_call
+from graphpool.server.tool_parser_xml import Qwen3CoderParser
 
-
-@dataclass(frozen=True)
-class ToolCall:
-    name: str
-    arguments: str  # JSON text of an object
-
-
-@dataclass(frozen=True)
-class Parsed:
-    content: str  # the text outside the calls
-    calls: tuple[ToolCall, ...]
-
-
-def make_call(name: Any, arguments: Any) -> ToolCall | None:
-    """A call from a decoded name and arguments (an object, or JSON text of one); None when malformed."""
-    if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments)
-        except json.JSONDecodeError:
-            return None
-    if arguments is None:
-        arguments = {}
-    if not isinstance(name, str) or not name or not isinstance(arguments, dict):
-        return None
-    return ToolCall(name, json.dumps(arguments, ensure_ascii=False))
-
-
-def _decode_at(text: str, pos: int) -> tuple[Any, int] | None:
-    """The JSON value starting at `pos` (after whitespace) and the index after it; None if it is not complete."""
-    while pos < len(text) and text[pos].isspace():
-        pos += 1
-    try:
-        return _DECODER.raw_decode(text, pos)
-    except json.JSONDecodeError:
-        return None
-
-
-_HOLE = {"\u2063": 0}  # stands for the arguments in `call_tag` (an invisible separator: no name holds it)
-
-
-class ToolParser(ABC):
-    """One format. `start` finds where the calls begin (a stream holds back the text from there), `parse` reads
-    a section that begins there: with `final` False, a call still being written is neither a call nor content."""
-
-    name: ClassVar[str]
-    markers: ClassVar[tuple[str, ...]]
-    # the marker is a special token the detokenizer would drop: the server keeps special tokens' text
-    keep_special_tokens: ClassVar[bool] = False
-    call_trigger: ClassVar[str]  # what every call `write_call` writes begins with (strict tools' structural tag)
-
-    def start(self, text: str, pos: int = 0) -> int | None:
-        """Where the first call begins (searching from `pos`: a stream knows no marker ends before it)."""
-        found = [i for i in (text.find(m, pos) for m in self.markers) if i >= 0]
-        return min(found) if found else None
-
-    def holdback(self, text: str) -> int:
-        """How many trailing characters of `text` (no marker in it) could be the beginning of a marker."""
-        longest = 0
-        for m in self.markers:
-            for k in range(min(len(m) - 1, len(text)), longest, -1):
-                if text.endswith(m[:k]):
-                    longest = k
-                    break
-        return longest
-
-    def parse(self, text: str, final: bool = True) -> Parsed:
-        start = self.start(text)
-        if start is None:
-            return Parsed(text if final else "", ())
-        calls, rest = self.parse_section(text[start:], final)
-        return Parsed(text[:start] + rest, tuple(calls))
-
-    @abstractmethod
-    def parse_section(self, section: str, final: bool) -> tuple[list[ToolCall], str]:
-        """The calls of a section that begins at a marker, and its text outside them."""
-
-    @abstractmethod
-    def instructions(self) -> str:
-        """The output format, for the system prompt of a chat template that cannot render tools itself."""
-
-    @abstractmethod
-    def write_call(self, name: str, arguments: dict[str, Any]) -> str:
-        """An earlier call as the model would have written it (for that same prompt)."""
-
-    def history_call_id(self, call_id: str) -> str:
-        """A history tool-call id as this family's chat template accepts it."""
-        return call_id
-
-    def call_tag(self, name: str) -> tuple[str, str]:
-        """The text `write_call` puts before and after a call's arguments object."""
-        hole = json.dumps(_HOLE, ensure_ascii=False)
-        text = self.write_call(name, _HOLE)
-        at = text.index(hole)
-        return text[:at], text[at + len(hole):]
-
+__all__ = ["PARSERS", "PARSER_NAMES", "HermesParser", "Llama3JsonParser", "MistralParser", "Parsed",
+           "Qwen3CoderParser", "ToolCall", "ToolParser", "choose_parser", "make_call"]
 
 class HermesParser(ToolParser):
     name = "hermes"
@@ -189,7 +95,7 @@ class Llama3JsonParser(ToolParser):
                 pos += 1
             if pos == len(section):
                 return calls, ""
-            decoded = _decode_at(section, pos)
+            decoded = decode_at(section, pos)
             if decoded is None:
                 return calls, section[pos:] if final else ""
             obj, end = decoded
@@ -238,7 +144,7 @@ class MistralParser(ToolParser):
 
     def _calls_at(self, text: str, pos: int) -> tuple[list[ToolCall], int] | None:
         if text[pos:].lstrip().startswith("["):
-            decoded = _decode_at(text, pos)
+            decoded = decode_at(text, pos)
             if decoded is None or not isinstance(decoded[0], list) or not decoded[0]:
                 return None
             items = [make_call(c.get("name"), c.get("arguments", c.get("parameters")))
@@ -248,7 +154,7 @@ class MistralParser(ToolParser):
         args_at = text.find(self._ARGS, pos)
         if args_at < 0:
             return None
-        decoded = _decode_at(text, args_at + len(self._ARGS))
+        decoded = decode_at(text, args_at + len(self._ARGS))
         call = make_call(text[pos:args_at].strip(), decoded[0]) if decoded is not None else None
         return None if call is None or decoded is None else ([call], decoded[1])
 
@@ -267,7 +173,8 @@ class MistralParser(ToolParser):
         return hashlib.sha256(call_id.encode("utf-8")).hexdigest()[:9]
 
 
-PARSERS: dict[str, type[ToolParser]] = {p.name: p for p in (HermesParser, Llama3JsonParser, MistralParser)}
+PARSERS: dict[str, type[ToolParser]] = {p.name: p for p in (HermesParser, Llama3JsonParser, MistralParser,
+                                                             Qwen3CoderParser)}
 PARSER_NAMES = ("auto", *PARSERS)
 
 
@@ -279,6 +186,9 @@ def choose_parser(name: str, template: str | None, vocab: Collection[str], templ
             raise ValueError(f"--tool-call-parser: unknown parser {name!r}; choose one of {list(PARSER_NAMES)}")
         return PARSERS[name]()
     if template and template_has_tools:
+        for cls in PARSERS.values():  # NOTE: a format's own sign first (Qwen3-Coder's template also writes <tool_call>)
+            if any(sign in template for sign in cls.template_signs):
+                return cls()
         for cls in (MistralParser, HermesParser):
             if any(m in template for m in cls.markers):
                 return cls()

@@ -63,7 +63,7 @@ def plan_tools(tools: list[FunctionTool] | None, tool_choice: Any, parallel: boo
             raise APIError(f"tools[{i}].function.parameters: must be a JSON Schema of type 'object'",
                            param=f"tools[{i}].function.parameters")
     mode, named = _choice(tool_choice, names)
-    return ToolPlan(specs, mode, parser, named, parallel is not False)
+    return ToolPlan(specs, mode, parser.for_tools(specs), named, parallel is not False)
 
 
 def _choice(tool_choice: Any, names: set[str]) -> tuple[Mode, str | None]:
