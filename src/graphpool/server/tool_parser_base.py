@@ -112,3 +112,35 @@ class ToolParser(ABC):
         text = self.write_call(name, _HOLE)
         at = text.index(hole)
         return text[:at], text[at + len(hole):]
+
+
+class TaggedCallParser(ToolParser):
+    """Calls in `<tool_call>...</tool_call>` blocks (Hermes' JSON, Qwen3-Coder's XML): `block_call` reads one block's
+    body; a last block the answer ended in without its closing tag counts when its body is whole."""
+
+    markers = ("<tool_call>",)
+    call_trigger = "<tool_call>"
+    _END = "</tool_call>"
+
+    def parse_section(self, section: str, final: bool) -> tuple[list[ToolCall], str]:
+        calls: list[ToolCall] = []
+        outside: list[str] = []
+        pos = 0
+        while (begin := section.find(self.markers[0], pos)) >= 0:
+            outside.append(section[pos:begin])
+            body_at = begin + len(self.markers[0])
+            end = section.find(self._END, body_at)
+            if end < 0 and not final:
+                return calls, "".join(outside)
+            pos = len(section) if end < 0 else end + len(self._END)
+            call = self.block_call(section[body_at:] if end < 0 else section[body_at:end])
+            if call is None:
+                outside.append(section[begin:pos])
+            else:
+                calls.append(call)
+        outside.append(section[pos:])
+        return calls, "".join(outside)
+
+    @abstractmethod
+    def block_call(self, body: str) -> ToolCall | None:
+        """The call one block holds (None: malformed, its text stays content)."""

@@ -20,19 +20,16 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from graphpool.server.tool_parser_base import ToolCall, ToolParser, make_call
+from graphpool.server.tool_parser_base import TaggedCallParser, ToolCall, ToolParser, make_call
 
 _FUNCTION = re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.DOTALL)
 _PARAMETER = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", re.DOTALL)
 
 
-class Qwen3CoderParser(ToolParser):
+class Qwen3CoderParser(TaggedCallParser):
     name = "qwen3_coder"
-    markers = ("<tool_call>",)
-    call_trigger = "<tool_call>"
     supports_strict = False  # the arguments are XML elements, not the JSON object a structural tag constrains
     template_signs = ("<function=",)
-    _END = "</tool_call>"
 
     def __init__(self, types: Mapping[str, Mapping[str, Any]] | None = None) -> None:
         self.types = types or {}  # function name -> parameter name -> its schema
@@ -41,26 +38,7 @@ class Qwen3CoderParser(ToolParser):
         fns = [t["function"] for t in tools]
         return Qwen3CoderParser({f["name"]: (f.get("parameters") or {}).get("properties") or {} for f in fns})
 
-    def parse_section(self, section: str, final: bool) -> tuple[list[ToolCall], str]:
-        calls: list[ToolCall] = []
-        outside: list[str] = []
-        pos = 0
-        while (begin := section.find(self.markers[0], pos)) >= 0:
-            outside.append(section[pos:begin])
-            end = section.find(self._END, begin)
-            if end < 0 and not final:
-                return calls, "".join(outside)
-            pos = len(section) if end < 0 else end + len(self._END)
-            # NOTE: an answer that ended after the call's </function> but before its </tool_call> still made it
-            call = self._call(section[begin + len(self.markers[0]):end if end >= 0 else len(section)])
-            if call is None:
-                outside.append(section[begin:pos])
-            else:
-                calls.append(call)
-        outside.append(section[pos:])
-        return calls, "".join(outside)
-
-    def _call(self, body: str) -> ToolCall | None:
+    def block_call(self, body: str) -> ToolCall | None:
         found = _FUNCTION.search(body)
         if found is None or body[:found.start()].strip() or body[found.end():].strip():
             return None

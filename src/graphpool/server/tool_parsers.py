@@ -15,37 +15,25 @@ import re
 from collections.abc import Collection
 from typing import Any
 
-from graphpool.server.tool_parser_base import Parsed, ToolCall, ToolParser, decode_at, make_call
+from graphpool.server.tool_parser_base import (
+    Parsed,
+    TaggedCallParser,
+    ToolCall,
+    ToolParser,
+    decode_at,
+    make_call,
+)
 from graphpool.server.tool_parser_xml import Qwen3CoderParser
 
 __all__ = ["PARSERS", "PARSER_NAMES", "HermesParser", "Llama3JsonParser", "MistralParser", "Parsed",
            "Qwen3CoderParser", "ToolCall", "ToolParser", "choose_parser", "make_call"]
 
-class HermesParser(ToolParser):
-    name = "hermes"
-    markers = ("<tool_call>",)
-    call_trigger = "<tool_call>"
-    _END = "</tool_call>"
 
-    def parse_section(self, section: str, final: bool) -> tuple[list[ToolCall], str]:
-        calls: list[ToolCall] = []
-        outside: list[str] = []
-        pos = 0
-        while (begin := section.find(self.markers[0], pos)) >= 0:
-            outside.append(section[pos:begin])
-            body_at = begin + len(self.markers[0])
-            end = section.find(self._END, body_at)
-            if end < 0 and not final:
-                return calls, "".join(outside)
-            body = section[body_at:] if end < 0 else section[body_at:end]
-            pos = len(section) if end < 0 else end + len(self._END)
-            call = _hermes_call(body)
-            if call is None:
-                outside.append(section[begin:pos])
-            else:
-                calls.append(call)
-        outside.append(section[pos:])
-        return calls, "".join(outside)
+class HermesParser(TaggedCallParser):
+    name = "hermes"
+
+    def block_call(self, body: str) -> ToolCall | None:
+        return _hermes_call(body)
 
     def instructions(self) -> str:
         return ("To call a function, answer with one <tool_call></tool_call> block per call, each holding a JSON "
