@@ -86,3 +86,14 @@ def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(llm: LLM) -> None:
     assert fit.prompt_token_ids == long[-124:] and len(fit.outputs[0].token_ids) == 4
     with pytest.raises(ValueError, match="truncate_prompt_tokens must be"):
         SamplingParams(truncate_prompt_tokens=0)
+
+
+def test_chat_renders_tools_through_a_template_that_reads_them(llm: LLM) -> None:
+    greedy = SamplingParams(temperature=0, max_tokens=2)
+    tool = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
+    template = "{{ tools | tojson }}|{% for m in messages %}{{ m.content }}{% endfor %}"
+    out = llm.chat([{"role": "user", "content": "Time?"}], greedy, chat_template=template, tools=[tool],
+                   use_tqdm=False)[0]
+    assert out.prompt.startswith('[{"type": "function", "function": {"name": "get_time"') and out.prompt.endswith("|Time?")
+    with pytest.raises(ValueError, match="does not render tools"):
+        llm.chat([{"role": "user", "content": "Time?"}], greedy, tools=[tool], use_tqdm=False)

@@ -8,6 +8,7 @@ import json
 import jsonschema
 import pytest
 
+from graphpool.model.chat_render import template_reads
 from graphpool.server.protocol import APIError, FunctionTool
 from graphpool.server.tool_parsers import (
     HermesParser,
@@ -18,7 +19,6 @@ from graphpool.server.tool_parsers import (
     ToolParser,
     choose_parser,
 )
-from graphpool.server.tool_prompt import template_reads_tools
 from graphpool.server.tool_stream import ToolCallStream, message
 from graphpool.server.tools import (
     ToolPlan,
@@ -237,7 +237,7 @@ PLAIN = "{% for m in messages %}{{ m.content }}{% endfor %}"
     ("{{ tools }}", ["<|python_tag|>"], "llama3_json"), (None, [], "hermes"),
 ])
 def test_auto_picks_the_templates_format(template: str | None, vocab: list[str], expected: str) -> None:
-    reads = template_reads_tools(template)
+    reads = template_reads(template, "tools")
     assert reads == (template is not None and template != PLAIN)
     assert choose_parser("auto", template, vocab, reads).name == expected
     assert choose_parser("mistral", template, vocab, reads).name == "mistral"

@@ -17,6 +17,7 @@ from graphpool.engine.llm_outputs import (
     token_texts,
 )
 from graphpool.engine.sampling_params import SamplingParams, check_text
+from graphpool.model.chat_render import template_reads
 from graphpool.pool import PoolStats
 
 Messages = Sequence[Mapping[str, str]]
@@ -94,12 +95,14 @@ class LLM:
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
         chat_template_kwargs: Mapping[str, Any] | None = None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> list[CompletionOutput]:
         """One conversation (a list of {"role", "content"} dicts) or a list of them, through the chat template
         (`chat_template`: a Jinja source in place of the model's own) as vLLM's `LLM.chat` takes it: the
         assistant's turn opened after it (`add_generation_prompt`), or its final message left open for the model
         to continue (`continue_final_message`); `chat_template_kwargs`: more template variables
-        (`{"enable_thinking": False}`), each one the template reads (else ValueError)."""
+        (`{"enable_thinking": False}`), each one the template reads (else ValueError); `tools`: OpenAI function
+        tools, rendered by a template that reads them (else ValueError; the text is returned as written)."""
         if self.engine.tokenizer is None:
             raise ValueError(f"model {self.engine.model_name!r} has no tokenizer, so no chat template")
         if not messages:
@@ -110,9 +113,12 @@ class LLM:
                 for key, value in message.items():
                     if isinstance(value, str):
                         check_text(value, f"messages[{i}].{key}")
-        token_ids = [self.engine.tokenizer.apply_chat_template(
-            list(c), chat_template, add_generation_prompt, template_vars=chat_template_kwargs,  # type: ignore[arg-type]
-            continue_final_message=continue_final_message) for c in conversations]
+        tok = self.engine.tokenizer
+        if tools and not template_reads(tok.chat_template_source(chat_template, tools=True), "tools"):
+            raise ValueError("tools: this model's chat template does not render tools (it reads no `tools`)")
+        token_ids = [tok.apply_chat_template(
+            list(c), chat_template, add_generation_prompt, tools=tools or None,  # type: ignore[arg-type]
+            template_vars=chat_template_kwargs, continue_final_message=continue_final_message) for c in conversations]
         texts = [self.engine.tokenizer.decode(ids, skip_special_tokens=False) for ids in token_ids]
         return self._run(texts, token_ids, _one_of(sampling_params, params), use_tqdm)
 

@@ -76,11 +76,26 @@ def compile_template(source: str) -> jinja2.Template:
 
 
 @functools.lru_cache(maxsize=32)
+def _read_names(source: str) -> frozenset[str]:
+    env = _environment()
+    return frozenset(jinja2.meta.find_undeclared_variables(env.parse(source))) - set(env.globals)
+
+
 def template_variables(source: str) -> frozenset[str]:
     """The variables a template reads that the renderer does not set: those a request may set
     (`enable_thinking`, `date_string`, ...)."""
-    env = _environment()
-    return frozenset(jinja2.meta.find_undeclared_variables(env.parse(source))) - RENDERER_NAMES - set(env.globals)
+    return _read_names(source) - RENDERER_NAMES
+
+
+def template_reads(source: str | None, name: str) -> bool:
+    """Whether the template reads the variable `name` (`tools`: it renders tools itself); False for no template
+    or one that does not parse."""
+    if not source:
+        return False
+    try:
+        return name in _read_names(source)
+    except jinja2.TemplateSyntaxError:
+        return False
 
 
 def check_template_vars(source: str, template_vars: Mapping[str, Any]) -> None:

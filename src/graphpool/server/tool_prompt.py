@@ -13,25 +13,12 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-import jinja2
-import jinja2.meta
-
+from graphpool.model.chat_render import template_reads
 from graphpool.server.protocol import APIError, ChatMessage
 from graphpool.server.tool_parsers import ToolParser, choose_parser
 
 FALLBACK_PREAMBLE = ("You can call functions to help answer. The functions you may call are listed below, one "
                      "JSON object each, inside <tools></tools>:")
-
-
-def template_reads_tools(source: str | None) -> bool:
-    """Whether the Jinja chat template uses the `tools` variable (None: no template)."""
-    if not source:
-        return False
-    try:
-        ast = jinja2.Environment().parse(source)
-    except jinja2.TemplateSyntaxError:
-        return False
-    return "tools" in jinja2.meta.find_undeclared_variables(ast)
 
 
 @dataclass(frozen=True)
@@ -46,7 +33,7 @@ def tool_setup(tokenizer: Any, chat_template: str | None, parser_name: str) -> T
     source, None: the model's own); a ValueError for an unknown parser name."""
     source_of = getattr(tokenizer, "chat_template_source", None)
     source = source_of(chat_template, tools=True) if source_of is not None else chat_template
-    reads = template_reads_tools(source)
+    reads = template_reads(source, "tools")
     has_token = getattr(tokenizer, "has_token", None)
     markers = ("<tool_call>", "<|python_tag|>", "[TOOL_CALLS]")
     vocab = [m for m in markers if has_token is not None and has_token(m)]
