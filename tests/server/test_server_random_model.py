@@ -23,7 +23,7 @@ def test_tokenless_model_streams_a_chunk_per_token() -> None:
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 6
 
 
-def test_prefix_cache_counters_reach_metrics() -> None:
+def test_prefix_cache_counters_reach_metrics_and_outputs() -> None:
     from prometheus_client.parser import text_string_to_metric_families
 
     from graphpool import SamplingParams
@@ -32,8 +32,9 @@ def test_prefix_cache_counters_reach_metrics() -> None:
     llm = LLM(model="random:smollm2-135m", device="cpu", max_model_len=128, num_kv_blocks=32)
     shared = list(range(10, 58))  # three full 16-token blocks
     params = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
-    llm.generate([[*shared, 7]], params, use_tqdm=False)
-    llm.generate([[*shared, 9, 11]], params, use_tqdm=False)  # its first 48 tokens are cached blocks
+    first = llm.generate([[*shared, 7]], params, use_tqdm=False)[0]
+    again = llm.generate([[*shared, 9, 11]], params, use_tqdm=False)[0]  # its first 48 tokens are cached blocks
+    assert (first.num_cached_tokens, again.num_cached_tokens) == (0, 48)
     metrics = ServerMetrics()
     metrics.publish(llm.engine)
     got = {s.name: s.value for f in text_string_to_metric_families(metrics.render().decode()) for s in f.samples}

@@ -165,6 +165,12 @@ def test_the_responses_api_answers_as_the_chat_endpoint(served: Served) -> None:
     client = served.client()
     r = client.responses.create(model=served.model, input=CHAT[0]["content"], temperature=0, max_output_tokens=N)
     assert r.output_text == served.chat_greedy and r.usage.input_tokens == len(served.chat_ids)
+    # the same prompt again: its full blocks come from the prefix cache, and usage says how many tokens
+    full_blocks = (len(served.chat_ids) - 1) // 16 * 16
+    again = client.responses.create(model=served.model, input=CHAT[0]["content"], temperature=0, max_output_tokens=N)
+    assert again.usage.input_tokens_details.cached_tokens == full_blocks > 0
+    chat = client.chat.completions.create(model=served.model, messages=CHAT, temperature=0, max_tokens=N)
+    assert chat.usage.prompt_tokens_details.cached_tokens == full_blocks
     with client.responses.stream(model=served.model, input=CHAT, temperature=0, max_output_tokens=N) as stream:
         assert stream.get_final_response().output_text == served.chat_greedy
 

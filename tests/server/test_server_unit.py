@@ -34,6 +34,7 @@ class Out:
     finish_reason: str | None
     logprobs: None = None  # the engine's RequestOutput fields the server reads
     new_logprobs: None = None
+    num_cached_tokens: int = 0
 
 
 @dataclass
@@ -155,7 +156,8 @@ def test_completion_stream_and_metrics_with_fake_engine() -> None:
         assert r.status_code == 200, r.text
         body = r.json()
         assert body["choices"][0]["finish_reason"] == "length"
-        assert body["usage"] == {"prompt_tokens": 2, "completion_tokens": 3, "total_tokens": 5}
+        assert body["usage"] == {"prompt_tokens": 2, "completion_tokens": 3, "total_tokens": 5,
+                                 "prompt_tokens_details": {"cached_tokens": 0}}
         assert len(body["choices"][0]["text"]) == 3
 
         with client.stream("POST", "/v1/chat/completions", json={

@@ -178,7 +178,8 @@ class LLM:
                         prompt_lps = None if k is None or out.prompt_logprobs is None else prompt_logprob_dicts(
                             out.prompt_logprobs, k, text)
                         results[i] = CompletionOutput(prompts[i], out.prompt_token_ids, out.text, out.token_ids,
-                                                      out.finish_reason, out.request_id, out.logprobs, prompt_lps)
+                                                      out.finish_reason, out.request_id, out.logprobs, prompt_lps,
+                                                      out.num_cached_tokens)
                         remaining -= 1
                         if bar is not None:
                             bar.update(1)

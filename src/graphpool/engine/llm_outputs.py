@@ -71,6 +71,7 @@ class CompletionOutput:
     request_id: str = ""
     logprobs: list[TokenLogprob] | None = None  # per token, with SamplingParams.logprobs
     prompt_logprobs: PromptLogprobs | None = None  # with SamplingParams.prompt_logprobs (`prompt_logprob_dicts`)
+    num_cached_tokens: int = 0  # prompt tokens the prefix cache held (not prefilled again)
 
     @property
     def outputs(self) -> list[SequenceOutput]:

@@ -25,6 +25,7 @@ class RequestOutput:
     new_logprobs: list[TokenLogprob] | None = None  # ... of new_token_ids
     # one per prompt token after the first (which has none), when params.prompt_logprobs is set
     prompt_logprobs: list[TokenLogprob] | None = None
+    num_cached_tokens: int = 0  # prompt tokens found in the prefix cache (not prefilled), as vLLM's field
 
 
 @dataclass(frozen=True)
@@ -120,4 +121,5 @@ def make_output(seq: Sequence, new_token_ids: list[int]) -> RequestOutput:
         new_logprobs=seq.logprobs[-len(new_token_ids):] if seq.params.logprobs is not None else None,
         # NOTE: the sequence's own list, complete before its first output and not changed after it
         prompt_logprobs=seq.prompt_logprobs if seq.params.prompt_logprobs is not None else None,
+        num_cached_tokens=seq.num_cached_tokens or 0,
     )

@@ -177,6 +177,8 @@ class Scheduler:
             bm.pool.hits_tokens += num_cached
             seq.status = Status.RUNNING
             seq.num_computed_tokens = num_cached
+            if seq.num_cached_tokens is None:  # NOTE: a preempted request's later admissions are its own output
+                seq.num_cached_tokens = min(num_cached, seq.num_prompt_tokens)
             self.running.append(seq)
             if seq.is_prefilling:  # else only its last token is left: the next decode step computes it
                 add_chunk(seq)

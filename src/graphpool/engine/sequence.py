@@ -42,6 +42,7 @@ class Sequence:
         self.finish_reason: str | None = None
         self.num_preemptions = 0
         self.num_computed_tokens = 0
+        self.num_cached_tokens: int | None = None  # prompt tokens the prefix cache held at its first admission
         self.block_keys: list[bytes] = []  # prefix-cache keys of its full blocks (see engine.prefix_cache)
         self.penalty_row: int | None = None  # the sampler's token-count row, for requests with penalties
         self.logprobs: list[TokenLogprob] = []  # one per output token when params.logprobs is set

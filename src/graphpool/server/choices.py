@@ -112,10 +112,14 @@ class Choices:
         self._offsets[index] = body["text_offset"][-1] + len(body["tokens"][-1])
         return body
 
-    def usage(self, lasts: list[RequestOutput]) -> dict[str, int]:
+    def usage(self, lasts: list[RequestOutput]) -> dict[str, Any]:
+        """OpenAI's usage: each prompt counted once (its first choice's), with the part of it found in the prefix
+        cache (`prompt_tokens_details.cached_tokens`)."""
         prompt = sum(len(out.prompt_token_ids) for out in lasts[:: self.n])
         completion = sum(len(out.token_ids) for out in lasts)
-        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+        cached = sum(out.num_cached_tokens for out in lasts[:: self.n])
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+                "prompt_tokens_details": {"cached_tokens": cached}}
 
     # ---- streamed ----
     def echo_chunk(self, index: int, text: str, out: RequestOutput) -> str:

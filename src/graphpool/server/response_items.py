@@ -73,14 +73,14 @@ class ResponseWriter:
                        self._event("response.output_item.done", output_index=index, item=item)]
         return events
 
-    def finish(self, finish_reason: str | None, usage: dict[str, int]) -> tuple[list[str], dict[str, Any]]:
+    def finish(self, finish_reason: str | None, usage: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
         """The closing events and the whole response: incomplete when the reply ran into max_output_tokens."""
         incomplete = finish_reason == "length"
         events = self._close(status="incomplete" if incomplete else "completed")
         if not self.items:  # NOTE: an empty answer is still a message, as OpenAI gives it
             events += self._add("message") + self._close(status="incomplete" if incomplete else "completed")
         self.head["usage"] = {
-            "input_tokens": usage["prompt_tokens"], "input_tokens_details": {"cached_tokens": 0},
+            "input_tokens": usage["prompt_tokens"], "input_tokens_details": usage["prompt_tokens_details"],
             "output_tokens": usage["completion_tokens"], "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": usage["total_tokens"],
         }
