@@ -14,6 +14,7 @@ import pytest
 from test_server_tools_scripted import WEATHER, ScriptEngine
 
 from char_tokenizer import CharTokenizer
+from graphpool.server.chat_options import ChatOptions
 from graphpool.server.main import serve_in_thread
 from graphpool.server.prompts import PromptBuilder
 from graphpool.server.protocol import ChatCompletionRequest
@@ -102,7 +103,7 @@ def test_an_output_constraint_leaves_the_reply_all_content() -> None:
         def compile(self, guided: Any) -> None:
             pass
 
-    builder = PromptBuilder(ThinkTokenizer(), 1000, ["m"], grammars=Grammars(), reasoning_parser="qwen3")
+    builder = PromptBuilder(ThinkTokenizer(), 1000, ["m"], ChatOptions(reasoning_parser="qwen3"), grammars=Grammars())
     messages = [{"role": "user", "content": "<think>hi"}]
     _, plan = builder.chat(ChatCompletionRequest(messages=messages))
     assert plan.reasoning == ReasoningPlan(True, True)
@@ -113,7 +114,7 @@ def test_an_output_constraint_leaves_the_reply_all_content() -> None:
 @pytest.fixture(scope="module")
 def client() -> Iterator[openai.OpenAI]:
     engine = ThinkScriptEngine(tokenizer=ThinkTokenizer())
-    with serve_in_thread(engine, reasoning_parser="qwen3") as (url, _):
+    with serve_in_thread(engine, chat=ChatOptions(reasoning_parser="qwen3")) as (url, _):
         yield openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
 
 
@@ -170,7 +171,7 @@ def test_earlier_reasoning_reaches_the_template_and_bad_uses_are_refused(client:
 
 
 def test_a_server_without_reasoning_refuses_include_reasoning_false() -> None:
-    with serve_in_thread(ScriptEngine(), reasoning_parser="none") as (url, _):
+    with serve_in_thread(ScriptEngine(), chat=ChatOptions(reasoning_parser="none")) as (url, _):
         c = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
         message = c.chat.completions.create(model="scripted", messages=[{"role": "user", "content": "SAY:<think>a"}])
         assert message.choices[0].message.content == "<think>a"

@@ -15,6 +15,7 @@ import pytest
 from test_reasoning import ThinkScriptEngine, ThinkTokenizer
 from test_server_tools_scripted import WEATHER
 
+from graphpool.server.chat_options import ChatOptions
 from graphpool.server.main import serve_in_thread
 
 TOOL = {"type": "function", "name": WEATHER["function"]["name"], "parameters": WEATHER["function"]["parameters"]}
@@ -31,7 +32,7 @@ class Served:
 @pytest.fixture(scope="module")
 def served() -> Iterator[Served]:
     engine = ThinkScriptEngine(tokenizer=ThinkTokenizer())
-    with serve_in_thread(engine, tool_call_parser="hermes", reasoning_parser="qwen3") as (url, _):
+    with serve_in_thread(engine, chat=ChatOptions(tool_call_parser="hermes", reasoning_parser="qwen3")) as (url, _):
         yield Served(url, engine, openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0))
 
 

@@ -16,6 +16,7 @@ import graphpool
 from graphpool import LLM, SamplingParams
 from graphpool.engine.config import EngineConfig
 from graphpool.engine.engine import LLMEngine
+from graphpool.server.chat_options import ChatOptions
 from graphpool.server.chat_template import load_chat_template
 from graphpool.server.main import serve_in_thread
 
@@ -55,7 +56,7 @@ def served(default_model) -> Iterator[Served]:
     tok = llm.tokenizer
     chat_ids = tok.apply_chat_template(CHAT, chat_template=TEMPLATE)
     greedy = llm.generate(chat_ids, SamplingParams(temperature=0, max_tokens=N), use_tqdm=False)[0].text
-    with serve_in_thread(llm.engine, chat_template=TEMPLATE, api_keys=[KEY, "second-key"]) as (url, _):
+    with serve_in_thread(llm.engine, api_keys=[KEY, "second-key"], chat=ChatOptions(TEMPLATE)) as (url, _):
         yield Served(url, llm.engine.model_name, tok.vocab_size, tok.encode(PROMPT), chat_ids,
                      tok.apply_chat_template(CHAT), greedy)
 
@@ -198,3 +199,24 @@ def test_serve_refuses_a_chat_template_that_is_neither_a_file_nor_jinja(capsys, 
     path = tmp_path / "t.jinja"
     path.write_text(TEMPLATE, encoding="utf-8")
     assert load_chat_template(str(path)) == TEMPLATE == load_chat_template(TEMPLATE)
+
+
+def test_default_chat_template_kwargs_render_every_chat_unless_it_sets_them(default_model, capsys) -> None:
+    from graphpool.server.main import build_parser
+    from graphpool.server.prompts import PromptBuilder
+    from graphpool.server.protocol import ChatCompletionRequest
+
+    tok = default_model[2]
+    builder = PromptBuilder(tok, MAX_MODEL_LEN, ["m"], ChatOptions(TEMPLATE, template_kwargs={"lead": "Paris is"}))
+    (inp,), _ = builder.chat(ChatCompletionRequest(messages=CHAT))
+    assert tok.decode(inp.prompt, skip_special_tokens=False).endswith("assistant\nParis is")
+    (own,), _ = builder.chat(ChatCompletionRequest(messages=CHAT, chat_template_kwargs={"lead": "Rome is"}))
+    assert tok.decode(own.prompt, skip_special_tokens=False).endswith("assistant\nRome is")
+    with pytest.raises(ValueError, match=r"^--default-chat-template-kwargs: this model's chat template does not read"):
+        PromptBuilder(tok, MAX_MODEL_LEN, ["m"], ChatOptions(template_kwargs={"enable_thinking": False}))
+    args = build_parser().parse_args(["serve", "--default-chat-template-kwargs", '{"enable_thinking": false}'])
+    assert args.default_chat_template_kwargs == {"enable_thinking": False}
+    for bad in ("{oops", "[1]"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["serve", "--default-chat-template-kwargs", bad])
+    assert "--default-chat-template-kwargs" in capsys.readouterr().err

@@ -19,6 +19,7 @@ from graphpool import LLM, SamplingParams
 from graphpool.engine.config import EngineConfig
 from graphpool.engine.engine import LLMEngine
 from graphpool.engine.grammar import Grammars
+from graphpool.server.chat_options import ChatOptions
 from graphpool.server.main import serve_in_thread
 from graphpool.server.prompts import PromptBuilder
 from graphpool.server.protocol import ChatCompletionRequest
@@ -248,7 +249,7 @@ def test_strict_tools_constrain_the_calls_the_model_makes(served: Served, defaul
 
 def test_a_template_that_reads_tools_renders_them_itself(default_model) -> None:
     tok = default_model[2]
-    builder = PromptBuilder(tok, MAX_MODEL_LEN, ["m"], chat_template=QWEN_LIKE)
+    builder = PromptBuilder(tok, MAX_MODEL_LEN, ["m"], ChatOptions(QWEN_LIKE))
     assert builder.template_reads_tools and builder.parser.name == "hermes"
     (inp,), plan = builder.chat(ChatCompletionRequest(messages=HISTORY[:4] + HISTORY[-1:], tools=[WEATHER]))
     text = tok.decode(inp.prompt, skip_special_tokens=False)

@@ -16,6 +16,7 @@ import torch
 from char_tokenizer import CharTokenizer
 from graphpool.engine.outputs import EngineStats, RequestOutput
 from graphpool.engine.sampling_params import SamplingParams
+from graphpool.server.chat_options import ChatOptions
 from graphpool.server.main import serve_in_thread
 from graphpool.server.tool_parsers import PARSERS
 
@@ -82,7 +83,7 @@ class Served:
 @pytest.fixture(scope="module", params=["hermes", "llama3_json", "mistral", "qwen3_coder"])
 def served(request: pytest.FixtureRequest) -> Iterator[Served]:
     engine = ScriptEngine()
-    with serve_in_thread(engine, tool_call_parser=request.param) as (url, _):
+    with serve_in_thread(engine, chat=ChatOptions(tool_call_parser=request.param)) as (url, _):
         yield Served(engine, openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0))
 
 
@@ -225,8 +226,8 @@ def test_the_answers_message_goes_back_into_the_history(served: Served, request:
 def test_an_unknown_parser_is_refused_before_serving() -> None:
     from graphpool.server.main import build_parser
 
-    with pytest.raises(ValueError, match="unknown parser 'qwen'"), serve_in_thread(ScriptEngine(),
-                                                                                   tool_call_parser="qwen"):
+    with pytest.raises(ValueError, match="unknown parser 'qwen'"), serve_in_thread(
+            ScriptEngine(), chat=ChatOptions(tool_call_parser="qwen")):
         pass
     with pytest.raises(SystemExit) as info:
         build_parser().parse_args(["--tool-call-parser", "qwen"])

@@ -18,6 +18,7 @@ from starlette.responses import JSONResponse, Response
 from graphpool import __version__
 from graphpool.server.async_engine import AsyncEngine, EngineDeadError
 from graphpool.server.auth import APIKeyMiddleware
+from graphpool.server.chat_options import DEFAULT_CHAT, ChatOptions
 from graphpool.server.metrics import ServerMetrics
 from graphpool.server.parsing import body_schema, describe_validation, parse_body
 from graphpool.server.prompts import PromptBuilder
@@ -39,19 +40,16 @@ ENGINE_STOP_TIMEOUT_S = 5.0
 
 def build_app(
     engine: AsyncEngine, metrics: ServerMetrics, served_model_name: str | None = None,
-    max_request_bytes: int | None = None, chat_template: str | None = None, api_keys: Sequence[str] = (),
-    tool_call_parser: str = "auto", reasoning_parser: str = "auto",
+    max_request_bytes: int | None = None, api_keys: Sequence[str] = (), chat: ChatOptions = DEFAULT_CHAT,
 ) -> FastAPI:
     """An app serving ``engine`` (an AsyncEngine around an LLMEngine); the lifespan starts and stops its loop.
 
     ``metrics`` must be the AsyncEngine's observer, so that step histograms and finish reasons are recorded.
     A request body past ``max_request_bytes`` (None: the default) is refused with a 413 before it is parsed.
-    ``chat_template``: a Jinja source that replaces the model's own (chat completions and /tokenize).
     ``api_keys``: when any, every /v1/* route needs one of them as a Bearer token (else a 401).
-    ``tool_call_parser``: the format tool calls are read in (server/tool_parsers.py; `auto`: from the chat
-    template and the vocabulary); ``reasoning_parser``: how a chat reply's reasoning is told apart
-    (server/reasoning.py; `auto`: from the chat template and the vocabulary); an unknown name, or a named parser
-    whose markers the vocabulary lacks, is a ValueError.
+    ``chat``: how chats are rendered and read (server/chat_options.py); options the model cannot take (an
+    unknown parser, a named one whose markers the vocabulary lacks, template variables its template does not
+    read) are a ValueError.
     """
     if max_request_bytes is None:
         max_request_bytes = DEFAULT_MAX_REQUEST_BYTES
@@ -59,9 +57,8 @@ def build_app(
         raise ValueError(f"max_request_bytes must be >= 1, got {max_request_bytes}")
     model_name = served_model_name or engine.engine.model_name
     # NOTE: a test's stand-in engine may have no grammars and no sampling defaults
-    builder = PromptBuilder(engine.engine.tokenizer, engine.engine.max_model_len, [model_name], chat_template,
-                            tool_call_parser, getattr(engine.engine, "grammars", None),
-                            getattr(engine.engine, "sampling_defaults", None), reasoning_parser)
+    builder = PromptBuilder(engine.engine.tokenizer, engine.engine.max_model_len, [model_name], chat,
+                            getattr(engine.engine, "grammars", None), getattr(engine.engine, "sampling_defaults", None))
     logger.info("chat replies: tool calls read as %s; reasoning %s", builder.parser.name,
                 "told apart (<think>...</think>)" if builder.reasoning is not None else "not told apart")
     serving = OpenAIServing(engine, builder, metrics, model_name)

@@ -13,6 +13,8 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from graphpool.server.chat_options import DEFAULT_CHAT, ChatOptions, template_kwargs_arg
+
 logger = logging.getLogger("graphpool.server")
 
 DEFAULT_SHUTDOWN_TIMEOUT_S = 5.0
@@ -68,6 +70,9 @@ def add_api_args(parser: argparse.ArgumentParser) -> None:
                        help="the format the model writes tool calls in: hermes (Qwen2/Qwen3, Hermes, and the "
                        "fallback prompt), llama3_json, mistral, qwen3_coder (Qwen3-Coder's XML); auto (default): "
                        "from the chat template and the vocabulary")
+    group.add_argument("--default-chat-template-kwargs", type=_template_kwargs, default=None, metavar="JSON",
+                       help='template variables every chat gets unless it sets them in chat_template_kwargs, as a '
+                       'JSON object (e.g. \'{"enable_thinking": false}\'); each one the chat template must read')
     group.add_argument("--reasoning-parser", default="auto", choices=REASONING_PARSERS,
                        help="tell a chat reply's reasoning (<think>...</think>) apart from its answer, as "
                        "message.reasoning: qwen3 or deepseek_r1 (one format, vLLM's two names); auto (default): "
@@ -88,6 +93,20 @@ def resolve_api_args(args: argparse.Namespace) -> str | None:
     from graphpool.server.chat_template import load_chat_template
 
     return load_chat_template(args.chat_template)
+
+
+def _template_kwargs(value: str) -> dict[str, Any]:
+    try:
+        return template_kwargs_arg(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def chat_options_from_args(args: argparse.Namespace) -> ChatOptions:
+    """The ChatOptions `serve`'s flags give (after `resolve_api_args`)."""
+    return ChatOptions(getattr(args, "chat_template_source", None), getattr(args, "tool_call_parser", "auto"),
+                       getattr(args, "reasoning_parser", "auto"), getattr(args, "default_chat_template_kwargs", None)
+                       or {})
 
 
 def _byte_size(value: str) -> int:
@@ -156,10 +175,8 @@ def make_server(
     on_ready: Callable[[], None] | None = None,
     disabled_kernels: Sequence[str] = (),
     max_request_bytes: int | None = None,
-    chat_template: str | None = None,
     api_keys: Sequence[str] = (),
-    tool_call_parser: str = "auto",
-    reasoning_parser: str = "auto",
+    chat: ChatOptions | None = None,
 ):
     """A GracefulServer (uvicorn.Server) for ``engine`` (an LLMEngine); ``server.run()`` blocks;
     ``begin_shutdown()`` (or SIGTERM) drains and stops it, ``should_exit`` stops it without draining.
@@ -174,8 +191,7 @@ def make_server(
     # NOTE: a test's stand-in engine may have no start-up times
     metrics = ServerMetrics(disabled_kernels=disabled_kernels, startup=getattr(engine, "startup", None))
     async_engine = AsyncEngine(engine, observer=metrics)
-    app = build_app(async_engine, metrics, served_model_name, max_request_bytes, chat_template, api_keys,
-                    tool_call_parser, reasoning_parser)
+    app = build_app(async_engine, metrics, served_model_name, max_request_bytes, api_keys, chat or DEFAULT_CHAT)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False)
     return GracefulServer(config, async_engine, shutdown_timeout, on_ready)
 
@@ -188,10 +204,8 @@ def serve_in_thread(
     log_level: str = "warning",
     shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT_S,
     max_request_bytes: int | None = None,
-    chat_template: str | None = None,
     api_keys: Sequence[str] = (),
-    tool_call_parser: str = "auto",
-    reasoning_parser: str = "auto",
+    chat: ChatOptions | None = None,
 ) -> Iterator[tuple[str, Any]]:
     """Serves ``engine`` from a background thread on a free port; yields (base URL, GracefulServer).
 
@@ -202,8 +216,7 @@ def serve_in_thread(
     port = sock.getsockname()[1]
     try:
         server = make_server(engine, host, port, served_model_name, log_level, shutdown_timeout,
-                             max_request_bytes=max_request_bytes, chat_template=chat_template, api_keys=api_keys,
-                             tool_call_parser=tool_call_parser, reasoning_parser=reasoning_parser)
+                             max_request_bytes=max_request_bytes, api_keys=api_keys, chat=chat)
     except BaseException:
         sock.close()
         raise
@@ -254,17 +267,16 @@ def serve(args: argparse.Namespace, config: Any = None) -> int:
                     seconds_since_process_start())
 
     try:
-        with startup_heap():  # NOTE: the server's objects too: a refused --reasoning-parser leaves nothing frozen
+        with startup_heap():  # NOTE: the server's objects too: refused chat options leave nothing frozen
             engine = LLMEngine(config, defer_graph_warmup=not args.graph_warmup_before_ready)
             name = name or engine.model_name
             try:
                 server = make_server(
                     engine, args.host, args.port, args.served_model_name, args.log_level, args.shutdown_timeout,
-                    ready, config.disabled_kernels, args.max_request_bytes,
-                    getattr(args, "chat_template_source", None), getattr(args, "api_keys", None) or (),
-                    getattr(args, "tool_call_parser", "auto"), getattr(args, "reasoning_parser", "auto"),
+                    ready, config.disabled_kernels, args.max_request_bytes, getattr(args, "api_keys", None) or (),
+                    chat_options_from_args(args),
                 )
-            except ValueError:  # a parser the model's vocabulary cannot read (--reasoning-parser)
+            except ValueError:  # chat options the model cannot take (--reasoning-parser, template variables)
                 engine.close()
                 raise
     except ValueError as e:  # a setting the model refuses (e.g. tensor_parallel_size over its heads)

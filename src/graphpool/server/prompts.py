@@ -12,7 +12,8 @@ from graphpool.engine.admission import truncate_prompt
 from graphpool.engine.generation_defaults import SamplingDefaults
 from graphpool.engine.guided import GuidedDecoding
 from graphpool.engine.sampling_params import InvalidParam, SamplingParams, child_seed
-from graphpool.model.chat_render import ChatRequestError
+from graphpool.model.chat_render import ChatRequestError, check_template_vars
+from graphpool.server.chat_options import DEFAULT_CHAT, ChatOptions
 from graphpool.server.logprobs import check_logprobs
 from graphpool.server.protocol import (
     APIError,
@@ -53,19 +54,28 @@ class PromptBuilder:
     """Checks a request against the model (name, context length) and builds the engine's input."""
 
     def __init__(self, tokenizer: Any, max_model_len: int, served_model_names: list[str],
-                 chat_template: str | None = None, tool_call_parser: str = "auto",
-                 grammars: Grammars | None = None, defaults: SamplingDefaults | None = None,
-                 reasoning_parser: str = "auto") -> None:
+                 chat: ChatOptions = DEFAULT_CHAT, grammars: Grammars | None = None,
+                 defaults: SamplingDefaults | None = None) -> None:
+        """A ValueError for options the model cannot take (a parser without its markers, default template
+        variables its template does not read)."""
         self.tokenizer = tokenizer
         self.defaults = defaults or SamplingDefaults()  # for fields a request leaves unset (the model's, or ours)
         self.max_model_len = max_model_len
         self.served_model_names = served_model_names
-        self.chat_template = chat_template  # --chat-template's source; None: the model's own
+        self.chat_template = chat.chat_template  # --chat-template's source; None: the model's own
         self.grammars = grammars  # the engine's compiled-grammar cache; None: output constraints are refused
-        tools = tool_setup(tokenizer, chat_template, tool_call_parser)
+        tools = tool_setup(tokenizer, chat.chat_template, chat.tool_call_parser)
         self.parser: ToolParser = tools.parser
         self.template_reads_tools, self.keep_special_tokens = tools.template_reads_tools, tools.keep_special_tokens
-        self.reasoning = reasoning_format(tokenizer, chat_template, reasoning_parser)
+        self.reasoning = reasoning_format(tokenizer, chat.chat_template, chat.reasoning_parser)
+        self.template_kwargs = dict(chat.template_kwargs)
+        if self.template_kwargs:
+            source = self.need_tokenizer().chat_template_source(chat.chat_template)
+            try:
+                check_template_vars(source or "", self.template_kwargs)
+            except ChatRequestError as e:
+                raise ValueError(f"--default-chat-template-kwargs: {str(e).removeprefix('chat_template_kwargs: ')}"
+                                 ) from None
 
     # ---- per endpoint ----
     def completion(self, req: CompletionRequest) -> list[EngineInput]:
@@ -244,10 +254,11 @@ class PromptBuilder:
             extra = {"tools": tools} if tools else {}
         else:
             messages = fallback_messages(messages, tools, self.parser)
+        template_vars = {**self.template_kwargs, **(fields.chat_template_kwargs or {})}
         try:
             return list(tok.apply_chat_template(
                 messages, chat_template=self.chat_template, add_generation_prompt=fields.add_generation_prompt,
-                add_special_tokens=add_special_tokens, template_vars=fields.chat_template_kwargs,
+                add_special_tokens=add_special_tokens, template_vars=template_vars,
                 continue_final_message=fields.continue_final_message, **extra))
         except ChatRequestError as e:
             raise APIError(str(e), param=e.field) from None
