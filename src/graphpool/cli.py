@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from graphpool.bench.cli import add_bench_parser
 from graphpool.engine.args import add_engine_args, engine_config_from_args
+from graphpool.server.chat_options import template_kwargs_arg
 from graphpool.server.main import add_serve_parser
 
 if TYPE_CHECKING:
@@ -47,6 +48,9 @@ def add_generate_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--stop", action="append", help="a stop string (repeatable)")
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-text token")
     p.add_argument("--chat", action="store_true", help="wrap each prompt as a user message in the chat template")
+    p.add_argument("--chat-template-kwargs", type=template_kwargs_arg, default=None, metavar="JSON",
+                   help='with --chat: more variables of the chat template, as a JSON object (e.g. '
+                   '\'{"enable_thinking": false}\'); each one the template must read')
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_engine_args(p)
     p.set_defaults(func=run_generate)
@@ -61,6 +65,9 @@ def run_generate(args: argparse.Namespace) -> int:
     from graphpool.engine.sampling_params import SamplingParams
     from graphpool.pool import FallbackReason
 
+    if args.chat_template_kwargs is not None and not args.chat:
+        print("graphpool generate: --chat-template-kwargs needs --chat", file=sys.stderr)
+        return 2
     try:
         config = engine_config_from_args(args)
         given = {k: v for k in _SAMPLING_FLAGS if (v := getattr(args, k)) is not None}
@@ -87,7 +94,7 @@ def run_generate(args: argparse.Namespace) -> int:
         params = defaults.apply(params, explicit=given)
         if args.chat:
             outputs = llm.chat([[{"role": "user", "content": p}] for p in args.prompt], params,
-                               use_tqdm=not args.no_progress)
+                               use_tqdm=not args.no_progress, chat_template_kwargs=args.chat_template_kwargs)
         else:
             outputs = llm.generate(args.prompt, params, use_tqdm=not args.no_progress)
     except ValueError as exc:

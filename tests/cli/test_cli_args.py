@@ -114,3 +114,17 @@ def test_engine_flag_help_states_the_config_defaults() -> None:
             assert str(stated) == str(defaults[action.dest]), (action.option_strings, stated, defaults[action.dest])
             checked += 1
     assert checked >= 10
+
+
+def test_generate_chat_template_kwargs_need_chat_and_a_template_that_reads_them(capsys) -> None:
+    from graphpool.cli import main
+
+    assert main(["generate", "--prompt", "x", "--chat-template-kwargs", '{"enable_thinking": false}']) == 2
+    assert "--chat-template-kwargs needs --chat" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["generate", "--prompt", "x", "--chat", "--chat-template-kwargs", "[1]"])
+    assert "JSON object" in capsys.readouterr().err
+    # the default model's template reads no variables: refused once it has loaded, before generating
+    assert main(["generate", "--prompt", "x", "--chat", "--device", "cpu", "--max-tokens", "1", "--no-progress",
+                 "--chat-template-kwargs", '{"enable_thinking": false}']) == 2
+    assert "does not read 'enable_thinking'" in capsys.readouterr().err

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -25,11 +26,11 @@ DEFAULT_CHAT = ChatOptions()  # the model's own template, formats found from it
 
 
 def template_kwargs_arg(text: str) -> dict[str, Any]:
-    """`--default-chat-template-kwargs`: a JSON object (ValueError otherwise, which argparse reports)."""
+    """A `--*chat-template-kwargs` flag's value: a JSON object of template variables (else argparse's exit 2)."""
     try:
         value = json.loads(text)
     except json.JSONDecodeError as e:
-        raise ValueError(f"not JSON: {e}") from None
+        raise argparse.ArgumentTypeError(f"not JSON: {e}") from None
     if not isinstance(value, dict):
-        raise ValueError(f"must be a JSON object of template variables, got {text!r}")
+        raise argparse.ArgumentTypeError(f"must be a JSON object of template variables, got {text!r}")
     return value

@@ -70,7 +70,7 @@ def add_api_args(parser: argparse.ArgumentParser) -> None:
                        help="the format the model writes tool calls in: hermes (Qwen2/Qwen3, Hermes, and the "
                        "fallback prompt), llama3_json, mistral, qwen3_coder (Qwen3-Coder's XML); auto (default): "
                        "from the chat template and the vocabulary")
-    group.add_argument("--default-chat-template-kwargs", type=_template_kwargs, default=None, metavar="JSON",
+    group.add_argument("--default-chat-template-kwargs", type=template_kwargs_arg, default=None, metavar="JSON",
                        help='template variables every chat gets unless it sets them in chat_template_kwargs, as a '
                        'JSON object (e.g. \'{"enable_thinking": false}\'); each one the chat template must read')
     group.add_argument("--reasoning-parser", default="auto", choices=REASONING_PARSERS,
@@ -93,13 +93,6 @@ def resolve_api_args(args: argparse.Namespace) -> str | None:
     from graphpool.server.chat_template import load_chat_template
 
     return load_chat_template(args.chat_template)
-
-
-def _template_kwargs(value: str) -> dict[str, Any]:
-    try:
-        return template_kwargs_arg(value)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def chat_options_from_args(args: argparse.Namespace) -> ChatOptions:
