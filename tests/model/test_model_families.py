@@ -1,4 +1,4 @@
-"""Model families beyond Llama/Qwen2 (Qwen3, Phi-3, Gemma 2, Gemma 3, SmolLM3): tiny random transformers models saved as safetensors
+"""Model families beyond Llama/Qwen2 (Qwen3, Phi-3, Gemma 2, Gemma 3, SmolLM3, OLMo 2): tiny random transformers models saved as safetensors
 folders, loaded by graphpool; logits, paged decode and the engine's greedy tokens equal transformers'."""
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from graphpool.model import AttentionMetadata, ModelConfig, load_model
 from graphpool.model.families import build_model, model_class
 from graphpool.model.gemma2 import Gemma2Model
 from graphpool.model.gemma3 import Gemma3Model
+from graphpool.model.olmo2 import Olmo2Model
 from graphpool.model.parallel import check_shardable, shard_model
 from graphpool.model.qwen3 import Qwen3Model
 from graphpool.model.tp_group import TPGroup
@@ -24,7 +25,7 @@ from graphpool.model.weights import init_random_weights
 from graphpool.pool.testing import EagerCapturer
 from model_reference import hf_greedy, paged_greedy, prefill_logits_match, run_waves, tiny_hf_model
 
-FAMILIES = ["qwen3", "phi3", "gemma2", "gemma3", "smollm3"]
+FAMILIES = ["qwen3", "phi3", "gemma2", "gemma3", "smollm3", "olmo2"]
 NEW_TOKENS = 10
 
 
@@ -62,6 +63,10 @@ def test_config_reads_the_family(saved: tuple[str, Path, torch.nn.Module]) -> No
         assert cfg.sliding_layers == (0, 2)
         assert [layer.self_attn.window for layer in load_model(folder, max_positions=256)[0].layers] == [128, 0, 128]
         with pytest.raises(ValueError, match="tensor parallel does not support Gemma 2"):
+            check_shardable(cfg, 2)
+    elif kind == "olmo2":
+        assert cfg.family == "olmo2" and model_class(cfg) is Olmo2Model and cfg.head_dim == 16
+        with pytest.raises(ValueError, match="tensor parallel does not support OLMo 2"):
             check_shardable(cfg, 2)
     elif kind == "smollm3":
         assert cfg.family == "llama" and cfg.nope_layers == (1, 3) and cfg.rope_theta == 2e6 and cfg.tie_word_embeddings

@@ -25,12 +25,14 @@ _HF_MODEL_TYPES = {
     "gemma3_text": (False, "gemma3"),
     "qwen3_moe": (False, "qwen3_moe"),
     "smollm3": (False, "llama"),  # Llama with NoPE layers (ModelConfig.nope_layers)
+    "olmo2": (False, "olmo2"),
 }
 # decoder families (model/families.py: their module classes); "qwen3": per-head q/k RMSNorm before rotary;
 # "gemma2": Llama's attention (soft-capped scores) with Gemma's norms, GeLU MLP and embedding scale;
 # "gemma3": Qwen3's attention plus Gemma's norms, GeLU MLP, embedding scale and two rotary bases;
-# "qwen3_moe": Qwen3's attention, a routed mixture of SwiGLU experts in the sparse layers (ModelConfig.moe)
-FAMILIES = ("llama", "qwen3", "gemma2", "gemma3", "qwen3_moe")
+# "qwen3_moe": Qwen3's attention, a routed mixture of SwiGLU experts in the sparse layers (ModelConfig.moe);
+# "olmo2": norms after attention and MLP (none before), q/k RMSNorms over all heads together
+FAMILIES = ("llama", "qwen3", "gemma2", "gemma3", "qwen3_moe", "olmo2")
 GEMMA_FAMILIES = ("gemma2", "gemma3")
 # NOTE: types users ask for that graphpool refuses, with why (the generic "unsupported" would hide it)
 _REFUSED_MODEL_TYPES = {
@@ -178,6 +180,8 @@ class ModelConfig:
         layer = attn + 2 * self.hidden_size
         if self.family in ("qwen3", "gemma3", "qwen3_moe"):  # q/k norms
             layer += 2 * self.head_dim
+        if self.family == "olmo2":  # q/k norms over all heads
+            layer += self.q_size + self.kv_size
         if self.family in GEMMA_FAMILIES:  # pre/post feed-forward norms
             layer += 2 * self.hidden_size
         mlps = sum(sparse if self.moe is not None and self.moe.is_sparse(i) else dense for i in range(self.num_layers))

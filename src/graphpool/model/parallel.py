@@ -53,6 +53,9 @@ def check_shardable(config: ModelConfig, world_size: int) -> None:
         # NOTE: Gemma norms each attention and MLP output, a whole sum, where a rank holds a partial one
         name = {"gemma2": "Gemma 2", "gemma3": "Gemma 3"}[config.family]
         raise ValueError(f"tensor parallel does not support {name} models: run them with tensor_parallel_size 1")
+    if world_size > 1 and config.family == "olmo2":
+        # NOTE: its q/k norms span every head, and its layer norms whole sums, where a rank holds a part
+        raise ValueError("tensor parallel does not support OLMo 2 models: run them with tensor_parallel_size 1")
     if world_size > 1 and config.family == "qwen3_moe":
         # NOTE: the experts are not sharded (neither split nor placed per rank)
         raise ValueError("tensor parallel does not support mixture-of-experts (Qwen3-MoE) models: run them with "
