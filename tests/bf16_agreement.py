@@ -17,7 +17,7 @@ from graphpool.model.llama import LlamaModel
 from graphpool.pool import GraphPool, PoolConfig
 
 # families of the agreement tests: tiny_hf_model's kinds (tied heads for the Gemmas, as their checkpoints)
-FAMILIES = ["llama", "qwen2", "mistral", "phi3", "qwen3", "gemma3", "gemma2", "smollm3", "olmo2"]
+FAMILIES = ["llama", "qwen2", "mistral", "phi3", "qwen3", "gemma3", "gemma2", "smollm3", "olmo2", "granite"]
 # families whose tokens are routed to experts: check_agreement(routed=True)
 ROUTED = ["qwen3_moe"]
 # NOTE: two bf16 implementations round at different places (fused ops, accumulation order, where casts fall),

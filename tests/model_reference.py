@@ -86,7 +86,8 @@ def tiny_hf_model(kind: str, tied: bool, **overrides: Any) -> torch.nn.Module:
     "qwen3" (q/k norms, head_dim 32 != hidden / heads), "phi3" (fused q/k/v and gate/up weights, a sliding
     window of 200), "gemma2" (3 layers, a window of 128, soft caps 2 and 3: transformers' eager attention),
     "gemma3" (gemma3_text, 3 layers, a window of 128), "smollm3" (4 layers, the rotary left out of layers 1 and 3),
-    "olmo2" (norms after attention and MLP, q/k norms over all heads) or "qwen3_moe" (Qwen3's attention, 3 layers, 8 experts, top-2); 2 layers, hidden 64, 4 query / 2 KV heads, vocab 300, or the config fields in `overrides`;
+    "olmo2" (norms after attention and MLP, q/k norms over all heads), "granite" (Granite 3's four scales, at values
+    far from 1) or "qwen3_moe" (Qwen3's attention, 3 layers, 8 experts, top-2); 2 layers, hidden 64, 4 query / 2 KV heads, vocab 300, or the config fields in `overrides`;
     weights seeded (torch.manual_seed(0))."""
     import transformers
 
@@ -139,6 +140,11 @@ def tiny_hf_model(kind: str, tied: bool, **overrides: Any) -> torch.nn.Module:
         # 4 layers, NoPE in every second (layers 1 and 3)
         fields = {**common, "num_hidden_layers": overrides.get("num_hidden_layers", 4), "no_rope_layer_interval": 2}
         model = transformers.SmolLM3ForCausalLM(transformers.SmolLM3Config(**fields, rope_theta=2e6, pad_token_id=0))
+    elif kind == "granite":
+        scales = {"embedding_multiplier": 12.0, "attention_multiplier": 0.015625, "residual_multiplier": 0.22,
+                  "logits_scaling": 8.0}
+        model = transformers.GraniteForCausalLM(transformers.GraniteConfig(**common, **scales, rope_theta=1e7,
+                                                                           pad_token_id=0))
     elif kind == "olmo2":
         model = transformers.Olmo2ForCausalLM(transformers.Olmo2Config(**common, rope_theta=5e5, pad_token_id=0))
         with torch.no_grad():  # NOTE: norm weights other than ones, so each one's place is checked

@@ -33,6 +33,7 @@ SHAPES: dict[str, dict[str, Any]] = {
     "gemma2": {**GEMMA, "final_logit_softcapping": 10.0},
     "smollm3": {"hidden_size": 256, "intermediate_size": 512},
     "olmo2": {"hidden_size": 256, "intermediate_size": 512},
+    "granite": {"hidden_size": 256, "intermediate_size": 512},
 }
 assert set(SHAPES) == set(FAMILIES)
 

@@ -1,4 +1,4 @@
-"""Model families beyond Llama/Qwen2 (Qwen3, Phi-3, Gemma 2, Gemma 3, SmolLM3, OLMo 2): tiny random transformers models saved as safetensors
+"""Model families beyond Llama/Qwen2 (Qwen3, Phi-3, Gemma 2, Gemma 3, SmolLM3, OLMo 2, Granite): tiny random transformers models saved as safetensors
 folders, loaded by graphpool; logits, paged decode and the engine's greedy tokens equal transformers'."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from gloo_ranks import run_ranks
 from graphpool.engine.config import EngineConfig
 from graphpool.engine.engine import LLMEngine
 from graphpool.model import AttentionMetadata, ModelConfig, load_model
+from graphpool.model.config import GraniteScales
 from graphpool.model.families import build_model, model_class
 from graphpool.model.gemma2 import Gemma2Model
 from graphpool.model.gemma3 import Gemma3Model
@@ -25,7 +26,7 @@ from graphpool.model.weights import init_random_weights
 from graphpool.pool.testing import EagerCapturer
 from model_reference import hf_greedy, paged_greedy, prefill_logits_match, run_waves, tiny_hf_model
 
-FAMILIES = ["qwen3", "phi3", "gemma2", "gemma3", "smollm3", "olmo2"]
+FAMILIES = ["qwen3", "phi3", "gemma2", "gemma3", "smollm3", "olmo2", "granite"]
 NEW_TOKENS = 10
 
 
@@ -64,6 +65,9 @@ def test_config_reads_the_family(saved: tuple[str, Path, torch.nn.Module]) -> No
         assert [layer.self_attn.window for layer in load_model(folder, max_positions=256)[0].layers] == [128, 0, 128]
         with pytest.raises(ValueError, match="tensor parallel does not support Gemma 2"):
             check_shardable(cfg, 2)
+    elif kind == "granite":
+        assert cfg.family == "granite" and cfg.granite is not None and cfg.granite.logits_scaling == 8.0
+        assert cfg.granite.attention_multiplier == 0.015625 and cfg.rope_theta == 1e7
     elif kind == "olmo2":
         assert cfg.family == "olmo2" and model_class(cfg) is Olmo2Model and cfg.head_dim == 16
         with pytest.raises(ValueError, match="tensor parallel does not support OLMo 2"):
@@ -139,11 +143,12 @@ def test_engine_greedy_through_graphs_equals_transformers(saved: tuple[str, Path
 
 
 def _sharded_logits(rank: int, world: int, family: str) -> torch.Tensor:
-    """Prefill logits of a small random Qwen3 (q/k norm weights not all ones) or SmolLM3 (layer 1 NoPE) on this
-    rank's shard."""
+    """Prefill logits of a small random Qwen3 (q/k norm weights not all ones), SmolLM3 (layer 1 NoPE) or Granite
+    (its four scales) on this rank's shard."""
+    shapes = {"qwen3": {"family": "qwen3"}, "smollm3": {"nope_layers": (1,)},
+              "granite": {"family": "granite", "granite": GraniteScales(2.0, 0.1, 0.5, 4.0)}}[family]
     cfg = ModelConfig(vocab_size=101, hidden_size=64, intermediate_size=96, num_layers=2, num_heads=4,
-                      num_kv_heads=2, head_dim=32, family="qwen3" if family == "qwen3" else "llama",
-                      nope_layers=() if family == "qwen3" else (1,))
+                      num_kv_heads=2, head_dim=32, **shapes)
     model = build_model(cfg, max_positions=32)
     init_random_weights(model, seed=3)
     with torch.no_grad():
@@ -157,7 +162,7 @@ def _sharded_logits(rank: int, world: int, family: str) -> torch.Tensor:
         return model.compute_logits(model(torch.tensor([5, 17, 90, 100, 3, 64]), meta, kv))
 
 
-@pytest.mark.parametrize("family", ["qwen3", "smollm3"])
+@pytest.mark.parametrize("family", ["qwen3", "smollm3", "granite"])
 def test_two_shards_give_the_logits_of_the_whole_model(family: str) -> None:
     want = _sharded_logits(0, 1, family)
     for got in run_ranks(_sharded_logits, 2, family):

@@ -26,13 +26,15 @@ _HF_MODEL_TYPES = {
     "qwen3_moe": (False, "qwen3_moe"),
     "smollm3": (False, "llama"),  # Llama with NoPE layers (ModelConfig.nope_layers)
     "olmo2": (False, "olmo2"),
+    "granite": (False, "granite"),
 }
 # decoder families (model/families.py: their module classes); "qwen3": per-head q/k RMSNorm before rotary;
 # "gemma2": Llama's attention (soft-capped scores) with Gemma's norms, GeLU MLP and embedding scale;
 # "gemma3": Qwen3's attention plus Gemma's norms, GeLU MLP, embedding scale and two rotary bases;
 # "qwen3_moe": Qwen3's attention, a routed mixture of SwiGLU experts in the sparse layers (ModelConfig.moe);
-# "olmo2": norms after attention and MLP (none before), q/k RMSNorms over all heads together
-FAMILIES = ("llama", "qwen3", "gemma2", "gemma3", "qwen3_moe", "olmo2")
+# "olmo2": norms after attention and MLP (none before), q/k RMSNorms over all heads together;
+# "granite": Llama with four scales (ModelConfig.granite)
+FAMILIES = ("llama", "qwen3", "gemma2", "gemma3", "qwen3_moe", "olmo2", "granite")
 GEMMA_FAMILIES = ("gemma2", "gemma3")
 # NOTE: types users ask for that graphpool refuses, with why (the generic "unsupported" would hide it)
 _REFUSED_MODEL_TYPES = {
@@ -64,6 +66,22 @@ class RopeScaling:
             )
         if self.original_max_position_embeddings <= 0:
             raise ValueError("rope scaling original_max_position_embeddings must be positive")
+
+
+@dataclass(frozen=True)
+class GraniteScales:
+    """Granite's scales (config.json's names): of the embedding, of the attention scores (in place of
+    1/sqrt(head_dim)), of each layer output before it joins the residual stream, and the logits' divisor."""
+
+    embedding_multiplier: float = 1.0
+    attention_multiplier: float = 1.0
+    residual_multiplier: float = 1.0
+    logits_scaling: float = 1.0
+
+    def __post_init__(self) -> None:
+        for name, value in vars(self).items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
+                raise ValueError(f"Granite's {name} must be a positive number, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -104,12 +122,16 @@ class ModelConfig:
     moe: MoeConfig | None = None
     # SmolLM3: the layers whose attention applies no rotary (NoPE), every fourth by default
     nope_layers: tuple[int, ...] = ()
+    # Granite: its four scales (the granite family's, and it needs them)
+    granite: GraniteScales | None = None
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
             raise ValueError(f"ModelConfig.family must be one of {FAMILIES}, got {self.family!r}")
         if (self.family == "qwen3_moe") != (self.moe is not None):
             raise ValueError("ModelConfig.moe is the qwen3_moe family's, and it needs one")
+        if (self.family == "granite") != (self.granite is not None):
+            raise ValueError("ModelConfig.granite is the granite family's, and it needs its scales")
         if (self.family in GEMMA_FAMILIES) != (self.query_pre_attn_scalar is not None):
             raise ValueError("query_pre_attn_scalar is Gemma 2's and Gemma 3's, and they need it")
         if (self.family == "gemma3") != (self.local_rope_theta is not None):
@@ -249,6 +271,9 @@ class ModelConfig:
             window, sliding_layers = qwen_sliding_layers(cfg)
         if model_type == "smollm3":
             extra["nope_layers"], window, sliding_layers = smollm3_layers(cfg)
+        if model_type == "granite":
+            extra["granite"] = GraniteScales(**{k: float(cfg.get(k, 1.0)) for k in (
+                "embedding_multiplier", "attention_multiplier", "residual_multiplier", "logits_scaling")})
         fields: dict[str, Any] = dict(
             vocab_size=int(cfg["vocab_size"]),
             hidden_size=hidden,

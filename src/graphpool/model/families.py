@@ -7,6 +7,7 @@ from typing import Any
 from graphpool.model.config import FAMILIES, ModelConfig
 from graphpool.model.gemma2 import Gemma2Model
 from graphpool.model.gemma3 import Gemma3Model
+from graphpool.model.granite import GraniteModel
 from graphpool.model.llama import LlamaModel
 from graphpool.model.olmo2 import Olmo2Model
 from graphpool.model.qwen3 import Qwen3Model
@@ -16,7 +17,7 @@ __all__ = ["build_model", "model_class"]
 
 _CLASSES: dict[str, type[LlamaModel]] = {
     "llama": LlamaModel, "qwen3": Qwen3Model, "gemma2": Gemma2Model, "gemma3": Gemma3Model,
-    "qwen3_moe": Qwen3MoeModel, "olmo2": Olmo2Model,
+    "qwen3_moe": Qwen3MoeModel, "olmo2": Olmo2Model, "granite": GraniteModel,
 }
 assert set(_CLASSES) == set(FAMILIES), "every family of ModelConfig has its model class"
 
