@@ -94,10 +94,14 @@ def test_min_tokens_goes_past_the_eos_greedy_would_stop_at(llm: LLM) -> None:
 def test_min_tokens_holds_stop_strings_back_too(llm: LLM) -> None:
     text = llm.generate(PROMPT, _greedy(max_tokens=12), use_tqdm=False)[0].text
     word = text.split()[0]
-    stopped = llm.generate(PROMPT, _greedy(max_tokens=12, stop=[word]), use_tqdm=False)[0]
+    stopped = llm.generate(PROMPT, _greedy(max_tokens=12, stop=["never there", word]), use_tqdm=False)[0]
     assert stopped.finish_reason == "stop" and stopped.text == text[:text.index(word)]
+    assert stopped.outputs[0].stop_reason == word  # vLLM's: the stop string that ended it
     held = llm.generate(PROMPT, _greedy(max_tokens=12, stop=[word], min_tokens=12), use_tqdm=False)[0]
-    assert held.text == text and held.finish_reason == "length"
+    assert held.text == text and held.finish_reason == "length" and held.stop_reason is None
+    greedy = llm.generate(PROMPT, _greedy(max_tokens=12), use_tqdm=False)[0].token_ids
+    by_id = llm.generate(PROMPT, _greedy(max_tokens=12, stop_token_ids=[greedy[2]]), use_tqdm=False)[0]
+    assert by_id.finish_reason == "stop" and by_id.stop_reason == greedy[2] and by_id.token_ids == greedy[:3]
 
 
 def test_include_stop_str_in_output_keeps_the_stop_string_and_token(llm: LLM) -> None:

@@ -68,8 +68,10 @@ def test_include_stop_str_in_output_and_skip_special_tokens(served: Served) -> N
     for stream in (False, True):
         r = client.completions.create(model=served.model, prompt=PROMPT, temperature=0, max_tokens=N, stop=[word],
                                       stream=stream, extra_body={"include_stop_str_in_output": True})
-        got = "".join(c.choices[0].text for c in r) if stream else r.choices[0].text
+        chunks = list(r) if stream else [r]
+        got = "".join(c.choices[0].text for c in chunks)
         assert got == text[:text.index(word) + len(word)]
+        assert chunks[-1].choices[0].model_extra["stop_reason"] == word  # vLLM's field: the stop string
     kept = served.expected["eos_kept"]
     out = client.chat.completions.create(
         model=served.model, messages=CHAT, temperature=0, max_tokens=64,

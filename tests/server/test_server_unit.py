@@ -35,6 +35,7 @@ class Out:
     logprobs: None = None  # the engine's RequestOutput fields the server reads
     new_logprobs: None = None
     num_cached_tokens: int = 0
+    stop_reason: int | str | None = None
 
 
 @dataclass

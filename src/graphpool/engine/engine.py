@@ -293,15 +293,18 @@ class LLMEngine(EngineIntrospection):
             seq.logprobs.append(logprob)
         self.generation_tokens_total += 1
         reason = length_or_stop(seq, token, self.max_model_len)
+        if reason == "stop" and token in (seq.params.stop_token_ids or ()):
+            seq.stop_reason = token
         if seq.guide is not None and seq.guide.accept(token):
             reason = "stop"  # the grammar ended (on a stop token, or complete with none to wait for)
         seq.finish_reason = reason
         previous_len = len(seq.text)
         detokenize(seq, self.tokenizer, final=reason is not None)
-        cut = find_stop_string(seq, previous_len) if seq.num_output_tokens >= seq.params.min_tokens else -1
+        held = seq.num_output_tokens < seq.params.min_tokens  # NOTE: stop strings do not match before min_tokens
+        cut, stop = (-1, None) if held else find_stop_string(seq, previous_len)
         if cut >= 0:
             seq.text = seq.text[:cut]
-            reason = "stop"
+            reason, seq.stop_reason = "stop", stop
         if reason is not None:
             self.scheduler.finish(seq, reason)
             self.sampler.release(seq)

@@ -179,7 +179,7 @@ class LLM:
                             out.prompt_logprobs, k, text)
                         results[i] = CompletionOutput(prompts[i], out.prompt_token_ids, out.text, out.token_ids,
                                                       out.finish_reason, out.request_id, out.logprobs, prompt_lps,
-                                                      out.num_cached_tokens)
+                                                      out.num_cached_tokens, out.stop_reason)
                         remaining -= 1
                         if bar is not None:
                             bar.update(1)

@@ -72,11 +72,13 @@ class CompletionOutput:
     logprobs: list[TokenLogprob] | None = None  # per token, with SamplingParams.logprobs
     prompt_logprobs: PromptLogprobs | None = None  # with SamplingParams.prompt_logprobs (`prompt_logprob_dicts`)
     num_cached_tokens: int = 0  # prompt tokens the prefix cache held (not prefilled again)
+    stop_reason: int | str | None = None  # the stop string or stop_token_ids id that ended it
 
     @property
     def outputs(self) -> list[SequenceOutput]:
         total = sum(lp.logprob for lp in self.logprobs) if self.logprobs is not None else None
-        return [SequenceOutput(0, self.text, self.token_ids, self.finish_reason, None, total, self.logprobs)]
+        return [SequenceOutput(0, self.text, self.token_ids, self.finish_reason, self.stop_reason, total,
+                               self.logprobs)]
 
     @property
     def finished(self) -> bool:

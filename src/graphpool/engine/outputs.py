@@ -26,6 +26,8 @@ class RequestOutput:
     # one per prompt token after the first (which has none), when params.prompt_logprobs is set
     prompt_logprobs: list[TokenLogprob] | None = None
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache (not prefilled), as vLLM's field
+    # vLLM's: the stop string or stop_token_ids id that ended it (None: EOS, length, abort, or not finished)
+    stop_reason: int | str | None = None
 
 
 @dataclass(frozen=True)
@@ -77,18 +79,18 @@ def detokenize(seq: Sequence, tokenizer: Any, final: bool) -> None:
         seq.read_offset = len(out)
 
 
-def find_stop_string(seq: Sequence, previous_len: int) -> int:
+def find_stop_string(seq: Sequence, previous_len: int) -> tuple[int, str | None]:
     """Where `seq.text` is cut for the first stop string that ends in the newly added text (before it, or
-    after it with `include_stop_str_in_output`), or -1."""
+    after it with `include_stop_str_in_output`), and that string; (-1, None) for none."""
     stops = seq.params.stop
     if not stops:
-        return -1
+        return -1, None
     start = max(0, previous_len - seq.params.max_stop_len + 1)
-    hits = [(i, len(s)) for s, i in ((s, seq.text.find(s, start)) for s in stops) if i >= 0]
+    hits = [(i, len(s), s) for s, i in ((s, seq.text.find(s, start)) for s in stops) if i >= 0]
     if not hits:
-        return -1
-    index, length = min(hits)
-    return index + length if seq.params.include_stop_str_in_output else index
+        return -1, None
+    index, length, stop = min(hits)
+    return (index + length if seq.params.include_stop_str_in_output else index), stop
 
 
 def length_or_stop(seq: Sequence, token: int, max_model_len: int) -> str | None:
@@ -122,4 +124,5 @@ def make_output(seq: Sequence, new_token_ids: list[int]) -> RequestOutput:
         # NOTE: the sequence's own list, complete before its first output and not changed after it
         prompt_logprobs=seq.prompt_logprobs if seq.params.prompt_logprobs is not None else None,
         num_cached_tokens=seq.num_cached_tokens or 0,
+        stop_reason=seq.stop_reason,
     )

@@ -40,6 +40,7 @@ class Sequence:
         self.generator = generator
         self.status = Status.WAITING
         self.finish_reason: str | None = None
+        self.stop_reason: int | str | None = None  # the stop string or non-EOS stop token id that ended it
         self.num_preemptions = 0
         self.num_computed_tokens = 0
         self.num_cached_tokens: int | None = None  # prompt tokens the prefix cache held at its first admission

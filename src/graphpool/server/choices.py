@@ -67,7 +67,8 @@ class Choices:
             for i, last in enumerate(lasts):
                 msg = self._message(last.text)
                 choices.append({"index": i, "message": msg, "logprobs": self._logprobs(i, last.logprobs),
-                                "finish_reason": finish_reason(last.finish_reason, "tool_calls" in msg)})
+                                "finish_reason": finish_reason(last.finish_reason, "tool_calls" in msg),
+                                "stop_reason": last.stop_reason})
             # NOTE: vLLM gives a chat response's prompt_logprobs once, beside its choices (one prompt)
             field = self._prompt_field(lasts[0]) if self._asks_field else {}
             return {**self.header, "object": "chat.completion", "choices": choices, "usage": self.usage(lasts),
@@ -76,7 +77,8 @@ class Choices:
         for i, (echo, last) in enumerate(zip(echoes, lasts, strict=True)):
             head = self._echo_logprobs(i, last)
             choice = {"index": i, "text": (echo or "") + last.text,
-                      "logprobs": _joined(head, self._logprobs(i, last.logprobs)), "finish_reason": last.finish_reason}
+                      "logprobs": _joined(head, self._logprobs(i, last.logprobs)), "finish_reason": last.finish_reason,
+                      "stop_reason": last.stop_reason}
             choices.append({**choice, **self._prompt_field(last)} if self._asks_field else choice)
         return {**self.header, "object": "text_completion", "choices": choices, "usage": self.usage(lasts)}
 
@@ -133,7 +135,7 @@ class Choices:
         return self.prompt is not None and self.prompt.echo is not None
 
     def chunk(self, index: int, text: str | None, finish_reason: str | None = None, role: bool = False,
-              out: RequestOutput | None = None) -> str:
+              out: RequestOutput | None = None, stop_reason: int | str | None = None) -> str:
         """One choice's chunk: `text` (None: none), the logprobs of `out`'s new tokens when asked."""
         logprobs = self._logprobs(index, out.new_logprobs) if out is not None else None
         if self.chat:
@@ -143,6 +145,8 @@ class Choices:
             choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
         else:
             choice = {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}
+        if finish_reason is not None:
+            choice["stop_reason"] = stop_reason
         return sse({**self.header, "object": self.obj, "choices": [choice], **self.extra})
 
     def chat_chunks(self, index: int, out: RequestOutput) -> list[str]:
@@ -154,7 +158,7 @@ class Choices:
             bodies.append({})
         chunks = [self._chat_chunk(index, body, logprobs if k == 0 else None, None) for k, body in enumerate(bodies)]
         if out.finished:
-            chunks.append(self._chat_chunk(index, {}, None, finish))
+            chunks.append(self._chat_chunk(index, {}, None, finish, out.stop_reason))
         return chunks
 
     def chat_bodies(self, index: int, out: RequestOutput) -> tuple[list[dict[str, Any]], str | None]:
@@ -190,8 +194,10 @@ class Choices:
         return (reasoning if self.reasoning.include else ""), text
 
     def _chat_chunk(self, index: int, delta: dict[str, Any], logprobs: dict[str, Any] | None,
-                    finish: str | None) -> str:
+                    finish: str | None, stop_reason: int | str | None = None) -> str:
         choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+        if finish is not None:
+            choice["stop_reason"] = stop_reason
         return sse({**self.header, "object": self.obj, "choices": [choice], **self.extra})
 
     def usage_chunk(self, lasts: list[RequestOutput]) -> str:

@@ -266,7 +266,7 @@ class OpenAIServing:
                 if out.delta_text or out.new_token_ids:
                     yield choices.chunk(index, out.delta_text, out=out)
                 if out.finished:
-                    yield choices.chunk(index, None, out.finish_reason)
+                    yield choices.chunk(index, None, out.finish_reason, stop_reason=out.stop_reason)
                 lasts[index] = out
         except EngineDeadError as e:
             yield sse(error_body(str(e), type="server_error"))
