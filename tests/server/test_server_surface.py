@@ -176,6 +176,21 @@ def test_the_responses_api_answers_as_the_chat_endpoint(served: Served) -> None:
         assert stream.get_final_response().output_text == served.chat_greedy
 
 
+def test_the_messages_api_answers_as_the_chat_endpoint(served: Served) -> None:
+    import anthropic
+
+    client = anthropic.Anthropic(base_url=served.base_url, api_key=KEY, max_retries=0)
+    greedy = {"temperature": 0}  # NOTE: this SDK's create() takes sampling fields only through extra_body
+    m = client.messages.create(model=served.model, max_tokens=N, messages=CHAT, extra_body=greedy)
+    assert m.content[0].text == served.chat_greedy and m.stop_reason in ("max_tokens", "end_turn")
+    assert m.usage.input_tokens + m.usage.cache_read_input_tokens == len(served.chat_ids)
+    last = served.chat_greedy.strip()[-1]  # the greedy answer's last character ends it as a stop sequence
+    stopped = client.messages.create(model=served.model, max_tokens=N, messages=CHAT, stop_sequences=[last],
+                                     extra_body=greedy)
+    assert (stopped.stop_reason, stopped.stop_sequence) == ("stop_sequence", last)
+    assert stopped.content[0].text == served.chat_greedy[:served.chat_greedy.index(last)]
+
+
 # ---- command line ----
 def test_serve_takes_the_model_as_a_positional_or_as_model() -> None:
     from graphpool.cli import build_parser, main

@@ -16,6 +16,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response
 
 from graphpool import __version__
+from graphpool.server.anthropic import MessagesRequest, anthropic_error
 from graphpool.server.async_engine import AsyncEngine, EngineDeadError
 from graphpool.server.auth import APIKeyMiddleware
 from graphpool.server.chat_options import DEFAULT_CHAT, ChatOptions
@@ -161,6 +162,15 @@ def build_app(
     @app.post("/v1/chat/completions", openapi_extra=body_schema(ChatCompletionRequest))
     async def chat_completions(raw: Request) -> Response:
         return await serving.chat(await parse_body(raw, ChatCompletionRequest, max_request_bytes), raw)
+
+    # NOTE: Anthropic's clients read errors in Anthropic's shape
+    @app.post("/v1/messages", openapi_extra=body_schema(MessagesRequest))
+    async def messages(raw: Request) -> Response:
+        try:
+            return await serving.messages(await parse_body(raw, MessagesRequest, max_request_bytes), raw)
+        except APIError as e:
+            metrics.requests_refused.labels(str(e.status_code)).inc()
+            return JSONResponse(anthropic_error(e), status_code=e.status_code)
 
     @app.post("/v1/responses", openapi_extra=body_schema(ResponsesRequest))
     async def responses(raw: Request) -> Response:

@@ -1,5 +1,5 @@
-"""`--api-key`: every /v1/* route needs `Authorization: Bearer <key>`; the others (/health, /ping, /metrics,
-/version, /tokenize, ...) stay open, as vLLM leaves them."""
+"""`--api-key`: every /v1/* route needs `Authorization: Bearer <key>` (or Anthropic's `x-api-key: <key>`); the
+others (/health, /ping, /metrics, /version, /tokenize, ...) stay open, as vLLM leaves them."""
 
 from __future__ import annotations
 
@@ -26,9 +26,11 @@ class APIKeyMiddleware:
         self._keys = [k.encode() for k in keys]
         self._on_refused = on_refused
 
-    def _allowed(self, header: bytes) -> bool:
+    def _allowed(self, header: bytes, api_key: bytes | None) -> bool:
         scheme, _, token = header.partition(b" ")
-        if scheme.lower() != b"bearer":
+        if api_key is not None:  # NOTE: Anthropic's clients send the key alone, in x-api-key
+            token = api_key
+        elif scheme.lower() != b"bearer":
             return False
         token = token.strip()
         # NOTE: compare_digest against every key: the time taken says nothing about which key nearly matched.
@@ -39,12 +41,13 @@ class APIKeyMiddleware:
         if scope["type"] != "http" or scope["method"] == "OPTIONS" or not _protected(scope["path"]):
             await self.app(scope, receive, send)
             return
-        header = dict(scope["headers"]).get(b"authorization", b"")
-        if self._allowed(header):
+        headers = dict(scope["headers"])
+        header = headers.get(b"authorization", b"")
+        if self._allowed(header, headers.get(b"x-api-key")):
             await self.app(scope, receive, send)
             return
         self._on_refused()
-        message = ("Incorrect API key provided" if header else
+        message = ("Incorrect API key provided" if header or b"x-api-key" in headers else
                    "You didn't provide an API key: send it as 'Authorization: Bearer <key>'")
         body = error_body(message, code="invalid_api_key")
         await JSONResponse(body, status_code=401, headers={"WWW-Authenticate": "Bearer"})(scope, receive, send)

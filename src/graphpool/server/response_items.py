@@ -7,12 +7,29 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
+from typing import Any, Protocol
 
+from graphpool.engine.outputs import RequestOutput
 from graphpool.server.responses import ResponsesRequest, new_id
 
 
+class ReplyWriter(Protocol):
+    """A chat reply in another API's shape, from its parts as they come: each method returns the stream events to
+    send now; `finish` also the whole response."""
+
+    def start(self) -> list[str]: ...
+
+    def text(self, kind: str, delta: str) -> list[str]: ...
+
+    def calls(self, calls: list[dict[str, Any]]) -> list[str]: ...
+
+    def finish(self, last: RequestOutput, usage: dict[str, Any]) -> tuple[list[str], dict[str, Any]]: ...
+
+    def error(self, message: str) -> str: ...
+
+
 class ResponseWriter:
+    """The Responses API's output items and stream events."""
     def __init__(self, response_id: str, model: str, req: ResponsesRequest) -> None:
         self.head: dict[str, Any] = {
             "id": response_id, "object": "response", "created_at": int(time.time()), "model": model,
@@ -73,9 +90,9 @@ class ResponseWriter:
                        self._event("response.output_item.done", output_index=index, item=item)]
         return events
 
-    def finish(self, finish_reason: str | None, usage: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
+    def finish(self, last: RequestOutput, usage: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
         """The closing events and the whole response: incomplete when the reply ran into max_output_tokens."""
-        incomplete = finish_reason == "length"
+        incomplete = last.finish_reason == "length"
         events = self._close(status="incomplete" if incomplete else "completed")
         if not self.items:  # NOTE: an empty answer is still a message, as OpenAI gives it
             events += self._add("message") + self._close(status="incomplete" if incomplete else "completed")
@@ -89,6 +106,10 @@ class ResponseWriter:
         response = self._response("incomplete" if incomplete else "completed")
         kind = "response.incomplete" if incomplete else "response.completed"
         return [*events, self._event(kind, response=response)], response
+
+    def error(self, message: str) -> str:
+        body = {"type": "error", "message": message, "code": "server_error"}
+        return f"event: error\ndata: {json.dumps(body)}\n\n"
 
     def _where(self) -> dict[str, Any]:
         assert self._open is not None

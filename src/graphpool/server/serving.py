@@ -4,23 +4,25 @@ each prompt gets `n` choices), streamed (SSE) or collected."""
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from graphpool.server.anthropic import MessagesRequest, messages_param
+from graphpool.server.anthropic import chat_request as messages_chat_request
+from graphpool.server.anthropic_items import MessageWriter
 from graphpool.server.async_engine import AsyncEngine, EngineDeadError, RequestStream
 from graphpool.server.choices import Choices, sse
 from graphpool.server.logprobs import LogprobFormatter, prompt_ask
 from graphpool.server.metrics import ServerMetrics
 from graphpool.server.prompts import ChatPlan, EngineInput, PromptBuilder
 from graphpool.server.protocol import APIError, ChatCompletionRequest, CompletionRequest, error_body
-from graphpool.server.response_items import ResponseWriter
+from graphpool.server.response_items import ReplyWriter, ResponseWriter
 from graphpool.server.responses import ResponsesRequest, chat_request, new_id, responses_param
 
 DISCONNECT_POLL_S = 0.1
@@ -124,19 +126,35 @@ class OpenAIServing:
 
     async def responses(self, req: ResponsesRequest, raw: Request) -> Response:
         """The Responses API over the chat path (server/responses.py); its refusals name the Responses fields."""
-        timer = _Timer(self.metrics)
         response_id = new_id("resp")
+        writer = ResponseWriter(response_id, req.model or self.model_name, req)
+        return await self.reply(lambda: chat_request(req), writer, response_id, raw, responses_param)
+
+    async def messages(self, req: MessagesRequest, raw: Request) -> Response:
+        """Anthropic's Messages API over the chat path (server/anthropic.py)."""
+        message_id = new_id("msg")
+        writer = MessageWriter(message_id, req.model or self.model_name)
+        reasoning = self.builder.reasoning is not None
+        return await self.reply(lambda: messages_chat_request(req, reasoning), writer, message_id, raw,
+                                messages_param)
+
+    async def reply(self, chat_req: Callable[[], ChatCompletionRequest], writer: ReplyWriter, request_id: str,
+                    raw: Request, param: Callable[[str | None], str | None]) -> Response:
+        """One chat reply in another API's shape (the Responses API, Anthropic's Messages API): `chat_req` builds
+        the chat request, `writer` turns the reply's parts into that API's response or stream events, `param`
+        renames a refused chat field as that API spells it."""
+        timer = _Timer(self.metrics)
         try:
-            inputs, plan = await asyncio.to_thread(self.builder.chat, chat_request(req))
-            streams = await self._add(response_id, inputs, chat=True, n=1)
+            req = chat_req()
+            inputs, plan = await asyncio.to_thread(self.builder.chat, req)
+            streams = await self._add(request_id, inputs, chat=True, n=1)
         except APIError as e:
-            raise APIError(e.message, param=responses_param(e.param), code=e.code, status_code=e.status_code,
+            raise APIError(e.message, param=param(e.param), code=e.code, status_code=e.status_code,
                            type=e.type) from None
         choices = Choices(True, {}, 1, None, plan=plan)
-        writer = ResponseWriter(response_id, req.model or self.model_name, req)
         if req.stream:
-            events = self._response_events(streams[0], choices, writer, timer)
-            return AbortingStreamingResponse(events, self.engine, streams)
+            return AbortingStreamingResponse(self._reply_events(streams[0], choices, writer, timer), self.engine,
+                                             streams)
         lasts = await self._collect(streams, raw, timer)
         if lasts is None:
             return Response(status_code=499)
@@ -145,10 +163,10 @@ class OpenAIServing:
         writer.text("reasoning", message.get("reasoning") or "")
         writer.text("message", message.get("content") or "")
         writer.calls(message.get("tool_calls") or [])
-        return JSONResponse(writer.finish(lasts[0].finish_reason, chat["usage"])[1])
+        return JSONResponse(writer.finish(lasts[0], chat["usage"])[1])
 
-    async def _response_events(self, stream: RequestStream, choices: Choices, writer: ResponseWriter,
-                               timer: _Timer) -> AsyncIterator[str]:
+    async def _reply_events(self, stream: RequestStream, choices: Choices, writer: ReplyWriter,
+                            timer: _Timer) -> AsyncIterator[str]:
         for event in writer.start():
             yield event
         last = None
@@ -162,10 +180,10 @@ class OpenAIServing:
                         yield event
                 last = out
         except EngineDeadError as e:
-            yield f"event: error\ndata: {json.dumps({'type': 'error', 'message': str(e), 'code': 'server_error'})}\n\n"
+            yield writer.error(str(e))
             return
         assert last is not None and last.finished
-        for event in writer.finish(last.finish_reason, choices.usage([last]))[0]:
+        for event in writer.finish(last, choices.usage([last]))[0]:
             yield event
 
     async def _add(self, request_id: str, inputs: list[EngineInput], chat: bool, n: int) -> list[RequestStream]:
