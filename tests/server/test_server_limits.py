@@ -70,7 +70,7 @@ def test_a_prompt_too_long_for_any_tokenization_is_refused_untokenized(base_url:
 
 
 @pytest.mark.parametrize(("field", "value"), [
-    ("bad_words", ["a"]), ("use_beam_search", True), ("length_penalty", 0.5),
+    ("use_beam_search", True), ("length_penalty", 0.5),
     ("guided_whitespace_pattern", " "), ("spaces_between_special_tokens", False),
 ])
 def test_a_field_the_server_cannot_honour_is_refused_by_name(base_url: str, field: str, value: object) -> None:

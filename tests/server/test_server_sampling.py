@@ -132,3 +132,14 @@ def test_truncate_prompt_tokens(served: Served) -> None:
         r = httpx.post(f"{served.base_url}/v1/completions", timeout=60,
                        json={"prompt": PROMPT, "max_tokens": N, "truncate_prompt_tokens": value})
         assert r.status_code == 400 and r.json()["error"]["param"] == "truncate_prompt_tokens", (value, r.text)
+
+
+def test_bad_words(served: Served) -> None:
+    word = served.greedy_text.split()[0]
+    out = served.client().completions.create(model=served.model, prompt=PROMPT, temperature=0, max_tokens=N,
+                                             extra_body={"bad_words": [word]})
+    assert word not in out.choices[0].text and out.choices[0].text != served.greedy_text
+    for bad in ("Paris", [""], [1]):
+        r = httpx.post(f"{served.base_url}/v1/completions", timeout=60,
+                       json={"prompt": PROMPT, "max_tokens": N, "bad_words": bad})
+        assert r.status_code == 400 and r.json()["error"]["param"].startswith("bad_words"), (bad, r.text)

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from graphpool.engine.bad_words import needs_history
 from graphpool.engine.host_copy import to_device
 from graphpool.engine.kv_cache import BlockManager
 from graphpool.engine.logprobs import StepLogprobs, TokenLogprob
@@ -130,8 +131,8 @@ class AsyncDecode:
             return None
         if sched.can_admit() and (not sched.mixed_rows or any(map(wants_prompt_logprobs, sched.waiting))):
             return None  # a prefill step comes next (or one that scores prompt tokens): step with the real tokens
-        if any(s.guide is not None for s in live):
-            return None  # a guided row's mask needs the token the host has not read yet: step synchronously
+        if any(s.guide is not None or needs_history(s) for s in live):
+            return None  # a guided row's mask (a bad word's ban) needs the token the host has not read yet
         new_blocks = sum(s.num_tokens >= bm.num_slots(s.request_id) for s in live)
         if new_blocks > bm.num_free_blocks:
             return None  # the scheduler would preempt: decide that with the real tokens

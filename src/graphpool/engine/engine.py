@@ -10,6 +10,7 @@ import torch
 
 from graphpool.engine.admission import check_request, encode_prompt, truncate_prompt
 from graphpool.engine.async_scheduling import AsyncDecode
+from graphpool.engine.bad_words import bad_word_ids
 from graphpool.engine.config import EngineConfig
 from graphpool.engine.cpu_threads import apply_cpu_threads
 from graphpool.engine.engine_load import load_for_engine
@@ -168,6 +169,10 @@ class LLMEngine(EngineIntrospection):
             seq.guide = self.grammars.guide(params.guided, stop_ids)
         if params.has_logit_bias:
             seq.logit_bias = LogitBias.build(params, self.device)
+        if params.bad_words:
+            if self.tokenizer is None:
+                raise InvalidParam("bad_words", f"model {self.model_name!r} has no tokenizer to read bad_words with")
+            seq.bad_words = bad_word_ids(params.bad_words, self.tokenizer)
         self._seqs[request_id] = seq
         self.scheduler.add(seq)
 

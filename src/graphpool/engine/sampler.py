@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import torch
 
+from graphpool.engine.bad_words import apply_bad_words
 from graphpool.engine.draw import draw_rows
 from graphpool.engine.grammar import apply_guides
 from graphpool.engine.host_copy import to_device
@@ -35,7 +36,7 @@ class Sampler:
     the sampler's. Which form a row takes depends only on its own parameters.
 
     Rows with penalties get them applied (float32, on a copy: the logits may be a graph's output buffer)
-    before the greedy argmax or the draw, then their `logit_bias` / `allowed_token_ids`; `release(seq)` frees a
+    before the greedy argmax or the draw, then their `logit_bias` / `allowed_token_ids` and `bad_words`; `release(seq)` frees a
     finished request's token counts. A batch without penalties does no penalty work at all. Rows short of their `min_tokens` get -inf at their stop
     ids on the same copy, and guided rows (engine/grammar.py) -inf at every token their grammar disallows next;
     `min_p` drops low-probability tokens before the draw (one vectorised mask).
@@ -81,7 +82,8 @@ class Sampler:
         held = [i for i, s in enumerate(seqs) if s.num_output_tokens < s.params.min_tokens and s.stop_ids]
         guided = [i for i, s in enumerate(seqs) if s.guide is not None]
         biased = [i for i, s in enumerate(seqs) if s.logit_bias is not None]
-        if not penalised and not held and not guided and not biased:
+        barred = [i for i, s in enumerate(seqs) if s.bad_words]
+        if not penalised and not held and not guided and not biased and not barred:
             return self._choose(logits, seqs)
         # NOTE: a float32 copy: the logits may be a graph's output buffer.
         full = logits.to(torch.float32, copy=True)
@@ -89,6 +91,8 @@ class Sampler:
             index, rows = self._penalise(full, logits, [seqs[i] for i in penalised], penalised)
         if biased:
             apply_logit_bias(full, [seqs[i].logit_bias for i in biased], biased)  # type: ignore[misc]
+        if barred:
+            apply_bad_words(full, [seqs[i] for i in barred], barred)
         if held:
             _suppress_stops(full, [seqs[i] for i in held], held)
         if guided:

@@ -60,6 +60,8 @@ class SamplingParams:
     `allowed_token_ids` (vLLM's; None = off): the tokens the output may hold, every other one's logit -inf.
     Both apply after the penalties, to greedy and sampled rows alike (engine/logit_bias.py).
 
+    `bad_words` (vLLM's; None = off): words the output must not contain (engine/bad_words.py); not with `guided`.
+
     `truncate_prompt_tokens` (vLLM's; None = off): only the prompt's last k tokens are used; -1: as many as
     leave room for `max_tokens` within max_model_len (`admission.truncate_prompt`).
 
@@ -89,6 +91,7 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None
     allowed_token_ids: list[int] | None = None
     truncate_prompt_tokens: int | None = None
+    bad_words: list[str] | None = None
     has_penalties: bool = field(init=False, repr=False, compare=False, default=False)
     has_logit_bias: bool = field(init=False, repr=False, compare=False, default=False)
 
@@ -152,6 +155,12 @@ class SamplingParams:
                 f"repetition_penalty must be >= {REPETITION_MIN:g} (1 is off), got {self.repetition_penalty}",
             )
         check_truncate(self.truncate_prompt_tokens)
+        if self.bad_words is not None:
+            words = list(self.bad_words)
+            if isinstance(self.bad_words, str) or not all(isinstance(w, str) and w.strip() for w in words):
+                raise InvalidParam("bad_words", f"bad_words must be a list of words (non-empty strings), got "
+                                   f"{self.bad_words!r}")
+            object.__setattr__(self, "bad_words", words or None)
         self._check_logit_bias()
         self._check_guided()
         # NOTE: plain attributes, not properties: the sampler reads them for every row of every step.
@@ -189,9 +198,10 @@ class SamplingParams:
         if self.min_tokens:
             raise InvalidParam("min_tokens", "min_tokens cannot be combined with guided decoding: the grammar "
                                "decides where the output ends")
-        if self.allowed_token_ids is not None:
-            raise InvalidParam("allowed_token_ids", "allowed_token_ids cannot be combined with guided decoding: "
-                               "the grammar decides which tokens may come next")
+        for name in ("allowed_token_ids", "bad_words"):
+            if getattr(self, name) is not None:
+                raise InvalidParam(name, f"{name} cannot be combined with guided decoding: the grammar decides which "
+                                   "tokens may come next")
 
     @property
     def greedy(self) -> bool:

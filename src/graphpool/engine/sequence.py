@@ -51,6 +51,7 @@ class Sequence:
         self.prompt_logprobs: list[TokenLogprob] = []
         self.guide: Guide | None = None  # the grammar state of a request with params.guided
         self.logit_bias: LogitBias | None = None  # a request's logit_bias / allowed_token_ids, on the device
+        self.bad_words: tuple[tuple[int, ...], ...] = ()  # the token sequences of params.bad_words
         # detokenizer state (see engine.detokenize)
         self.text = ""
         self.emitted_len = 0  # chars of `text` already handed out as delta_text

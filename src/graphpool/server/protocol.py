@@ -55,7 +55,7 @@ class StreamOptions(BaseModel):
 UNHONOURED_FIELDS: dict[str, Any] = {
     "spaces_between_special_tokens": True, "guided_whitespace_pattern": None,
     "use_beam_search": False,
-    "length_penalty": 1.0, "bad_words": None,
+    "length_penalty": 1.0,
     "logits_processors": None, "functions": None, "function_call": None,
     "prediction": None, "audio": None, "modalities": None, "chat_template": None,
 }
@@ -112,6 +112,7 @@ class _SamplingFields(BaseModel):
     ignore_eos: StrictBool = False
     stop_token_ids: list[int] | None = None
     allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
     truncate_prompt_tokens: int | None = None  # only the prompt's last k tokens (-1: what leaves room for the output)
     min_tokens: int | None = Field(default=None, ge=0)
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)

@@ -97,6 +97,7 @@ def sampling_params(
             logit_bias=_logit_bias(req.logit_bias),
             allowed_token_ids=req.allowed_token_ids,
             truncate_prompt_tokens=req.truncate_prompt_tokens,
+            bad_words=req.bad_words,
         )
     except InvalidParam as e:
         raise APIError(str(e), param=e.param) from None
