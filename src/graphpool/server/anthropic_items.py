@@ -8,11 +8,12 @@ import json
 from typing import Any
 
 from graphpool.engine.outputs import RequestOutput
+from graphpool.server.reply_writer import ReplyWriter
 
 _BLOCKS = {"reasoning": ("thinking", "thinking_delta"), "message": ("text", "text_delta")}
 
 
-class MessageWriter:
+class MessageWriter(ReplyWriter):
     def __init__(self, message_id: str, model: str) -> None:
         self.head: dict[str, Any] = {"id": message_id, "type": "message", "role": "assistant", "model": model}
         self.blocks: list[dict[str, Any]] = []
@@ -45,22 +46,17 @@ class MessageWriter:
         return [*events, self._event("content_block_delta", index=len(self.blocks) - 1,
                                      delta={"type": delta_type, block_type: delta})]
 
-    def calls(self, calls: list[dict[str, Any]]) -> list[str]:
-        """Whole tool calls (chat's `tool_calls` entries): one tool_use block each."""
-        if not calls:
-            return []
-        events = self._close()
-        for call in calls:
-            function = call["function"]
-            block = {"type": "tool_use", "id": call["id"], "name": function["name"],
-                     "input": json.loads(function["arguments"])}
-            self.blocks.append(block)
-            index = len(self.blocks) - 1
-            events += [self._event("content_block_start", index=index, content_block={**block, "input": {}}),
-                       self._event("content_block_delta", index=index,
-                                   delta={"type": "input_json_delta", "partial_json": function["arguments"]}),
-                       self._event("content_block_stop", index=index)]
-        return events
+    def _call(self, call: dict[str, Any]) -> list[str]:
+        """A tool_use block."""
+        function = call["function"]
+        block = {"type": "tool_use", "id": call["id"], "name": function["name"],
+                 "input": json.loads(function["arguments"])}
+        self.blocks.append(block)
+        index = len(self.blocks) - 1
+        return [self._event("content_block_start", index=index, content_block={**block, "input": {}}),
+                self._event("content_block_delta", index=index,
+                            delta={"type": "input_json_delta", "partial_json": function["arguments"]}),
+                self._event("content_block_stop", index=index)]
 
     def finish(self, last: RequestOutput, usage: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
         """The closing events and the whole message."""

@@ -7,28 +7,14 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, Protocol
+from typing import Any
 
 from graphpool.engine.outputs import RequestOutput
+from graphpool.server.reply_writer import ReplyWriter
 from graphpool.server.responses import ResponsesRequest, new_id
 
 
-class ReplyWriter(Protocol):
-    """A chat reply in another API's shape, from its parts as they come: each method returns the stream events to
-    send now; `finish` also the whole response."""
-
-    def start(self) -> list[str]: ...
-
-    def text(self, kind: str, delta: str) -> list[str]: ...
-
-    def calls(self, calls: list[dict[str, Any]]) -> list[str]: ...
-
-    def finish(self, last: RequestOutput, usage: dict[str, Any]) -> tuple[list[str], dict[str, Any]]: ...
-
-    def error(self, message: str) -> str: ...
-
-
-class ResponseWriter:
+class ResponseWriter(ReplyWriter):
     """The Responses API's output items and stream events."""
     def __init__(self, response_id: str, model: str, req: ResponsesRequest) -> None:
         self.head: dict[str, Any] = {
@@ -71,24 +57,19 @@ class ResponseWriter:
         extra = {} if kind == "reasoning" else {"logprobs": []}
         return [*events, self._event(name, **self._where(), delta=delta, **extra)]
 
-    def calls(self, calls: list[dict[str, Any]]) -> list[str]:
-        """Whole tool calls (chat's `tool_calls` entries): one function_call item each."""
-        if not calls:
-            return []
-        events = self._close()
-        for call in calls:
-            function = call["function"]
-            item = {"type": "function_call", "id": new_id("fc"), "call_id": call["id"], "name": function["name"],
-                    "arguments": function["arguments"], "status": "completed"}
-            index = len(self.items)
-            self.items.append(item)
-            where = {"item_id": item["id"], "output_index": index}
-            events += [self._event("response.output_item.added", output_index=index,
-                                   item={**item, "arguments": "", "status": "in_progress"}),
-                       self._event("response.function_call_arguments.delta", **where, delta=item["arguments"]),
-                       self._event("response.function_call_arguments.done", **where, arguments=item["arguments"]),
-                       self._event("response.output_item.done", output_index=index, item=item)]
-        return events
+    def _call(self, call: dict[str, Any]) -> list[str]:
+        """A function_call item."""
+        function = call["function"]
+        item = {"type": "function_call", "id": new_id("fc"), "call_id": call["id"], "name": function["name"],
+                "arguments": function["arguments"], "status": "completed"}
+        index = len(self.items)
+        self.items.append(item)
+        where = {"item_id": item["id"], "output_index": index}
+        return [self._event("response.output_item.added", output_index=index,
+                            item={**item, "arguments": "", "status": "in_progress"}),
+                self._event("response.function_call_arguments.delta", **where, delta=item["arguments"]),
+                self._event("response.function_call_arguments.done", **where, arguments=item["arguments"]),
+                self._event("response.output_item.done", output_index=index, item=item)]
 
     def finish(self, last: RequestOutput, usage: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
         """The closing events and the whole response: incomplete when the reply ran into max_output_tokens."""

@@ -22,7 +22,8 @@ from graphpool.server.logprobs import LogprobFormatter, prompt_ask
 from graphpool.server.metrics import ServerMetrics
 from graphpool.server.prompts import ChatPlan, EngineInput, PromptBuilder
 from graphpool.server.protocol import APIError, ChatCompletionRequest, CompletionRequest, error_body
-from graphpool.server.response_items import ReplyWriter, ResponseWriter
+from graphpool.server.reply_writer import ReplyWriter
+from graphpool.server.response_items import ResponseWriter
 from graphpool.server.responses import ResponsesRequest, chat_request, new_id, responses_param
 
 DISCONNECT_POLL_S = 0.1
