@@ -1,16 +1,12 @@
 """vLLM's `bad_words`: words a request's output must not contain. Each word is tokenized as written and after a
 space (how it mostly follows other text); a step bans the token that would complete one of those token sequences
-after the output so far (a one-token word is banned outright). The ban is -inf on the sampler's float32 copy of
-the logits; a request with a word of several tokens steps without async scheduling's lookahead (its ban needs the
-token in flight)."""
+after the output so far (a one-token word outright), -inf on the sampler's float32 copy of the logits. A request
+with a word of several tokens steps without async scheduling's lookahead (its ban needs the token in flight)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-import torch
-
-from graphpool.engine.host_copy import to_device
 from graphpool.engine.sequence import Sequence
 
 
@@ -35,10 +31,3 @@ def banned_tokens(seq: Sequence) -> list[int]:
             banned.append(ids[-1])
     return banned
 
-
-def apply_bad_words(logits: torch.Tensor, seqs: list[Sequence], rows: list[int]) -> None:
-    """-inf at each listed row's banned tokens (`logits`: float32, changed in place)."""
-    pairs = [(row, t) for row, seq in zip(rows, seqs, strict=True) for t in banned_tokens(seq)]
-    if pairs:
-        index = to_device([p for pair in pairs for p in pair], torch.int64, logits.device).view(-1, 2)
-        logits[index[:, 0], index[:, 1]] = float("-inf")

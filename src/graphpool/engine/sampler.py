@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import torch
 
-from graphpool.engine.bad_words import apply_bad_words
+from graphpool.engine.bad_words import banned_tokens
 from graphpool.engine.draw import draw_rows
 from graphpool.engine.grammar import apply_guides
 from graphpool.engine.host_copy import to_device
@@ -30,16 +30,18 @@ class Sampler:
     A torch draw takes one U[0, 1) number a row and picks the token whose cumulative probability (float64)
     first passes it (the inverse CDF), so each seeded request draws from its own stream and its output does not
     depend on the rest of the batch. With a `draw` (the engine's on CUDA: ModelOps.step_sample,
-    kernels/sample.py, Gumbel-max over Philox: the same distribution) a row with only a temperature draws there, keyed per row and step: by the request's seed and
-    its token count when seeded, else from the sampler's own stream; rows with top-k, top-p or min-p, and every
-    row without a `draw` (or where it returns None), draw in torch from the request's generator (seeded) or
-    the sampler's. Which form a row takes depends only on its own parameters.
+    kernels/sample.py, Gumbel-max over Philox: the same distribution) a row with only a temperature draws there,
+    keyed per row and step: by the request's seed and its token count when seeded, else from the sampler's own
+    stream; rows with top-k, top-p or min-p, and every row without a `draw` (or where it returns None), draw in
+    torch from the request's generator (seeded) or the sampler's. Which form a row takes depends only on its
+    own parameters.
 
     Rows with penalties get them applied (float32, on a copy: the logits may be a graph's output buffer)
-    before the greedy argmax or the draw, then their `logit_bias` / `allowed_token_ids` and `bad_words`; `release(seq)` frees a
-    finished request's token counts. A batch without penalties does no penalty work at all. Rows short of their `min_tokens` get -inf at their stop
-    ids on the same copy, and guided rows (engine/grammar.py) -inf at every token their grammar disallows next;
-    `min_p` drops low-probability tokens before the draw (one vectorised mask).
+    before the greedy argmax or the draw, then their `logit_bias` / `allowed_token_ids` and `bad_words`;
+    `release(seq)` frees a finished request's token counts. A batch without penalties does no penalty work at
+    all. Rows short of their `min_tokens` get -inf at their stop ids on the same copy (with the tokens their
+    bad words ban, one indexed write), and guided rows (engine/grammar.py) -inf at every token their grammar
+    disallows next; `min_p` drops low-probability tokens before the draw (one vectorised mask).
     `sample_step` also gathers the logprobs of the rows that ask for them, from the unchanged logits.
     """
 
@@ -91,10 +93,10 @@ class Sampler:
             index, rows = self._penalise(full, logits, [seqs[i] for i in penalised], penalised)
         if biased:
             apply_logit_bias(full, [seqs[i].logit_bias for i in biased], biased)  # type: ignore[misc]
-        if barred:
-            apply_bad_words(full, [seqs[i] for i in barred], barred)
-        if held:
-            _suppress_stops(full, [seqs[i] for i in held], held)
+        if barred or held:  # NOTE: the rows short of min_tokens lose their stop ids
+            vocab = full.shape[1]
+            _ban(full, [(i, t) for i in barred for t in banned_tokens(seqs[i])]
+                 + [(i, t) for i in held for t in seqs[i].stop_ids if t < vocab])
         if guided:
             apply_guides(full, [seqs[i].guide for i in guided], guided)  # type: ignore[misc]
         tokens = self._choose(full, seqs)
@@ -177,10 +179,8 @@ class Sampler:
         return u
 
 
-def _suppress_stops(logits: torch.Tensor, seqs: list[Sequence], rows: list[int]) -> None:
-    """-inf at each row's stop ids (EOS and stop_token_ids): those rows are still short of min_tokens."""
-    vocab = logits.shape[1]
-    pairs = [(row, t) for row, s in zip(rows, seqs, strict=True) for t in s.stop_ids if t < vocab]
+def _ban(logits: torch.Tensor, pairs: list[tuple[int, int]]) -> None:
+    """-inf at each (row, token) of `pairs`: one indexed write for them all."""
     if pairs:
         index = to_device([p for pair in pairs for p in pair], torch.int64, logits.device).view(-1, 2)
         logits[index[:, 0], index[:, 1]] = float("-inf")

@@ -28,11 +28,8 @@ class ReasoningFormat:
 
     def plan(self, prompt_ids: list[int], include: bool) -> ReasoningPlan:
         """How a reply to `prompt_ids` is split: opened when the prompt's last marker is a `<think>`."""
-        last = {self.start_id: -1, self.end_id: -1}
-        for i, token in enumerate(prompt_ids):
-            if token in last:
-                last[token] = i
-        return ReasoningPlan(last[self.start_id] > last[self.end_id], include)
+        last = next((t for t in reversed(prompt_ids) if t in (self.start_id, self.end_id)), None)
+        return ReasoningPlan(last == self.start_id, include)
 
 
 def reasoning_format(tokenizer: Any, chat_template: str | None, name: str) -> ReasoningFormat | None:
