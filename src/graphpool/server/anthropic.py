@@ -12,6 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
+from graphpool.server.foreign import copied, joined_text, named_back
 from graphpool.server.parsing import validate
 from graphpool.server.protocol import APIError, ChatCompletionRequest, refuse_unhonoured
 
@@ -57,45 +58,23 @@ def chat_request(req: MessagesRequest, reasoning: bool) -> ChatCompletionRequest
     for i, message in enumerate(req.messages):
         messages += _messages(i, message)
     body: dict[str, Any] = {"model": req.model, "messages": messages, "stream": req.stream,
-                            "max_completion_tokens": req.max_tokens}
-    for ours, theirs in (("temperature", "temperature"), ("top_p", "top_p"), ("top_k", "top_k"),
-                         ("stop", "stop_sequences")):
-        if getattr(req, theirs) is not None:
-            body[ours] = getattr(req, theirs)
+                            "max_completion_tokens": req.max_tokens, **copied(req, {
+                                "temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
+                                "stop": "stop_sequences"})}
     if req.tools is not None:
         body["tools"] = [_chat_tool(i, t) for i, t in enumerate(req.tools)]
     if req.tool_choice is not None:
         body.update(_chat_tool_choice(req.tool_choice))
-    try:
-        return validate(ChatCompletionRequest, body)
-    except APIError as e:
-        raise APIError(e.message, param=messages_param(e.param)) from None
+    return validate(ChatCompletionRequest, body)  # NOTE: a refusal's chat name is renamed by `messages_param`
 
 
 def messages_param(param: str | None) -> str | None:
     """A chat field's name as a Messages request spells it."""
-    if param is None:
-        return None
-    for chat, ours in (("max_completion_tokens", "max_tokens"), ("stop", "stop_sequences")):
-        if param.startswith(chat):
-            return ours + param[len(chat):]
-    if param.startswith("messages"):
-        return "messages"  # NOTE: the chat's messages are not the request's one for one (system, tool results)
-    return param.replace(".function.", ".", 1) if param.startswith("tools[") else param
+    return named_back(param, {"max_completion_tokens": "max_tokens", "stop": "stop_sequences"}, "messages")
 
 
 def _text(content: Any, param: str) -> str:
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise APIError(f"{param} must be a string or a list of text blocks", param=param)
-    texts = []
-    for j, block in enumerate(content):
-        if not isinstance(block, dict) or block.get("type") != "text" or not isinstance(block.get("text"), str):
-            kind = block.get("type") if isinstance(block, dict) else None
-            raise APIError(f"{param}[{j}]: only text blocks are supported here, got {kind!r}", param=f"{param}[{j}]")
-        texts.append(block["text"])
-    return "".join(texts)
+    return joined_text(content, param, ("text",))
 
 
 def _messages(i: int, message: dict[str, Any]) -> list[dict[str, Any]]:

@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
+from graphpool.server.foreign import copied, joined_text, named_back
 from graphpool.server.parsing import validate
 from graphpool.server.protocol import APIError, ChatCompletionRequest, refuse_unhonoured
 
@@ -60,11 +61,9 @@ def chat_request(req: ResponsesRequest) -> ChatCompletionRequest:
                            "chat template (chat_template_kwargs on /v1/chat/completions)", param=f"reasoning.{key}")
     messages = [{"role": "system", "content": req.instructions}] if req.instructions else []
     messages += _conversation(req.input)
-    body: dict[str, Any] = {"model": req.model, "messages": messages, "stream": req.stream}
-    for ours, theirs in (("temperature", "temperature"), ("top_p", "top_p"), ("max_completion_tokens",
-                         "max_output_tokens"), ("parallel_tool_calls", "parallel_tool_calls"), ("user", "user")):
-        if getattr(req, theirs) is not None:
-            body[ours] = getattr(req, theirs)
+    body: dict[str, Any] = {"model": req.model, "messages": messages, "stream": req.stream, **copied(req, {
+        "temperature": "temperature", "top_p": "top_p", "max_completion_tokens": "max_output_tokens",
+        "parallel_tool_calls": "parallel_tool_calls", "user": "user"})}
     if req.tools is not None:
         body["tools"] = [_chat_tool(i, t) for i, t in enumerate(req.tools)]
     if req.tool_choice is not None:
@@ -74,37 +73,18 @@ def chat_request(req: ResponsesRequest) -> ChatCompletionRequest:
     fmt = (req.text or {}).get("format")
     if fmt is not None:
         body["response_format"] = _chat_format(fmt)
-    try:
-        return validate(ChatCompletionRequest, body)
-    except APIError as e:
-        raise APIError(e.message, param=responses_param(e.param)) from None
+    return validate(ChatCompletionRequest, body)  # NOTE: a refusal's chat name is renamed by `responses_param`
 
 
 def responses_param(param: str | None) -> str | None:
     """A chat field's name as the Responses request spells it."""
-    if param is None:
-        return None
-    for chat, ours in (("max_completion_tokens", "max_output_tokens"), ("response_format", "text.format"),
-                       ("messages", "input")):
-        if param.startswith(chat):
-            return ours + param[len(chat):] if ours != "input" else "input"
-    return param.replace(".function.", ".", 1) if param.startswith("tools[") else param
+    return named_back(param, {"max_completion_tokens": "max_output_tokens", "response_format": "text.format"},
+                      "input")
 
 
 def _text(content: Any, param: str) -> str:
     """A message's or a tool output's content as text: a string, or text parts joined."""
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise APIError(f"{param} must be a string or a list of text parts", param=param)
-    texts = []
-    for j, part in enumerate(content):
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind not in ("input_text", "output_text", "text", "reasoning_text", "summary_text") or not isinstance(
-                part.get("text"), str):
-            raise APIError(f"{param}[{j}]: only text parts are supported, got type {kind!r}", param=f"{param}[{j}]")
-        texts.append(part["text"])
-    return "".join(texts)
+    return joined_text(content, param, ("input_text", "output_text", "text", "reasoning_text", "summary_text"))
 
 
 def _conversation(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
