@@ -13,8 +13,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from graphpool.server.foreign import copied, joined_text, named_back
-from graphpool.server.parsing import validate
-from graphpool.server.protocol import APIError, ChatCompletionRequest, refuse_unhonoured
+from graphpool.server.protocol import APIError, refuse_unhonoured
 
 # NOTE: Anthropic's error types by status (its SDK raises by status; the type names the kind)
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
@@ -46,8 +45,8 @@ def anthropic_error(e: APIError) -> dict[str, Any]:
     return {"type": "error", "error": {"type": kind, "message": e.message}}
 
 
-def chat_request(req: MessagesRequest, reasoning: bool) -> ChatCompletionRequest:
-    """The chat completion request that computes the reply; `reasoning`: whether the server tells a reply's
+def chat_request(req: MessagesRequest, reasoning: bool) -> dict[str, Any]:
+    """The body of the chat completion request that computes the reply; `reasoning`: whether the server tells a reply's
     reasoning apart (the `thinking` field can only say what the model's template already does)."""
     refuse_unhonoured(req.model_extra)
     kind = (req.thinking or {}).get("type")
@@ -65,7 +64,7 @@ def chat_request(req: MessagesRequest, reasoning: bool) -> ChatCompletionRequest
         body["tools"] = [_chat_tool(i, t) for i, t in enumerate(req.tools)]
     if req.tool_choice is not None:
         body.update(_chat_tool_choice(req.tool_choice))
-    return validate(ChatCompletionRequest, body)  # NOTE: a refusal's chat name is renamed by `messages_param`
+    return body
 
 
 def messages_param(param: str | None) -> str | None:

@@ -15,8 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from graphpool.server.foreign import copied, joined_text, named_back
-from graphpool.server.parsing import validate
-from graphpool.server.protocol import APIError, ChatCompletionRequest, refuse_unhonoured
+from graphpool.server.protocol import APIError, refuse_unhonoured
 
 # Fields of the Responses API that change the output and need what this server does not have, with the value
 # that changes nothing.
@@ -48,8 +47,9 @@ class ResponsesRequest(BaseModel):
     user: str | None = None
 
 
-def chat_request(req: ResponsesRequest) -> ChatCompletionRequest:
-    """The chat completion request that computes the response (a 400 naming the Responses field otherwise)."""
+def chat_request(req: ResponsesRequest) -> dict[str, Any]:
+    """The body of the chat completion request that computes the response (a 400 naming the Responses field
+    otherwise)."""
     refuse_unhonoured(req.model_extra, RESPONSES_UNHONOURED)
     if req.include:
         raise APIError(f"include is not supported by this server, got {req.include}", param="include")
@@ -73,7 +73,7 @@ def chat_request(req: ResponsesRequest) -> ChatCompletionRequest:
     fmt = (req.text or {}).get("format")
     if fmt is not None:
         body["response_format"] = _chat_format(fmt)
-    return validate(ChatCompletionRequest, body)  # NOTE: a refusal's chat name is renamed by `responses_param`
+    return body
 
 
 def responses_param(param: str | None) -> str | None:

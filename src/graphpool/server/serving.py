@@ -20,6 +20,7 @@ from graphpool.server.async_engine import AsyncEngine, EngineDeadError, RequestS
 from graphpool.server.choices import Choices, sse
 from graphpool.server.logprobs import LogprobFormatter, prompt_ask
 from graphpool.server.metrics import ServerMetrics
+from graphpool.server.parsing import validate
 from graphpool.server.prompts import ChatPlan, EngineInput, PromptBuilder
 from graphpool.server.protocol import APIError, ChatCompletionRequest, CompletionRequest, error_body
 from graphpool.server.reply_writer import ReplyWriter
@@ -139,14 +140,15 @@ class OpenAIServing:
         return await self.reply(lambda: messages_chat_request(req, reasoning), writer, message_id, raw,
                                 messages_param)
 
-    async def reply(self, chat_req: Callable[[], ChatCompletionRequest], writer: ReplyWriter, request_id: str,
+    async def reply(self, chat_body: Callable[[], dict[str, Any]], writer: ReplyWriter, request_id: str,
                     raw: Request, param: Callable[[str | None], str | None]) -> Response:
-        """One chat reply in another API's shape (the Responses API, Anthropic's Messages API): `chat_req` builds
-        the chat request, `writer` turns the reply's parts into that API's response or stream events, `param`
-        renames a refused chat field as that API spells it."""
+        """One chat reply in another API's shape (the Responses API, Anthropic's Messages API): `chat_body` builds
+        the chat request's body (its own refusals named as that API spells them), `writer` turns the reply's parts
+        into that API's response or stream events, `param` renames what the chat path refuses."""
         timer = _Timer(self.metrics)
+        body = chat_body()
         try:
-            req = chat_req()
+            req = validate(ChatCompletionRequest, body)
             inputs, plan = await asyncio.to_thread(self.builder.chat, req)
             streams = await self._add(request_id, inputs, chat=True, n=1)
         except APIError as e:
