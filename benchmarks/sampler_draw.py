@@ -7,7 +7,12 @@ it with `PYTHONPATH` at each one's `src`.
 
     .venv/bin/python benchmarks/sampler_draw.py [--tokens 32] [--reps 51] [--threads 1]
 
-`--threads` is torch's intra-op threads (the engine's default on a 2-core machine is 1).
+`--threads` is torch's intra-op threads (the engine's default on a 2-core machine is 1). `--device cuda` times
+the draw on the GPU instead: the engine's Sampler with the Triton draw (`kernels/sample.py`, top-k / top-p /
+min-p rows by rejection) against the torch draw (`engine/draw.py`), interleaved, on rows of N(0, 9) logits of
+`--vocab` entries: the host's ms until `sample` returns, and the wall ms with the GPU's work done.
+
+    python benchmarks/sampler_draw.py --device cuda [--vocab 128256] [--reps 51]
 """
 
 from __future__ import annotations
@@ -63,13 +68,52 @@ def argmax_ms(x: torch.Tensor, reps: int) -> tuple[float, float]:
     return statistics.median(times[0][1:]) * 1e3, statistics.median(times[1][1:]) * 1e3
 
 
+def gpu_ms(sampler: Sampler, logits: torch.Tensor, seqs: list[Sequence], reps: int) -> tuple[float, float]:
+    """Median (host ms until `sample` returns, wall ms to the GPU's end) of `reps` calls after one dropped."""
+    host, wall = [], []
+    for _ in range(reps + 1):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        sampler.sample(logits, seqs)
+        host.append(time.perf_counter() - start)
+        torch.cuda.synchronize()
+        wall.append(time.perf_counter() - start)
+    return statistics.median(host[1:]) * 1e3, statistics.median(wall[1:]) * 1e3
+
+
+def main_gpu(args: argparse.Namespace) -> None:
+    from graphpool.kernels.sample import sample_rows
+
+    device = torch.device("cuda")
+    print(f"$ {' '.join(sys.argv)}\ntorch {torch.__version__}, {torch.cuda.get_device_name()}, vocab {args.vocab}, "
+          f"N(0, 9) logits, graphpool at {sys.modules['graphpool'].__path__[0]}")
+    kinds = {**KINDS, "T=0.8 min-p 0.05": {"temperature": 0.8, "min_p": 0.05}}
+    print("host ms / wall ms a `Sampler.sample` call, medians; kernel: the Triton draw, torch: engine/draw.py\n"
+          "| kind | rows | kernel host | kernel wall | torch host | torch wall |\n|---|---|---|---|---|---|")
+    for name, fields in kinds.items():
+        for rows in (1, 8, 64):
+            logits = torch.randn(rows, args.vocab, device=device, generator=None) * 3
+            params = SamplingParams(**{k: v for k, v in fields.items() if k != "repetition_penalty"})
+            seqs = [Sequence(f"r{i}", [1, 2, 3], params, frozenset(),
+                             None if params.seed is None else torch.Generator(device).manual_seed(params.seed + i))
+                    for i in range(rows)]
+            kernel = gpu_ms(Sampler(device, 0, draw=sample_rows), logits, seqs, args.reps)
+            plain = gpu_ms(Sampler(device, 0), logits, seqs, args.reps)
+            print(f"| {name} | {rows} | " + " | ".join(f"{t:.3f}" for t in (*kernel, *plain)) + " |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=32, help="tokens sampled per prompt for the logits")
     parser.add_argument("--reps", type=int, default=51)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--flat", action="store_true", help="also rows of N(0, 1) logits")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--vocab", type=int, default=128_256, help="with --device cuda: the rows' width")
     args = parser.parse_args()
+    if args.device == "cuda":
+        main_gpu(args)
+        return
     pools = {"model": recorded_rows(args.tokens)[1]}
     if args.flat:
         pools["flat"] = torch.randn(256, pools["model"].shape[1], generator=torch.Generator().manual_seed(0))

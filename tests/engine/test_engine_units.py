@@ -352,29 +352,32 @@ def test_sampler_seeded_rows_ignore_the_rest_of_the_batch() -> None:
     assert run(logits[:1], 0) == run(logits, 3)
 
 
-def test_a_draw_takes_the_temperature_only_rows_keyed_by_seed_and_position() -> None:
+def test_a_draw_takes_every_row_with_its_cut_keyed_by_seed_and_position() -> None:
     """The kernel draw's routing (a CPU double records what it is handed): seeded keys depend on the seed and
-    the row's output count only; top-p rows are drawn in torch and written over; a greedy batch never draws."""
+    the row's output count only; rows with top-k, top-p or min-p go to the draw with their cut (the packing
+    grows by three columns only when some row has one); a greedy batch never draws."""
     from graphpool.engine.sampler import _step_key
 
-    calls: list[tuple[list[int], list[float]]] = []
+    calls: list[list[list[float]]] = []
 
     def draw(logits: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
         bs = logits.shape[0]
-        temps = params[bs:].to(torch.int32).view(torch.float32).tolist()
-        calls.append((params[:bs].tolist(), temps))
+        cols = params.view(-1, bs)
+        floats = cols.to(torch.int32).view(torch.float32).tolist()
+        calls.append([cols[0].tolist(), floats[1], *([cols[2].tolist(), floats[3], floats[4]] if len(cols) == 5 else [])])
         return torch.full((bs,), 7, dtype=torch.int64)  # NOTE: 7 marks the kernel's rows
 
     sampler = Sampler(torch.device("cpu"), 0, draw=draw)
     logits = torch.randn(3, 50)
-    logits[1, 3] = 100.0  # the top-p row's nucleus is token 3 alone
     seeded = _sampling_seq("s", temperature=0.5, seed=11)
-    batch = [seeded, _sampling_seq("p", temperature=1.0, top_p=0.5), _sampling_seq("g", temperature=0)]
-    assert sampler.sample(logits, batch).tolist() == [7, 3, 7]
-    keys, temps = calls[-1]
+    batch = [seeded, _sampling_seq("p", temperature=1.0, top_p=0.5, top_k=4, min_p=0.25),
+             _sampling_seq("g", temperature=0)]
+    assert sampler.sample(logits, batch).tolist() == [7, 7, 7]
+    keys, temps, top_k, top_p, min_p = calls[-1]
     assert keys[0] == _step_key(11, 0) and temps == [0.5, 1.0, 0.0]
+    assert top_k == [0, 4, 0] and top_p == [1.0, 0.5, 1.0] and min_p == [0.0, 0.25, 0.0]
     sampler.sample(logits[:1], [seeded])
-    assert calls[-1][0] == [_step_key(11, 0)]  # alone: the same key
+    assert len(calls[-1]) == 2 and calls[-1][0] == [_step_key(11, 0)]  # alone, no cut: the same key
     seeded.token_ids.append(5)
     sampler.sample(logits[:1], [seeded])
     assert calls[-1][0] == [_step_key(11, 1)] != [_step_key(11, 0)]  # the next position: another key

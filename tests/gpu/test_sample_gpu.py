@@ -1,14 +1,16 @@
 """The sampling kernel and the sampler's use of it on the GPU: draws follow softmax(x / t) (chi-square over
 20,000 rows of distinct seeds, bf16 and float32 logits, a 128,256-wide row), temperature-0 rows are torch's
-argmax, and in the engine's Sampler a seeded row's tokens depend only on its own seed and position, whichever
-rows (top-p ones, drawn in torch, included) share its batch; allowed tokens and logit biases hold for the kernel
-draw too."""
+argmax; rows with top-k, top-p and min-p follow the kept tokens' renormalised softmax (the torch draw's cut),
+on a 128,256-wide row too; in the engine's Sampler a seeded row's tokens depend only on its own seed and
+position, whichever rows (top-p ones included) share its batch; allowed tokens and logit biases hold for the
+kernel draw too."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from graphpool.engine.draw import nucleus
 from graphpool.engine.host_copy import to_device
 from graphpool.engine.sampler import Sampler
 from graphpool.engine.sampling_params import SamplingParams
@@ -37,6 +39,50 @@ def test_draws_follow_the_tempered_softmax(dtype: torch.dtype) -> None:
     exp = torch.cat([expected[keep], expected[~keep].sum()[None]])
     chi2 = float(((obs - exp) ** 2 / exp).sum())
     assert chi2 < 3 * len(obs), (chi2, len(obs))  # far below at p = 0.001 for these degrees of freedom
+
+
+def _chi2(counts: torch.Tensor, expected: torch.Tensor) -> tuple[float, int]:
+    keep = expected >= 5  # chi-square cells with enough expected draws; the rest pooled
+    obs = torch.cat([counts[keep], counts[~keep].sum()[None]])
+    exp = torch.cat([expected[keep], expected[~keep].sum()[None]])
+    return float(((obs - exp) ** 2 / exp.clamp(min=1e-9)).sum()), len(obs)
+
+
+@pytest.mark.parametrize("cut", [(0, 0.9, 0.0), (10, 1.0, 0.0), (20, 0.8, 0.0), (0, 1.0, 0.05), (15, 0.95, 0.02)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_cut_draws_follow_the_kept_tokens_softmax(cut: tuple[int, float, float], dtype: torch.dtype) -> None:
+    k, p, min_p = cut
+    gen = torch.Generator().manual_seed(1)
+    row = (torch.randn(64, generator=gen) * 2).to(dtype)
+    n, t = 20_000, 0.8
+    params = to_device(sample_params(list(range(n)), [t] * n, [k] * n, [p] * n, [min_p] * n), torch.int64, CUDA)
+    tokens = sample_rows(row.to(CUDA).expand(n, 64), params)
+    assert tokens is not None
+    y = row.double() / t
+    vals, ids, _ = nucleus(y[None], [k], [p], 64)
+    kept = vals[0] > float("-inf")
+    if min_p > 0:
+        kept &= (vals[0] - y.max()).exp() >= min_p
+    expected = torch.zeros(64, dtype=torch.float64)
+    expected[ids[0][kept]] = torch.softmax(vals[0][kept], -1) * n
+    counts = torch.bincount(tokens.cpu(), minlength=64).double()
+    assert counts[expected == 0].sum() == 0
+    chi2, cells = _chi2(counts[expected > 0], expected[expected > 0])
+    assert chi2 < 3 * cells, (chi2, cells)
+
+
+def test_cut_draws_on_wide_rows_stay_in_the_nucleus() -> None:
+    x = torch.randn(64, 128_256, device=CUDA, dtype=torch.bfloat16) * 3
+    x[:, 1000] = x[:, 90_000] = 12.0  # two tokens far above the rest
+    n = x.shape[0]
+    params = to_device(sample_params(list(range(n)), [1.0] * n, [0] * n, [0.5] * n, [0.0] * n), torch.int64, CUDA)
+    got = sample_rows(x, params)
+    assert got is not None and set(got.tolist()) == {1000, 90_000}
+    flat = torch.zeros(4, 128_256, device=CUDA)
+    flat[:, 5] = 1.0  # a flat row: top-k 3 keeps token 5 and two of the ties; top-p 1e-6 token 5 alone
+    cuts = sample_params([1, 2, 3, 4], [1.0] * 4, [3, 3, 0, 1], [1.0, 1.0, 1e-6, 1.0], [0.0] * 4)
+    drawn = sample_rows(flat, to_device(cuts, torch.int64, CUDA))
+    assert drawn is not None and drawn[2:].tolist() == [5, 5] and all(0 <= t < 128_256 for t in drawn.tolist())
 
 
 def test_wide_rows_greedy_exact_and_draws_near_the_top() -> None:

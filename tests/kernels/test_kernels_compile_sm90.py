@@ -104,11 +104,18 @@ def test_argmax_kernels_compile() -> None:
 
 @pytest.mark.parametrize("logits", ["*bf16", "*fp32"])
 def test_sample_kernel_compiles(logits: str) -> None:
+    """The draw's stage 1, without and with the cut rows' block sums, and the cut rows' stage 2 (rejection
+    loops and the top-k bisection)."""
     from graphpool.kernels import _triton_sample as ts
 
-    types = {"x_ptr": logits, "params_ptr": "*i64", "val_ptr": "*fp32", "idx_ptr": "*i64", "nan_ptr": "*i64"}
-    ptx = _compile(ts._block_sample_kernel, lambda n: types.get(n, "i32"), dict(BLOCK=ts.BLOCK)).asm["ptx"]
-    assert "philox" in ptx.lower() or "mul.hi.u32" in ptx  # the draw's Philox rounds are in the kernel
+    types = {"x_ptr": logits, "params_ptr": "*i64", "val_ptr": "*fp32", "idx_ptr": "*i64", "nan_ptr": "*i64",
+             "max_ptr": "*fp32", "sum_ptr": "*fp32", "out_ptr": "*i64"}
+    for cut in (False, True):
+        ptx = _compile(ts._block_sample_kernel, lambda n: types.get(n, "i32"), dict(BLOCK=ts.BLOCK, CUT=cut)).asm["ptx"]
+        assert "philox" in ptx.lower() or "mul.hi.u32" in ptx  # the draw's Philox rounds are in the kernel
+    ptx = _compile(ts._rows_sample_kernel, lambda n: types.get(n, "i32"), dict(BLOCKS=128, ROW_BLOCK=ts.ROW_BLOCK),
+                   num_warps=8).asm["ptx"]
+    assert "mul.hi.u32" in ptx  # the redraw's Philox rounds
 
 
 @pytest.mark.parametrize(("has_bias", "pdl", "k"), [(False, False, 2048), (True, True, 2048), (False, True, 8192)])

@@ -1,7 +1,9 @@
 """The decode step's sampling kernel (kernels/sample.py) in the Triton interpreter: temperature-0 rows are
 torch's argmax (ties, NaN, -inf, widths past one block), sampled rows follow softmax(x / t) (a chi-square over
-draws of distinct seeds), a seed draws the same token again; and its CPU dispatch and parameter packing.
-The GPU twin (tests/gpu/test_sample_gpu.py) draws 20,000 rows per check."""
+draws of distinct seeds), a seed draws the same token again; rows with top-k, top-p and min-p draw only kept
+tokens (the torch draw's cut: top-p over the top-k's mass, ties at the k-th value) and, over a chi-square, in
+their renormalised proportions; and its CPU dispatch and parameter packing. The GPU twin
+(tests/gpu/test_sample_gpu.py) draws 20,000 rows per check."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import pytest
 import torch
 from test_kernels_decode_attention import run_in_triton_interpreter
 
+from graphpool.engine.draw import nucleus
 from graphpool.kernels.sample import sample_params, sample_rows
 
 _SCRIPT = """
@@ -54,11 +57,74 @@ def test_sampling_kernel_in_the_interpreter() -> None:
     assert all(0 <= t < 1000 for t in first)
 
 
+_CUT_SCRIPT = """
+from graphpool.kernels._triton_sample import sample_rows_triton
+from graphpool.kernels.sample import sample_params
+
+gen = torch.Generator().manual_seed(1)
+cuts = [(0, 0.6, 0.0), (3, 1.0, 0.0), (5, 0.5, 0.0), (0, 1.0, 0.2), (4, 0.9, 0.1), (1, 1.0, 0.0), (0, 1e-6, 0.0),
+        (2, 0.99, 0.0), (0, 1.0, 1.0)]
+rows = []
+for i in range(36):
+    x = torch.randn(21, generator=gen) * 2
+    if i % 4 == 3:
+        x[[2, 9, 17]] = x.max() - 0.5  # three tied values at the second place
+    rows.append(x)
+x = torch.stack(rows)
+k, p, mp = (list(c) for c in zip(*[cuts[i % len(cuts)] for i in range(36)]))
+temps = [0.7 if i % 5 else 1.3 for i in range(36)]
+params = torch.tensor(sample_params(list(range(100, 136)), temps, k, p, mp))
+picks = [sample_rows_triton(x.to(dt), params, block=8, row_block=8).tolist() for dt in (torch.float32, torch.float16)]
+row = torch.tensor([2.0, 1.6, 1.0, 0.2, -1.0, 0.5])
+n = 120
+chi = sample_rows_triton(row.expand(n, 6).contiguous(),
+                         torch.tensor(sample_params(list(range(n)), [1.0] * n, [0] * n, [0.85] * n, [0.0] * n)),
+                         block=8, row_block=8).tolist()
+print(json.dumps({"x": x.tolist(), "x16": x.half().float().tolist(), "cuts": [k, p, mp], "temps": temps,
+                  "picks": picks, "chi": chi}))
+"""
+
+
+def _kept(row: torch.Tensor, k: int, p: float, min_p: float) -> set[int]:
+    """The torch draw's kept tokens of one row (ties at the k-th value: every tied token may be the one kept)."""
+    vals, ids, _ = nucleus(row[None], [k], [p], row.shape[0])
+    kept = {int(i) for i, v in zip(ids[0], vals[0], strict=True) if v > float("-inf")}
+    if min_p > 0:
+        kept = {i for i in kept if torch.exp(row[i] - row.max()) >= min_p}
+    if 0 < k < row.shape[0]:
+        kth = row.sort(descending=True).values[k - 1]
+        kept |= {i for i in range(row.shape[0]) if row[i] == kth and {int(j) for j in ids[0][:k]} & kept}
+    return kept
+
+
+def test_cut_rows_draw_only_kept_tokens_in_their_proportions_in_the_interpreter() -> None:
+    out = run_in_triton_interpreter(_CUT_SCRIPT)
+    k, p, mp = out["cuts"]
+    for xs, picks in ((out["x"], out["picks"][0]), (out["x16"], out["picks"][1])):
+        for i, (x, tok) in enumerate(zip(xs, picks, strict=True)):
+            kept = _kept(torch.tensor(x) / out["temps"][i], k[i], p[i], mp[i])
+            assert tok in kept, (i, tok, kept, (k[i], p[i], mp[i]))
+    row = torch.tensor([2.0, 1.6, 1.0, 0.2, -1.0, 0.5])
+    kept = sorted(_kept(row, 0, 0.85, 0.0))
+    counts = torch.bincount(torch.tensor(out["chi"]), minlength=6).double()
+    assert counts[[i for i in range(6) if i not in kept]].sum() == 0
+    expected = torch.softmax(row[kept].double(), -1) * len(out["chi"])
+    chi2 = float(((counts[kept] - expected) ** 2 / expected).sum())
+    assert len(kept) == 4 and chi2 < 16.3, (counts.tolist(), expected.tolist())  # 3 degrees of freedom, p = 0.001
+
+
 def test_params_pack_seeds_then_temperature_bits() -> None:
     packed = sample_params([7, 2**63 - 1], [0.0, 0.8])
     assert packed[:2] == [7, 2**63 - 1]
     bits = np.asarray(packed[2:], dtype=np.int64).astype(np.int32).view(np.float32)
     assert bits.tolist() == [0.0, pytest.approx(0.8)]
+    assert sample_params([7, 8], [0.5, 0.8], [0, -1], [1.0, 1.0], [0.0, 0.0]) == sample_params([7, 8], [0.5, 0.8])
+    cut = sample_params([7, 8], [0.5, 0.8], [0, 40], [0.9, 1.0], [0.0, 0.05])
+    floats = np.asarray(cut[6:], dtype=np.int64).astype(np.int32).view(np.float32)
+    assert cut[:4] == sample_params([7, 8], [0.5, 0.8]) and cut[4:6] == [0, 40]
+    assert floats.tolist() == [pytest.approx(0.9), 1.0, 0.0, pytest.approx(0.05)]
+    with pytest.raises(ValueError, match="together"):
+        sample_params([7], [0.5], [3], None, [0.0])
 
 
 def test_dispatch_leaves_cpu_to_the_caller_and_refuses_bad_shapes() -> None:
@@ -66,5 +132,5 @@ def test_dispatch_leaves_cpu_to_the_caller_and_refuses_bad_shapes() -> None:
     assert sample_rows(x, torch.tensor(sample_params([1, 2], [1.0, 0.0]))) is None
     with pytest.raises(ValueError, match="rows, n >= 1"):
         sample_rows(torch.randn(3), torch.zeros(6, dtype=torch.int64))
-    with pytest.raises(ValueError, match=r"int64 params \[2 \* rows\]"):
+    with pytest.raises(ValueError, match=r"int64 params \[2 \* rows\] or \[5 \* rows\]"):
         sample_rows(x, torch.zeros(3, dtype=torch.int64))

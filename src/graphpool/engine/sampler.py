@@ -30,11 +30,10 @@ class Sampler:
     A torch draw takes one U[0, 1) number a row and picks the token whose cumulative probability (float64)
     first passes it (the inverse CDF), so each seeded request draws from its own stream and its output does not
     depend on the rest of the batch. With a `draw` (the engine's on CUDA: ModelOps.step_sample,
-    kernels/sample.py, Gumbel-max over Philox: the same distribution) a row with only a temperature draws there,
-    keyed per row and step: by the request's seed and its token count when seeded, else from the sampler's own
-    stream; rows with top-k, top-p or min-p, and every row without a `draw` (or where it returns None), draw in
-    torch from the request's generator (seeded) or the sampler's. Which form a row takes depends only on its
-    own parameters.
+    kernels/sample.py, Gumbel-max over Philox: the same distribution, top-k, top-p and min-p by rejection) every
+    row draws there, keyed per row and step: by the request's seed and its token count when seeded, else from
+    the sampler's own stream; without a `draw` (or where it returns None) every row draws in torch, from the
+    request's generator (seeded) or the sampler's.
 
     Rows with penalties get them applied (float32, on a copy: the logits may be a graph's output buffer)
     before the greedy argmax or the draw, then their `logit_bias` / `allowed_token_ids` and `bad_words`;
@@ -138,20 +137,14 @@ class Sampler:
         params = [s.params for s in seqs]
         if all(p.temperature == 0 for p in params):
             return self.argmax(logits)
-        torch_rows = [i for i, p in enumerate(params)
-                      if p.temperature and (p.top_k > 0 or p.top_p < 1 or p.min_p > 0)]
         tokens = None
-        if self.draw is not None and len(torch_rows) < len(seqs):
+        if self.draw is not None:
             keys = [self.rng.getrandbits(63) if s.params.seed is None
                     else _step_key(s.params.seed, s.num_output_tokens) for s in seqs]
-            args = sample_params(keys, [p.temperature for p in params])
+            args = sample_params(keys, [p.temperature for p in params], [p.top_k for p in params],
+                                 [p.top_p for p in params], [p.min_p for p in params])
             tokens = self.draw(logits, to_device(args, torch.int64, logits.device))
-        if tokens is None:
-            return self._draw_torch(logits, seqs)
-        if torch_rows:
-            index = to_device(torch_rows, torch.int64, logits.device)
-            tokens.index_copy_(0, index, self._draw_torch(logits.index_select(0, index), [seqs[i] for i in torch_rows]))
-        return tokens
+        return tokens if tokens is not None else self._draw_torch(logits, seqs)
 
     def _draw_torch(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         """The torch sampler: each row's draw, or its argmax at temperature 0."""
