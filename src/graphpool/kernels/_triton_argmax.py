@@ -44,18 +44,22 @@ def _block_argmax_kernel(x_ptr, val_ptr, idx_ptr, nan_ptr, stride_x, n_cols, n_b
 
 
 @triton.jit
-def _rows_argmax_kernel(val_ptr, idx_ptr, nan_ptr, out_ptr, n_blocks, BLOCKS: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    offs = tl.arange(0, BLOCKS)
-    mask = offs < n_blocks
-    base = row * n_blocks
+def reduce_blocks(val_ptr, idx_ptr, nan_ptr, base, offs, mask):
+    """Stage 2's reduction of one row's blocks (stored from `base`, `mask` the row's `offs`): its index."""
     vals = tl.load(val_ptr + base + offs, mask=mask, other=float("-inf"))
     idxs = tl.load(idx_ptr + base + offs, mask=mask, other=NONE)
     nans = tl.load(nan_ptr + base + offs, mask=mask, other=NONE)
     m = tl.max(vals, 0)
     first = tl.min(tl.where(mask & (vals == m), idxs, NONE), 0)
     first_nan = tl.min(nans, 0)
-    tl.store(out_ptr + row, tl.where(first_nan < NONE, first_nan, first))
+    return tl.where(first_nan < NONE, first_nan, first)
+
+
+@triton.jit
+def _rows_argmax_kernel(val_ptr, idx_ptr, nan_ptr, out_ptr, n_blocks, BLOCKS: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCKS)
+    tl.store(out_ptr + row, reduce_blocks(val_ptr, idx_ptr, nan_ptr, row * n_blocks, offs, offs < n_blocks))
 
 
 def reduce_rows(x: torch.Tensor, block: int, stage1: Callable[..., None]) -> torch.Tensor:

@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from graphpool.kernels._triton_argmax import NONE, reduce_rows, store_block_argmax
+from graphpool.kernels._triton_argmax import NONE, reduce_blocks, reduce_rows, store_block_argmax
 
 BLOCK = 1024
 ROW_BLOCK = 2048  # entries a stage-2 pass over a cut row takes at a time
@@ -145,12 +145,7 @@ def _rows_sample_kernel(val_ptr, idx_ptr, nan_ptr, max_ptr, sum_ptr, x_ptr, para
     offs = tl.arange(0, BLOCKS)
     mask = offs < n_blocks
     base = row * n_blocks
-    vals = tl.load(val_ptr + base + offs, mask=mask, other=float("-inf"))
-    idxs = tl.load(idx_ptr + base + offs, mask=mask, other=NONE)
-    nans = tl.load(nan_ptr + base + offs, mask=mask, other=NONE)
-    best = tl.max(vals, 0)
-    first_nan = tl.min(nans, 0)
-    j = tl.where(first_nan < NONE, first_nan, tl.min(tl.where(mask & (vals == best), idxs, NONE), 0))
+    j = reduce_blocks(val_ptr, idx_ptr, nan_ptr, base, offs, mask)
     temp = _temperature(params_ptr, row, n_rows)
     k, p, min_p, on = _cut_of(params_ptr, row, n_rows, n_cols)
     if (temp > 0) & on:
