@@ -3,7 +3,7 @@
 time of the engine and event-loop threads per token; medians last.
 
     python benchmarks/host_probe.py [--model random:llama3.2-1b] [--tokens 600] [--reps 3] [--temperature 0.8]
-                                    [--disable-kernels step_sample]
+                                    [--top-p 1.0] [--disable-kernels step_sample]
 
 When the engine-alone gap sits above the step's GPU time (`bench step`'s graph ms), the host sets the pace; its
 launch (a step's host work before it waits for the GPU) is what must fit under that time.
@@ -72,7 +72,7 @@ def stream_times(url: str, body: dict) -> list[float]:
 def through_server(engine: LLMEngine, params: SamplingParams, reps: int) -> list[tuple[float, float, float]]:
     """(median gap ms, engine thread CPU us / token, event loop CPU us / token) of each streamed request."""
     body = {"model": engine.model_name, "prompt": PROMPT, "max_tokens": params.max_tokens, "stream": True,
-            "temperature": params.temperature, "ignore_eos": True}
+            "temperature": params.temperature, "top_p": params.top_p, "ignore_eos": True}
     rows = []
     with serve_in_thread(engine) as (url, _):
         for _ in range(reps + 1):  # NOTE: the first request warms the server's paths; not counted
@@ -92,6 +92,7 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=600, help="tokens each request decodes")
     p.add_argument("--reps", type=int, default=3, help="requests per measurement")
     p.add_argument("--temperature", type=float, default=0.8)
+    p.add_argument("--top-p", type=float, default=1.0, help="every request's top_p (1: no cut)")
     p.add_argument("--device", default=None, help="default: the engine's (cuda when there is one)")
     p.add_argument("--disable-kernels", default="", help="kernel switches off (EngineConfig.disabled_kernels)")
     p.add_argument("--client", metavar="URL", help=argparse.SUPPRESS)  # the client process: body on stdin
@@ -103,14 +104,15 @@ def main() -> None:
         p.error(f"--tokens must be > {SKIP + 2} and --reps >= 1")
     engine = LLMEngine(EngineConfig(model=args.model, disabled_kernels=args.disable_kernels,
                                     **({"device": args.device} if args.device else {})))
-    params = SamplingParams(max_tokens=args.tokens, temperature=args.temperature, ignore_eos=True)
+    params = SamplingParams(max_tokens=args.tokens, temperature=args.temperature, top_p=args.top_p, ignore_eos=True)
     engine_alone(engine, params)  # NOTE: warms the graphs and kernels this request's sizes need
     alone = [engine_alone(engine, params) for _ in range(args.reps)]
     served = through_server(engine, params, args.reps)
     device = torch.cuda.get_device_name() if engine.device.type == "cuda" else "cpu"
     print(f"$ {' '.join(sys.argv)}")
     off = f", kernels off: {args.disable_kernels}" if args.disable_kernels else ""
-    print(f"{device}, torch {torch.__version__}, {args.model}, T={args.temperature}, {args.tokens} tokens, "
+    print(f"{device}, torch {torch.__version__}, {args.model}, T={args.temperature}, top-p {args.top_p}, "
+          f"{args.tokens} tokens, "
           f"{args.reps} requests each{off}")
     print("| measure | median | runs |\n|---|---|---|")
     for name, values in (("engine alone: gap ms", [a[0] for a in alone]),
