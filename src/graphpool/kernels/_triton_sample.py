@@ -120,9 +120,11 @@ def _above(x_row, temp, yj, m, n_cols, ROW_BLOCK: tl.constexpr):
 
 @triton.jit
 def _draw_above(x_row, temp, seed, rnd, yj, floor, n_cols, ROW_BLOCK: tl.constexpr):
-    """A Gumbel-max draw among the tokens above y_j and at or above `floor`: its index, or -1 where none."""
+    """A Gumbel-max draw among the tokens above y_j and at or above `floor`: its index (-1 where none) and its y
+    as this pass computed it (the next check compares against that value, so the loop climbs strictly)."""
     best = tl.full([], float("-inf"), tl.float32)
     best_idx = tl.full([], -1, tl.int64)
+    best_y = yj
     for start in range(0, n_cols, ROW_BLOCK):
         offs = start + tl.arange(0, ROW_BLOCK)
         mask = offs < n_cols
@@ -134,7 +136,8 @@ def _draw_above(x_row, temp, seed, rnd, yj, floor, n_cols, ROW_BLOCK: tl.constex
         if m > best:
             best = m
             best_idx = first
-    return best_idx
+            best_y = tl.max(tl.where(offs.to(tl.int64) == first, y, float("-inf")), 0)
+    return best_idx, best_y
 
 
 @triton.jit(do_not_specialize=["n_rows"])
@@ -161,18 +164,19 @@ def _rows_sample_kernel(val_ptr, idx_ptr, nan_ptr, max_ptr, sum_ptr, x_ptr, para
             z = mass + (k - count).to(tl.float32) * tl.exp(tau - m)
         floor = tl.where(min_p > 0, m + tl.log(min_p), float("-inf"))
         seed = tl.load(params_ptr + row)
+        yj = tl.load(x_row + j).to(tl.float32) / temp
         rnd = 1
         while rnd > 0:
-            yj = tl.load(x_row + j).to(tl.float32) / temp
             count, mass = _above(x_row, temp, yj, m, n_cols, ROW_BLOCK)
             if (count < k) & (mass < p * z) & (yj >= floor):
                 rnd = 0
             else:  # NOTE: j and every token at or below it are out: draw again among those above
-                nxt = _draw_above(x_row, temp, seed, rnd, yj, floor, n_cols, ROW_BLOCK)
+                nxt, y_nxt = _draw_above(x_row, temp, seed, rnd, yj, floor, n_cols, ROW_BLOCK)
                 if nxt < 0:  # NOTE: none above (a row of NaN or -inf): j stays
                     rnd = 0
                 else:
                     j = nxt
+                    yj = y_nxt
                     rnd += 1
     tl.store(out_ptr + row, j)
 
