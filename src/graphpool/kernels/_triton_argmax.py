@@ -62,9 +62,11 @@ def _rows_argmax_kernel(val_ptr, idx_ptr, nan_ptr, out_ptr, n_blocks, BLOCKS: tl
     tl.store(out_ptr + row, reduce_blocks(val_ptr, idx_ptr, nan_ptr, row * n_blocks, offs, offs < n_blocks))
 
 
-def reduce_rows(x: torch.Tensor, block: int, stage1: Callable[..., None]) -> torch.Tensor:
-    """The two stages' host side for `x [bs, n]` -> int64 `[bs]`: `stage1(x, vals, idxs, nans, n_blocks)`
-    launches the block kernel of grid `(bs, n_blocks)`, then `_rows_argmax_kernel` reduces each row's blocks."""
+def reduce_rows(x: torch.Tensor, block: int, stage1: Callable[..., None], stage2: Callable[..., None] | None = None,
+                extra: int = 0) -> torch.Tensor:
+    """The two stages' host side for `x [bs, n]` -> int64 `[bs]`: `stage1(x, vals, idxs, nans, n_blocks, *more)`
+    launches the block kernel of grid `(bs, n_blocks)`, then `_rows_argmax_kernel` reduces each row's blocks, or
+    `stage2(x, vals, idxs, nans, out, n_blocks, *more)` does; `more`: `extra` float32 `[bs, n_blocks]` buffers."""
     bs, n = x.shape
     if x.stride(-1) != 1:
         x = x.contiguous()
@@ -72,14 +74,18 @@ def reduce_rows(x: torch.Tensor, block: int, stage1: Callable[..., None]) -> tor
     if bs == 0:
         return out
     n_blocks = triton.cdiv(n, block)
-    # NOTE: three allocations, not views of one: a view's start would move with the batch, and Triton
+    # NOTE: separate allocations, not views of one: a view's start would move with the batch, and Triton
     # compiles anew for each pointer alignment it sees
     vals = torch.empty((bs, n_blocks), dtype=torch.float32, device=x.device)
     idxs = torch.empty((bs, n_blocks), dtype=torch.int64, device=x.device)
     nans = torch.empty((bs, n_blocks), dtype=torch.int64, device=x.device)
-    stage1(x, vals, idxs, nans, n_blocks)
-    _rows_argmax_kernel[(bs,)](vals, idxs, nans, out, n_blocks, BLOCKS=triton.next_power_of_2(n_blocks),
-                               num_warps=4)
+    more = [torch.empty((bs, n_blocks), dtype=torch.float32, device=x.device) for _ in range(extra)]
+    stage1(x, vals, idxs, nans, n_blocks, *more)
+    if stage2 is not None:
+        stage2(x, vals, idxs, nans, out, n_blocks, *more)
+    else:
+        _rows_argmax_kernel[(bs,)](vals, idxs, nans, out, n_blocks, BLOCKS=triton.next_power_of_2(n_blocks),
+                                   num_warps=4)
     return out
 
 

@@ -40,9 +40,9 @@ def _cut_of(params_ptr, row, n_rows, n_cols):
     k = tl.load(params_ptr + 2 * n_rows + row)
     p = tl.load(params_ptr + 3 * n_rows + row).to(tl.int32).to(tl.float32, bitcast=True)
     min_p = tl.load(params_ptr + 4 * n_rows + row).to(tl.int32).to(tl.float32, bitcast=True)
-    on = ((k > 0) & (k < n_cols)) | (p < 1) | (min_p > 0)
+    has_k = (k > 0) & (k < n_cols)
     # NOTE: p off is inf, not 1: a rounded sum of the mass above a token must never reach it
-    return tl.where((k > 0) & (k < n_cols), k, n_cols + 1), tl.where(p < 1, p, float("inf")), min_p, on
+    return tl.where(has_k, k, n_cols + 1), tl.where(p < 1, p, float("inf")), min_p, has_k | (p < 1) | (min_p > 0)
 
 
 # NOTE: the row count varies with the batch: not specialized on, so one compile serves every batch size
@@ -77,6 +77,14 @@ def _key(y):
 
 
 @triton.jit
+def _chunk(x_row, temp, start, n_cols, ROW_BLOCK: tl.constexpr):
+    """A stage-2 pass's entries from `start`: their offsets, mask and y (-inf past the row)."""
+    offs = start + tl.arange(0, ROW_BLOCK)
+    mask = offs < n_cols
+    return offs, mask, tl.load(x_row + offs, mask=mask, other=float("-inf")).to(tl.float32) / temp
+
+
+@triton.jit
 def _kth_largest(x_row, temp, k, m, n_cols, ROW_BLOCK: tl.constexpr):
     """The k-th largest y of a row (as a key), by bisection: lo keeps count(key >= lo) >= k, hi count < k."""
     lo = _key(tl.full([], float("-inf"), tl.float32)).to(tl.int64)
@@ -86,9 +94,7 @@ def _kth_largest(x_row, temp, k, m, n_cols, ROW_BLOCK: tl.constexpr):
         count = tl.zeros([], tl.int64)
         least = tl.full([], 2**31, tl.int64)  # the smallest key at or above mid
         for start in range(0, n_cols, ROW_BLOCK):
-            offs = start + tl.arange(0, ROW_BLOCK)
-            mask = offs < n_cols
-            y = tl.load(x_row + offs, mask=mask, other=float("-inf")).to(tl.float32) / temp
+            _, mask, y = _chunk(x_row, temp, start, n_cols, ROW_BLOCK)
             key = _key(y).to(tl.int64)
             above = mask & (key >= mid) & (y == y)
             count += tl.sum(above.to(tl.int64), 0)
@@ -109,9 +115,7 @@ def _above(x_row, temp, yj, m, n_cols, ROW_BLOCK: tl.constexpr):
     count = tl.zeros([], tl.int64)
     mass = tl.zeros([], tl.float32)
     for start in range(0, n_cols, ROW_BLOCK):
-        offs = start + tl.arange(0, ROW_BLOCK)
-        mask = offs < n_cols
-        y = tl.load(x_row + offs, mask=mask, other=float("-inf")).to(tl.float32) / temp
+        _, mask, y = _chunk(x_row, temp, start, n_cols, ROW_BLOCK)
         gt = mask & (y > yj)
         count += tl.sum(gt.to(tl.int64), 0)
         mass += tl.sum(tl.where(gt, tl.exp(y - m), 0.0), 0)
@@ -126,9 +130,7 @@ def _draw_above(x_row, temp, seed, rnd, yj, floor, n_cols, ROW_BLOCK: tl.constex
     best_idx = tl.full([], -1, tl.int64)
     best_y = yj
     for start in range(0, n_cols, ROW_BLOCK):
-        offs = start + tl.arange(0, ROW_BLOCK)
-        mask = offs < n_cols
-        y = tl.load(x_row + offs, mask=mask, other=float("-inf")).to(tl.float32) / temp
+        offs, mask, y = _chunk(x_row, temp, start, n_cols, ROW_BLOCK)
         u = tl.rand(seed, offs + rnd * n_cols)
         score = tl.where(mask & (y > yj) & (y >= floor), y - tl.log(-tl.log(u)), float("-inf"))
         m = tl.max(score, 0)
@@ -189,24 +191,17 @@ def sample_rows_triton(x: torch.Tensor, params: torch.Tensor, *, block: int = BL
     each row."""
     bs = x.shape[0]
     cut = params.shape[0] == 5 * bs
-    if not cut:
-        def stage1(x: torch.Tensor, vals: torch.Tensor, idxs: torch.Tensor, nans: torch.Tensor,
-                   n_blocks: int) -> None:
-            _block_sample_kernel[(bs, n_blocks)](x, params, vals, idxs, nans, vals, vals, x.stride(0), bs,
-                                                 x.shape[1], n_blocks, BLOCK=block, CUT=False, num_warps=4)
 
-        return reduce_rows(x, block, stage1)
-    if x.stride(-1) != 1:
-        x = x.contiguous()
-    out = torch.empty(bs, dtype=torch.int64, device=x.device)
-    if bs == 0:
-        return out
-    n_blocks = triton.cdiv(x.shape[1], block)
-    # NOTE: separate allocations, not views of one: Triton compiles anew for each pointer alignment it sees
-    vals, bmax, bsum = (torch.empty((bs, n_blocks), dtype=torch.float32, device=x.device) for _ in range(3))
-    idxs, nans = (torch.empty((bs, n_blocks), dtype=torch.int64, device=x.device) for _ in range(2))
-    _block_sample_kernel[(bs, n_blocks)](x, params, vals, idxs, nans, bmax, bsum, x.stride(0), bs, x.shape[1],
-                                         n_blocks, BLOCK=block, CUT=True, num_warps=4)
-    _rows_sample_kernel[(bs,)](vals, idxs, nans, bmax, bsum, x, params, out, x.stride(0), bs, x.shape[1], n_blocks,
-                               BLOCKS=triton.next_power_of_2(n_blocks), ROW_BLOCK=row_block, num_warps=8)
-    return out
+    def stage1(x: torch.Tensor, vals: torch.Tensor, idxs: torch.Tensor, nans: torch.Tensor, n_blocks: int,
+               *sums: torch.Tensor) -> None:
+        bmax, bsum = sums if cut else (vals, vals)  # NOTE: without a cut the kernel stores no block sums
+        _block_sample_kernel[(bs, n_blocks)](x, params, vals, idxs, nans, bmax, bsum, x.stride(0), bs, x.shape[1],
+                                             n_blocks, BLOCK=block, CUT=cut, num_warps=4)
+
+    def stage2(x: torch.Tensor, vals: torch.Tensor, idxs: torch.Tensor, nans: torch.Tensor, out: torch.Tensor,
+               n_blocks: int, bmax: torch.Tensor, bsum: torch.Tensor) -> None:
+        _rows_sample_kernel[(bs,)](vals, idxs, nans, bmax, bsum, x, params, out, x.stride(0), bs, x.shape[1],
+                                   n_blocks, BLOCKS=triton.next_power_of_2(n_blocks), ROW_BLOCK=row_block,
+                                   num_warps=8)
+
+    return reduce_rows(x, block, stage1, stage2, extra=2) if cut else reduce_rows(x, block, stage1)
