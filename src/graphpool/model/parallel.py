@@ -21,7 +21,7 @@ import dataclasses
 import torch
 from torch import nn
 
-from graphpool.model.config import GEMMA_FAMILIES, ModelConfig
+from graphpool.model.config import ModelConfig
 from graphpool.model.linear import ColumnLinear, RowLinear
 from graphpool.model.llama import LlamaModel
 from graphpool.model.tp_group import TPGroup
@@ -46,19 +46,17 @@ class VocabParallelEmbedding(nn.Module):
         return self.tp.all_reduce(x.masked_fill(outside.unsqueeze(-1), 0))
 
 
+# NOTE: families that run on one rank only: Gemma norms each attention and MLP output, and OLMo 2 its q/k (over
+# every head) and layer outputs, whole sums where a rank holds a part; Qwen3-MoE's experts are not sharded
+_NOT_SHARDED = {"gemma2": "Gemma 2", "gemma3": "Gemma 3", "olmo2": "OLMo 2",
+                "qwen3_moe": "mixture-of-experts (Qwen3-MoE)"}
+
+
 def check_shardable(config: ModelConfig, world_size: int) -> None:
     """ValueError unless the heads, KV heads and MLP width divide evenly over `world_size` ranks (and the
     family shards at all)."""
-    if world_size > 1 and config.family in GEMMA_FAMILIES:
-        # NOTE: Gemma norms each attention and MLP output, a whole sum, where a rank holds a partial one
-        name = {"gemma2": "Gemma 2", "gemma3": "Gemma 3"}[config.family]
-        raise ValueError(f"tensor parallel does not support {name} models: run them with tensor_parallel_size 1")
-    if world_size > 1 and config.family == "olmo2":
-        # NOTE: its q/k norms span every head, and its layer norms whole sums, where a rank holds a part
-        raise ValueError("tensor parallel does not support OLMo 2 models: run them with tensor_parallel_size 1")
-    if world_size > 1 and config.family == "qwen3_moe":
-        # NOTE: the experts are not sharded (neither split nor placed per rank)
-        raise ValueError("tensor parallel does not support mixture-of-experts (Qwen3-MoE) models: run them with "
+    if world_size > 1 and config.family in _NOT_SHARDED:
+        raise ValueError(f"tensor parallel does not support {_NOT_SHARDED[config.family]} models: run them with "
                          "tensor_parallel_size 1")
     for name in ("num_heads", "num_kv_heads", "intermediate_size"):
         value = getattr(config, name)

@@ -169,8 +169,7 @@ def build_app(
         try:
             return await serving.messages(await parse_body(raw, MessagesRequest, max_request_bytes), raw)
         except APIError as e:
-            metrics.requests_refused.labels(str(e.status_code)).inc()
-            return JSONResponse(anthropic_error(e), status_code=e.status_code)
+            return refuse(e.status_code, anthropic_error(e))
 
     @app.post("/v1/responses", openapi_extra=body_schema(ResponsesRequest))
     async def responses(raw: Request) -> Response:

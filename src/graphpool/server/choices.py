@@ -142,12 +142,9 @@ class Choices:
             delta: dict[str, str] = {"role": "assistant", "content": ""} if role else {}
             if text is not None:
                 delta["content"] = text
-            choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
-        else:
-            choice = {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}
-        if finish_reason is not None:
-            choice["stop_reason"] = stop_reason
-        return sse({**self.header, "object": self.obj, "choices": [choice], **self.extra})
+            return self._chat_chunk(index, delta, logprobs, finish_reason, stop_reason)
+        return self._choice_chunk({"index": index, "text": text or "", "logprobs": logprobs,
+                                   "finish_reason": finish_reason}, stop_reason)
 
     def chat_chunks(self, index: int, out: RequestOutput) -> list[str]:
         """A chat choice's chunks for one output: `chat_bodies`' deltas, the logprobs of its new tokens on the
@@ -195,8 +192,12 @@ class Choices:
 
     def _chat_chunk(self, index: int, delta: dict[str, Any], logprobs: dict[str, Any] | None,
                     finish: str | None, stop_reason: int | str | None = None) -> str:
-        choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
-        if finish is not None:
+        return self._choice_chunk({"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish},
+                                  stop_reason)
+
+    def _choice_chunk(self, choice: dict[str, Any], stop_reason: int | str | None) -> str:
+        """One choice's chunk; a finished one carries its stop_reason."""
+        if choice["finish_reason"] is not None:
             choice["stop_reason"] = stop_reason
         return sse({**self.header, "object": self.obj, "choices": [choice], **self.extra})
 
