@@ -30,4 +30,3 @@ def banned_tokens(seq: Sequence) -> list[int]:
         if not prefix or (len(out) >= len(prefix) and tuple(out[len(out) - len(prefix):]) == prefix):
             banned.append(ids[-1])
     return banned
-
