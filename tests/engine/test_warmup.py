@@ -41,22 +41,24 @@ def test_the_warmup_writes_only_the_dummy_block() -> None:
 
 def test_the_warmup_runs_the_samplers_kernels_in_the_models_dtype_and_float32() -> None:
     """Their first calls compile on CUDA: the warm-up makes them, for the logits the decode step gives (the
-    model's dtype) and for the float32 copy that penalties, min_tokens and grammars sample from."""
+    model's dtype) and for the float32 copy that penalties, min_tokens and grammars sample from, and the draw
+    both without a cut (2 ints a row) and with one (5: its own compiled variant)."""
     config = dataclasses.replace(PRESETS["qwen2.5-0.5b"], num_layers=1, hidden_size=64, intermediate_size=128,
                                  vocab_size=301, bos_token_id=1, eos_token_ids=(2,))
     model = LlamaModel(config, max_positions=32, dtype=torch.bfloat16)
     init_random_weights(model, seed=1)
-    seen: list[tuple[str, torch.dtype, tuple[int, ...]]] = []
+    seen: list[tuple] = []
 
     def argmax(x: torch.Tensor) -> torch.Tensor:
         seen.append(("argmax", x.dtype, tuple(x.shape)))
         return x.argmax(-1)
 
     def draw(x: torch.Tensor, params: torch.Tensor) -> None:
-        seen.append(("draw", x.dtype, tuple(x.shape)))
-        assert params.dtype == torch.int64 and params.shape == (2,)
+        assert params.dtype == torch.int64
+        seen.append(("draw", x.dtype, tuple(x.shape), params.shape[0]))
 
     model.ops = dataclasses.replace(model.ops, step_argmax=argmax, step_sample=draw)
     warm_eager_prefill(model, model.allocate_kv_caches(4, 4), (5,))
-    assert seen == [("argmax", torch.bfloat16, (1, 301)), ("draw", torch.bfloat16, (1, 301)),
-                    ("argmax", torch.float32, (1, 301)), ("draw", torch.float32, (1, 301))]
+    assert seen == [("argmax", torch.bfloat16, (1, 301)), ("draw", torch.bfloat16, (1, 301), 2),
+                    ("draw", torch.bfloat16, (1, 301), 5), ("argmax", torch.float32, (1, 301)),
+                    ("draw", torch.float32, (1, 301), 2), ("draw", torch.float32, (1, 301), 5)]

@@ -5,7 +5,8 @@ which a served run would pay while every stream waits. Engines pay such costs be
 start-up profile run, SGLang's warm-up request); so does this: one eager prefill just past the graph-prefill
 bound and one of the token budget (at most WARMUP_MAX_TOKENS), before the graph warm-up. Their K/V go to the
 dummy block (block 0, never handed out), so no request's cache is touched. The last one's logits then go
-through the decode step's argmax and sampling kernels, which would otherwise compile in the first request.
+through the decode step's argmax and sampling kernels (the draw with and without a cut: two variants), which
+would otherwise compile in the first request that needs them.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ def prefill_warmup_lengths(graph_prefill_max_tokens: int, token_budget: int, max
 @torch.inference_mode()
 def warm_eager_prefill(model: torch.nn.Module, kv_caches: list[KVCache], lengths: tuple[int, ...]) -> None:
     """One eager prefill of each length (token id 0 throughout), K/V into the dummy block's first slot; then
-    the greedy and the sampled token of the last one's logits, in the model's dtype and in float32."""
+    the greedy token and two sampled ones (without and with a top-k/top-p cut) of the last one's logits, in the
+    model's dtype and in float32."""
     device = model.device
     block_size = kv_caches[0][0].shape[1]
     logits = None
@@ -43,8 +45,10 @@ def warm_eager_prefill(model: torch.nn.Module, kv_caches: list[KVCache], lengths
         hidden = model(torch.zeros(n, dtype=torch.int64, device=device), meta, kv_caches)
         logits = model.compute_logits(hidden[-1:], upcast=False)
     if logits is not None:
-        params = to_device(sample_params([0], [1.0]), torch.int64, device)
+        draws = [to_device(p, torch.int64, device) for p in (sample_params([0], [1.0]),
+                                                              sample_params([0], [1.0], [20], [0.9], [0.0]))]
         # NOTE: the float32 forms too: penalties, min_tokens and grammars sample from a float32 copy
         for rows in (logits, logits.float()):
             model.ops.step_argmax(rows)
-            model.ops.step_sample(rows, params)
+            for params in draws:
+                model.ops.step_sample(rows, params)
