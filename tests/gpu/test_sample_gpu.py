@@ -72,12 +72,24 @@ def test_cut_draws_follow_the_kept_tokens_softmax(cut: tuple[int, float, float],
 
 
 def test_cut_draws_on_wide_rows_stay_in_the_nucleus() -> None:
-    x = torch.randn(64, 128_256, device=CUDA, dtype=torch.bfloat16) * 3
-    x[:, 1000] = x[:, 90_000] = 12.0  # two tokens far above the rest
+    gen = torch.Generator(device=CUDA).manual_seed(3)
+    x = torch.randn(64, 128_256, device=CUDA, dtype=torch.bfloat16, generator=gen)
+    x[:, 1000] = x[:, 90_000] = 20.0  # two tokens holding all but ~1e-3 of the mass: top-p 0.5 keeps them alone
     n = x.shape[0]
     params = to_device(sample_params(list(range(n)), [1.0] * n, [0] * n, [0.5] * n, [0.0] * n), torch.int64, CUDA)
     got = sample_rows(x, params)
     assert got is not None and set(got.tolist()) == {1000, 90_000}
+    # rows whose nucleus is wide (N(0, 9) logits: a top-p set of thousands of tokens), each cut mix: every draw
+    # lies at or above the least y the torch draw keeps in its row (bf16 ties there may go either way)
+    wide = torch.randn(32, 128_256, device=CUDA, dtype=torch.bfloat16, generator=gen) * 3
+    ks, ps = [0, 50, 0, 20] * 8, [0.9, 1.0, 0.5, 0.8] * 8
+    drawn = sample_rows(wide, to_device(sample_params(list(range(32)), [0.8] * 32, ks, ps, [0.0] * 32),
+                                        torch.int64, CUDA))
+    y = wide.float() / 0.8
+    vals, _, _ = nucleus(y, ks, ps, wide.shape[1])
+    least = vals.masked_fill(vals == float("-inf"), float("inf")).amin(-1)
+    assert drawn is not None
+    assert bool((y.gather(1, drawn[:, None]).squeeze(1) >= least).all()), (y.gather(1, drawn[:, None]), least)
     flat = torch.zeros(4, 128_256, device=CUDA)
     flat[:, 5] = 1.0  # a flat row: top-k 3 keeps token 5 and two of the ties; top-p 1e-6 token 5 alone
     cuts = sample_params([1, 2, 3, 4], [1.0] * 4, [3, 3, 0, 1], [1.0, 1.0, 1e-6, 1.0], [0.0] * 4)

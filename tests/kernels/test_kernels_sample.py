@@ -74,17 +74,19 @@ x = torch.stack(rows)
 k, p, mp = (list(c) for c in zip(*[cuts[i % len(cuts)] for i in range(36)]))
 temps = [0.7 if i % 5 else 1.3 for i in range(36)]
 params = torch.tensor(sample_params(list(range(100, 136)), temps, k, p, mp))
+CHI_CUTS = __CHI_CUTS__
 picks = [sample_rows_triton(x, params, block=8, row_block=8).tolist(),
          sample_rows_triton(x[:9].half(), torch.tensor(sample_params(list(range(9)), temps[:9], k[:9], p[:9], mp[:9])),
                             block=8, row_block=8).tolist()]  # NOTE: one row of each cut in float16
 row = torch.tensor([2.0, 1.6, 1.0, 0.2, -1.0, 0.5])
 n = 120
-chi = sample_rows_triton(row.expand(n, 6).contiguous(),
-                         torch.tensor(sample_params(list(range(n)), [1.0] * n, [0] * n, [0.85] * n, [0.0] * n)),
-                         block=8, row_block=8).tolist()
+chi = [sample_rows_triton(row.expand(n, 6).contiguous(),
+                          torch.tensor(sample_params(list(range(n)), [1.0] * n, [top_k] * n, [top_p] * n, [0.0] * n)),
+                          block=8, row_block=8).tolist() for top_k, top_p in CHI_CUTS]
 print(json.dumps({"x": x.tolist(), "x16": x[:9].half().float().tolist(), "cuts": [k, p, mp], "temps": temps,
                   "picks": picks, "chi": chi}))
 """
+CHI_CUTS = [(0, 0.85), (4, 0.8)]  # each keeps 4 and 3 of the row below: top-p alone, then of the top-k's mass
 
 
 def _kept(row: torch.Tensor, k: int, p: float, min_p: float) -> set[int]:
@@ -95,24 +97,57 @@ def _kept(row: torch.Tensor, k: int, p: float, min_p: float) -> set[int]:
         kept = {i for i in kept if torch.exp(row[i] - row.max()) >= min_p}
     if 0 < k < row.shape[0]:
         kth = row.sort(descending=True).values[k - 1]
-        kept |= {i for i in range(row.shape[0]) if row[i] == kth and {int(j) for j in ids[0][:k]} & kept}
+        if any(row[i] == kth for i in kept):  # NOTE: the kept token at the k-th value may be any of its ties
+            kept |= {i for i in range(row.shape[0]) if row[i] == kth}
     return kept
 
 
 def test_cut_rows_draw_only_kept_tokens_in_their_proportions_in_the_interpreter() -> None:
-    out = run_in_triton_interpreter(_CUT_SCRIPT)
+    out = run_in_triton_interpreter(_CUT_SCRIPT.replace("__CHI_CUTS__", repr(CHI_CUTS)))
     k, p, mp = out["cuts"]
     for xs, picks in ((out["x"], out["picks"][0]), (out["x16"], out["picks"][1])):
         for i, (x, tok) in enumerate(zip(xs, picks, strict=True)):
             kept = _kept(torch.tensor(x) / out["temps"][i], k[i], p[i], mp[i])
             assert tok in kept, (i, tok, kept, (k[i], p[i], mp[i]))
     row = torch.tensor([2.0, 1.6, 1.0, 0.2, -1.0, 0.5])
-    kept = sorted(_kept(row, 0, 0.85, 0.0))
-    counts = torch.bincount(torch.tensor(out["chi"]), minlength=6).double()
-    assert counts[[i for i in range(6) if i not in kept]].sum() == 0
-    expected = torch.softmax(row[kept].double(), -1) * len(out["chi"])
-    chi2 = float(((counts[kept] - expected) ** 2 / expected).sum())
-    assert len(kept) == 4 and chi2 < 16.3, (counts.tolist(), expected.tolist())  # 3 degrees of freedom, p = 0.001
+    for (top_k, top_p), draws, size in zip(CHI_CUTS, out["chi"], (4, 3), strict=True):
+        kept = sorted(_kept(row, top_k, top_p, 0.0))
+        counts = torch.bincount(torch.tensor(draws), minlength=6).double()
+        assert counts[[i for i in range(6) if i not in kept]].sum() == 0
+        expected = torch.softmax(row[kept].double(), -1) * len(draws)
+        chi2 = float(((counts[kept] - expected) ** 2 / expected).sum())
+        # 3 and 2 degrees of freedom, p = 0.001
+        assert len(kept) == size and chi2 < (16.3 if size == 4 else 13.8), (top_k, counts.tolist(), expected.tolist())
+
+
+_KTH_SCRIPT = """
+from kth_probe import kth_kernel
+
+gen = torch.Generator().manual_seed(2)
+rows = [torch.randn(37, generator=gen) * 4 for _ in range(6)]
+rows[1][[3, 8, 30]] = rows[1].max()  # three tied at the top
+rows[2][::2] = 0.0  # half the row one value
+rows[2][[1, 5]] = -0.0
+rows[3][[0, 7, 9]] = float("-inf")
+rows[4][[2, 11]] = float("nan")
+rows[5] = torch.full((37,), float("nan"))
+x = torch.stack(rows).contiguous()
+ks = [1, 2, 19, 37, 36, 5] + [3, 4, 20, 36, 37, 1]
+x = torch.cat([x, x]).contiguous()
+out = torch.empty(12)
+kth_kernel[(12,)](x, torch.tensor(ks), out, 37, ROW_BLOCK=16)
+print(json.dumps({"x": x.tolist(), "k": ks, "kth": out.tolist()}))
+"""
+
+
+def test_kth_largest_by_radix_select_in_the_interpreter() -> None:
+    """The k-th largest y of each row (NaN left out; -inf where fewer than k remain): ties, signed zeros, -inf,
+    NaN, rows over several passes' chunks."""
+    out = run_in_triton_interpreter(_KTH_SCRIPT)
+    for row, k, got in zip(out["x"], out["k"], out["kth"], strict=True):
+        values = sorted((v for v in row if v == v), reverse=True)
+        want = values[k - 1] if k <= len(values) else float("-inf")
+        assert got == want, (k, got, want, values)
 
 
 def test_params_pack_seeds_then_temperature_bits() -> None:
