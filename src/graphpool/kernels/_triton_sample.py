@@ -13,10 +13,8 @@ and stage 2 (one program a row) checks the Gumbel draw j against the cut in one 
 tokens lie above y_j, and their probability mass); a token outside is rejected with every token at or below
 it, and the next draw is among the tokens above it (a fresh Gumbel draw over the row). That is a draw from
 softmax(y) renormalised over the kept tokens, and the first draw is kept with probability at least top_p.
-A row with top-k first finds its k-th largest y by radix select over y's order-preserving integer keys (four
-histogram passes), and the draw's redraws then take only tokens at or above it; where the row has top-p too,
-top-p takes the top-k's renormalised mass (the torch draw's order). Each rejection round is one pass: the
-check of j and the draw that replaces it should it go.
+Where a row has both top-k and top-p, top-p takes the top-k's renormalised mass (the torch draw's order): the
+k-th largest y is found first by bisection over y's order-preserving integer keys.
 """
 
 from __future__ import annotations
@@ -73,16 +71,9 @@ def _block_sample_kernel(x_ptr, params_ptr, val_ptr, idx_ptr, nan_ptr, max_ptr, 
 
 @triton.jit
 def _key(y):
-    """float32 -> int64 keys in y's order, in [0, 2**32) (-0.0 just below +0.0)."""
+    """float32 -> int32 keys in y's order (-0.0 just below +0.0)."""
     bits = y.to(tl.int32, bitcast=True)
-    return tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(tl.int64) + 2**31
-
-
-@triton.jit
-def _unkey(key):
-    """`_key`'s inverse: the float32 of a key."""
-    bits = (key - 2**31).to(tl.int32)
-    return tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(tl.float32, bitcast=True)
+    return tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
 
 
 @triton.jit
@@ -94,52 +85,61 @@ def _chunk(x_row, temp, start, n_cols, ROW_BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _kth_largest(x_row, temp, k, n_cols, ROW_BLOCK: tl.constexpr):
-    """The k-th largest y of a row (NaN left out) by radix select: four passes, each a 256-bin histogram of
-    the next 8 bits of the keys that share the bits found so far."""
-    bins = tl.arange(0, 256)
-    prefix = tl.zeros([], tl.int64)
-    left = k.to(tl.int64)  # how many of the largest the digits still to find must cover
-    for shift in tl.static_range(24, -8, -8):
-        hist = tl.zeros([256], tl.int32)
+def _kth_largest(x_row, temp, k, m, n_cols, ROW_BLOCK: tl.constexpr):
+    """The k-th largest y of a row (as a key), by bisection: lo keeps count(key >= lo) >= k, hi count < k."""
+    lo = _key(tl.full([], float("-inf"), tl.float32)).to(tl.int64)
+    hi = _key(m).to(tl.int64) + 1
+    while hi - lo > 1:
+        mid = lo + (hi - lo) // 2
+        count = tl.zeros([], tl.int64)
+        least = tl.full([], 2**31, tl.int64)  # the smallest key at or above mid
         for start in range(0, n_cols, ROW_BLOCK):
             _, mask, y = _chunk(x_row, temp, start, n_cols, ROW_BLOCK)
-            key = _key(y)
-            same = mask & (y == y) & ((key >> (shift + 8)) == prefix)
-            hist += tl.histogram(((key >> shift) & 255).to(tl.int32), 256, mask=same)
-        from_top = tl.sum(hist, 0) - tl.cumsum(hist, 0) + hist  # keys with this digit or a larger one
-        digit = tl.max(tl.where(from_top >= left, bins, 0), 0)  # NOTE: 0 where fewer than k are left (NaNs)
-        left -= tl.sum(tl.where(bins > digit, hist, 0), 0).to(tl.int64)
-        prefix = prefix * 256 + digit
-    tau = _unkey(prefix)
-    return tl.where(tau == tau, tau, float("-inf"))  # NOTE: fewer than k non-NaN: every one of them is kept
+            key = _key(y).to(tl.int64)
+            above = mask & (key >= mid) & (y == y)
+            count += tl.sum(above.to(tl.int64), 0)
+            least = tl.minimum(least, tl.min(tl.where(above, key, 2**31), 0))
+        if count == k:  # NOTE: the k-th largest is the least key at or above mid: done
+            lo = least
+            hi = least + 1
+        elif count > k:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 @triton.jit
-def _round(x_row, temp, seed, rnd, yj, floor, m, n_cols, ROW_BLOCK: tl.constexpr):
-    """One pass of a rejection round: how many tokens lie above y_j and their mass sum(exp(y - m)), and the
-    next draw should j go: a Gumbel-max among the tokens above y_j and at or above `floor`, its index (-1
-    where none) and its y as this pass computed it (the next check compares against that value, so the loop
-    climbs strictly)."""
+def _above(x_row, temp, yj, m, n_cols, ROW_BLOCK: tl.constexpr):
+    """How many tokens of a row lie above y_j, and their mass sum(exp(y - m))."""
     count = tl.zeros([], tl.int64)
     mass = tl.zeros([], tl.float32)
+    for start in range(0, n_cols, ROW_BLOCK):
+        _, mask, y = _chunk(x_row, temp, start, n_cols, ROW_BLOCK)
+        gt = mask & (y > yj)
+        count += tl.sum(gt.to(tl.int64), 0)
+        mass += tl.sum(tl.where(gt, tl.exp(y - m), 0.0), 0)
+    return count, mass
+
+
+@triton.jit
+def _draw_above(x_row, temp, seed, rnd, yj, floor, n_cols, ROW_BLOCK: tl.constexpr):
+    """A Gumbel-max draw among the tokens above y_j and at or above `floor`: its index (-1 where none) and its y
+    as this pass computed it (the next check compares against that value, so the loop climbs strictly)."""
     best = tl.full([], float("-inf"), tl.float32)
     best_idx = tl.full([], -1, tl.int64)
     best_y = yj
     for start in range(0, n_cols, ROW_BLOCK):
         offs, mask, y = _chunk(x_row, temp, start, n_cols, ROW_BLOCK)
-        gt = mask & (y > yj)
-        count += tl.sum(gt.to(tl.int64), 0)
-        mass += tl.sum(tl.where(gt, tl.exp(y - m), 0.0), 0)
         u = tl.rand(seed, offs + rnd * n_cols)
-        score = tl.where(gt & (y >= floor), y - tl.log(-tl.log(u)), float("-inf"))
-        top = tl.max(score, 0)
-        first = tl.min(tl.where(score == top, offs.to(tl.int64), NONE), 0)
-        if top > best:
-            best = top
+        score = tl.where(mask & (y > yj) & (y >= floor), y - tl.log(-tl.log(u)), float("-inf"))
+        m = tl.max(score, 0)
+        first = tl.min(tl.where(score == m, offs.to(tl.int64), NONE), 0)
+        if m > best:
+            best = m
             best_idx = first
             best_y = tl.max(tl.where(offs.to(tl.int64) == first, y, float("-inf")), 0)
-    return count, mass, best_idx, best_y
+    return best_idx, best_y
 
 
 @triton.jit(do_not_specialize=["n_rows"])
@@ -159,25 +159,27 @@ def _rows_sample_kernel(val_ptr, idx_ptr, nan_ptr, max_ptr, sum_ptr, x_ptr, para
         m = tl.max(bmax, 0)
         z = tl.sum(tl.where(bmax > float("-inf"), bsum * tl.exp(bmax - m), 0.0), 0)
         x_row = x_ptr + row * stride_x
+        if (k <= n_cols) & (p < 1):  # NOTE: top-p of the top-k's mass: the k largest ones'
+            tk = _kth_largest(x_row, temp, k, m, n_cols, ROW_BLOCK)
+            tau = tl.where(tk >= 0, tk, tk ^ 0x7FFFFFFF).to(tl.int32).to(tl.float32, bitcast=True)
+            count, mass = _above(x_row, temp, tau, m, n_cols, ROW_BLOCK)
+            z = mass + (k - count).to(tl.float32) * tl.exp(tau - m)
         floor = tl.where(min_p > 0, m + tl.log(min_p), float("-inf"))
-        if k <= n_cols:  # NOTE: the top-k are the tokens at or above the k-th largest y: a floor of the draw
-            tau = _kth_largest(x_row, temp, k, n_cols, ROW_BLOCK)
-            floor = tl.maximum(floor, tau)
-            if p < 1:  # NOTE: top-p of the top-k's mass: the k largest ones' (ties at tau counted k - above)
-                count, mass, _, _ = _round(x_row, temp, 0, 0, tau, float("inf"), m, n_cols, ROW_BLOCK)
-                z = mass + (k - count).to(tl.float32) * tl.exp(tau - m)
         seed = tl.load(params_ptr + row)
         yj = tl.load(x_row + j).to(tl.float32) / temp
         rnd = 1
         while rnd > 0:
-            count, mass, nxt, y_nxt = _round(x_row, temp, seed, rnd, yj, floor, m, n_cols, ROW_BLOCK)
-            # NOTE: j stays where it is kept, or where nothing lies above it (a row of NaN or -inf)
-            if ((count < k) & (mass < p * z) & (yj >= floor)) | (nxt < 0):
+            count, mass = _above(x_row, temp, yj, m, n_cols, ROW_BLOCK)
+            if (count < k) & (mass < p * z) & (yj >= floor):
                 rnd = 0
-            else:  # NOTE: j and every token at or below it are out: the draw among those above is the next j
-                j = nxt
-                yj = y_nxt
-                rnd += 1
+            else:  # NOTE: j and every token at or below it are out: draw again among those above
+                nxt, y_nxt = _draw_above(x_row, temp, seed, rnd, yj, floor, n_cols, ROW_BLOCK)
+                if nxt < 0:  # NOTE: none above (a row of NaN or -inf): j stays
+                    rnd = 0
+                else:
+                    j = nxt
+                    yj = y_nxt
+                    rnd += 1
     tl.store(out_ptr + row, j)
 
 
