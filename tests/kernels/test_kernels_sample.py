@@ -135,14 +135,14 @@ x = torch.stack(rows).contiguous()
 ks = [1, 2, 19, 37, 36, 5] + [3, 4, 20, 36, 37, 1]
 x = torch.cat([x, x]).contiguous()
 out = torch.empty(12)
-kth_kernel[(12,)](x, torch.tensor(ks), out, 37, ROW_BLOCK=16)
+kth_kernel[(12,)](x, torch.tensor(ks), out, 37, BLOCK=4, BLOCKS=16, ROW_BLOCK=16)
 print(json.dumps({"x": x.tolist(), "k": ks, "kth": out.tolist()}))
 """
 
 
 def test_kth_largest_by_bisection_in_the_interpreter() -> None:
-    """The k-th largest y of each row (NaN left out): ties, signed zeros, -inf, NaN, rows over several
-    chunks."""
+    """The k-th largest y of each row (NaN left out), searched from its blocks' maxima up: ties, signed zeros,
+    -inf, NaN, rows over several chunks, k both within and past the 10 blocks."""
     out = run_in_triton_interpreter(_KTH_SCRIPT)
     for row, k, got in zip(out["x"], out["k"], out["kth"], strict=True):
         values = sorted((v for v in row if v == v), reverse=True)

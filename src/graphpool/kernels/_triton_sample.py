@@ -14,7 +14,8 @@ tokens lie above y_j, and their probability mass); a token outside is rejected w
 it, and the next draw is among the tokens above it (a fresh Gumbel draw over the row). That is a draw from
 softmax(y) renormalised over the kept tokens, and the first draw is kept with probability at least top_p.
 Where a row has both top-k and top-p, top-p takes the top-k's renormalised mass (the torch draw's order): the
-k-th largest y is found first by bisection over y's order-preserving integer keys.
+k-th largest y is found first by bisection over y's order-preserving integer keys, from the k-th largest of the
+blocks' maxima up.
 """
 
 from __future__ import annotations
@@ -85,27 +86,59 @@ def _chunk(x_row, temp, start, n_cols, ROW_BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _kth_largest(x_row, temp, k, m, n_cols, ROW_BLOCK: tl.constexpr):
-    """The k-th largest y of a row (as a key), by bisection: lo keeps count(key >= lo) >= k, hi count < k."""
+def _bounds(key, valid, mid):
+    """Over the valid keys: how many lie at or above mid, the least of those and the greatest below mid."""
+    above = valid & (key >= mid)
+    return (tl.sum(above.to(tl.int64), 0), tl.min(tl.where(above, key, 2**31), 0),
+            tl.max(tl.where(valid & (key < mid), key, -(2**31) - 1), 0))
+
+
+@triton.jit
+def _narrow(lo, hi, k, count, least, greatest):
+    """One bisection step (lo keeps count(key >= lo) >= k, hi count(key >= hi) < k), each end moved to the
+    nearest key on its side: with bf16 ties the k-th largest rarely has exactly k at or above it, and the
+    jumps end the search once no key lies between the ends."""
+    if count >= k:
+        lo = least
+        if count == k:  # NOTE: exactly k at or above: the least of them is the k-th largest
+            hi = least + 1
+    else:
+        hi = greatest + 1
+    return lo, hi
+
+
+@triton.jit
+def _kth_of_blocks(bmax, valid, k):
+    """The k-th largest key among the blocks' maxima (a lower bound of the row's k-th largest: they are k of
+    its entries), the key of -inf where fewer than k blocks."""
+    key = _key(bmax).to(tl.int64)
+    valid = valid & (bmax == bmax)
     lo = _key(tl.full([], float("-inf"), tl.float32)).to(tl.int64)
+    hi = tl.max(tl.where(valid, key, lo), 0) + 1
+    while hi - lo > 1:
+        mid = lo + (hi - lo) // 2
+        count, least, greatest = _bounds(key, valid, mid)
+        lo, hi = _narrow(lo, hi, k, count, least, tl.maximum(greatest, lo))
+    return lo
+
+
+@triton.jit
+def _kth_largest(x_row, temp, k, lo, m, n_cols, ROW_BLOCK: tl.constexpr):
+    """The k-th largest y of a row (as a key) by bisection between `lo` (a key with at least k at or above it)
+    and the row's max m, a pass over the row a step."""
     hi = _key(m).to(tl.int64) + 1
     while hi - lo > 1:
         mid = lo + (hi - lo) // 2
         count = tl.zeros([], tl.int64)
-        least = tl.full([], 2**31, tl.int64)  # the smallest key at or above mid
+        least = tl.full([], 2**31, tl.int64)
+        greatest = lo
         for start in range(0, n_cols, ROW_BLOCK):
             _, mask, y = _chunk(x_row, temp, start, n_cols, ROW_BLOCK)
-            key = _key(y).to(tl.int64)
-            above = mask & (key >= mid) & (y == y)
-            count += tl.sum(above.to(tl.int64), 0)
-            least = tl.minimum(least, tl.min(tl.where(above, key, 2**31), 0))
-        if count == k:  # NOTE: the k-th largest is the least key at or above mid: done
-            lo = least
-            hi = least + 1
-        elif count > k:
-            lo = mid
-        else:
-            hi = mid
+            c, lst, gst = _bounds(_key(y).to(tl.int64), mask & (y == y), mid)
+            count += c
+            least = tl.minimum(least, lst)
+            greatest = tl.maximum(greatest, gst)
+        lo, hi = _narrow(lo, hi, k, count, least, greatest)
     return lo
 
 
@@ -160,7 +193,8 @@ def _rows_sample_kernel(val_ptr, idx_ptr, nan_ptr, max_ptr, sum_ptr, x_ptr, para
         z = tl.sum(tl.where(bmax > float("-inf"), bsum * tl.exp(bmax - m), 0.0), 0)
         x_row = x_ptr + row * stride_x
         if (k <= n_cols) & (p < 1):  # NOTE: top-p of the top-k's mass: the k largest ones'
-            tk = _kth_largest(x_row, temp, k, m, n_cols, ROW_BLOCK)
+            # NOTE: from the blocks' maxima, not -inf: the search then spans the few keys near the top
+            tk = _kth_largest(x_row, temp, k, _kth_of_blocks(bmax, mask, k), m, n_cols, ROW_BLOCK)
             tau = tl.where(tk >= 0, tk, tk ^ 0x7FFFFFFF).to(tl.int32).to(tl.float32, bitcast=True)
             count, mass = _above(x_row, temp, tau, m, n_cols, ROW_BLOCK)
             z = mass + (k - count).to(tl.float32) * tl.exp(tau - m)
