@@ -145,7 +145,7 @@ class Sampler:
             # NOTE: the cut columns only where some row has a cut: most batches skip three list builds a step
             args = (sample_params(keys, temps, [p.top_k for p in params], [p.top_p for p in params],
                                   [p.min_p for p in params])
-                    if any(p.top_k > 0 or p.top_p < 1 or p.min_p > 0 for p in params) else sample_params(keys, temps))
+                    if any(p.has_cut for p in params) else sample_params(keys, temps))
             tokens = self.draw(logits, to_device(args, torch.int64, logits.device))
         return tokens if tokens is not None else self._draw_torch(logits, seqs)
 

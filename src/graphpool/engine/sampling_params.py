@@ -94,6 +94,7 @@ class SamplingParams:
     bad_words: list[str] | None = None
     has_penalties: bool = field(init=False, repr=False, compare=False, default=False)
     has_logit_bias: bool = field(init=False, repr=False, compare=False, default=False)
+    has_cut: bool = field(init=False, repr=False, compare=False, default=False)  # top-k, top-p or min-p on
 
     def __post_init__(self) -> None:
         _number(self.temperature, "temperature")
@@ -167,6 +168,7 @@ class SamplingParams:
         penalised = self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
         object.__setattr__(self, "has_penalties", penalised)
         object.__setattr__(self, "has_logit_bias", bool(self.logit_bias) or self.allowed_token_ids is not None)
+        object.__setattr__(self, "has_cut", self.top_k > 0 or self.top_p < 1 or self.min_p > 0)
 
     def _check_logit_bias(self) -> None:
         if self.logit_bias is not None:
