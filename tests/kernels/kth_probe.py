@@ -4,7 +4,7 @@ program."""
 import triton
 import triton.language as tl
 
-from graphpool.kernels._triton_sample import _kth_largest, _kth_of_blocks
+from graphpool.kernels._triton_sample import _kth_largest, _kth_of_blocks, _unkey
 
 
 @triton.jit
@@ -18,4 +18,4 @@ def kth_kernel(x_ptr, k_ptr, out_ptr, n_cols, BLOCK: tl.constexpr, BLOCKS: tl.co
     k = tl.load(k_ptr + row)
     lo = _kth_of_blocks(blocks, tl.arange(0, BLOCKS) * BLOCK < n_cols, k)
     key = _kth_largest(x_row, 1.0, k, lo, tl.full([], float("inf"), tl.float32), n_cols, ROW_BLOCK)
-    tl.store(out_ptr + row, tl.where(key >= 0, key, key ^ 0x7FFFFFFF).to(tl.int32).to(tl.float32, bitcast=True))
+    tl.store(out_ptr + row, _unkey(key))

@@ -78,6 +78,12 @@ def _key(y):
 
 
 @triton.jit
+def _unkey(key):
+    """`_key`'s inverse: the float32 of a key."""
+    return tl.where(key >= 0, key, key ^ 0x7FFFFFFF).to(tl.int32).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def _chunk(x_row, temp, start, n_cols, ROW_BLOCK: tl.constexpr):
     """A stage-2 pass's entries from `start`: their offsets, mask and y (-inf past the row)."""
     offs = start + tl.arange(0, ROW_BLOCK)
@@ -195,7 +201,7 @@ def _rows_sample_kernel(val_ptr, idx_ptr, nan_ptr, max_ptr, sum_ptr, x_ptr, para
         if (k <= n_cols) & (p < 1):  # NOTE: top-p of the top-k's mass: the k largest ones'
             # NOTE: from the blocks' maxima, not -inf: the search then spans the few keys near the top
             tk = _kth_largest(x_row, temp, k, _kth_of_blocks(bmax, mask, k), m, n_cols, ROW_BLOCK)
-            tau = tl.where(tk >= 0, tk, tk ^ 0x7FFFFFFF).to(tl.int32).to(tl.float32, bitcast=True)
+            tau = _unkey(tk)
             count, mass = _above(x_row, temp, tau, m, n_cols, ROW_BLOCK)
             z = mass + (k - count).to(tl.float32) * tl.exp(tau - m)
         floor = tl.where(min_p > 0, m + tl.log(min_p), float("-inf"))
