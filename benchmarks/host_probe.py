@@ -112,8 +112,7 @@ def main() -> None:
     print(f"$ {' '.join(sys.argv)}")
     off = f", kernels off: {args.disable_kernels}" if args.disable_kernels else ""
     print(f"{device}, torch {torch.__version__}, {args.model}, T={args.temperature}, top-p {args.top_p}, "
-          f"{args.tokens} tokens, "
-          f"{args.reps} requests each{off}")
+          f"{args.tokens} tokens, {args.reps} requests each{off}")
     print("| measure | median | runs |\n|---|---|---|")
     for name, values in (("engine alone: gap ms", [a[0] for a in alone]),
                          ("engine alone: launch ms / step", [a[1] for a in alone]),
