@@ -49,7 +49,7 @@ def _rope_types(name: str) -> str:
         return "*i64"
     if name in ("cos_ptr", "sin_ptr"):
         return "*fp32"
-    return "*bf16" if name.endswith("_ptr") else "i32"
+    return "*bf16" if name.endswith("_ptr") else ("fp32" if name == "eps" else "i32")
 
 
 @pytest.fixture(autouse=True)
@@ -126,8 +126,15 @@ def test_gemv_kernel_compiles(has_bias: bool, pdl: bool, k: int) -> None:
 
     constexprs = dict(K=k, BLOCK_N=gv.BLOCK_N, BLOCK_K=gv.MAX_BLOCK_K, HAS_BIAS=has_bias, PDL=pdl)
     ptx = _compile(gv._gemv_kernel, _norm_types, constexprs, num_warps=gv.NUM_WARPS).asm["ptx"]
-    assert ("griddepcontrol.wait" in ptx) == pdl and "griddepcontrol.launch_dependents" not in ptx
+    _check_gemv_pdl(ptx, pdl)
+
+
+def _check_gemv_pdl(ptx: str, pdl: bool) -> None:
+    """With PDL a GEMV lets the next PDL launch in first thing (a GEMV may follow it now that the norm and
+    SwiGLU fold into them), loads weights before its own wait and x after it; without, neither instruction."""
+    assert ("griddepcontrol.wait" in ptx) == pdl and ("griddepcontrol.launch_dependents" in ptx) == pdl
     if pdl:
+        assert ptx.index("griddepcontrol.launch_dependents") < ptx.index("griddepcontrol.wait")
         before, after = ptx.split("griddepcontrol.wait", 1)
         assert "ld.global" in before and "ld.global" in after
 
@@ -141,10 +148,7 @@ def test_two_row_gemv_kernel_compiles(has_bias: bool, pdl: bool, k: int) -> None
     constexprs = dict(K=k, BLOCK_N=gv.BLOCK_N, BLOCK_K=min(gv.MAX_BLOCK_K, triton.next_power_of_2(k)),
                       HAS_BIAS=has_bias, PDL=pdl)
     ptx = _compile(gv._gemv_rows_kernel, _norm_types, constexprs, num_warps=gv.NUM_WARPS).asm["ptx"]
-    assert ("griddepcontrol.wait" in ptx) == pdl and "griddepcontrol.launch_dependents" not in ptx
-    if pdl:
-        before, after = ptx.split("griddepcontrol.wait", 1)
-        assert "ld.global" in before and "ld.global" in after
+    _check_gemv_pdl(ptx, pdl)
     assert ptx.count("st.global") >= 2  # a store per row
 
 
@@ -181,13 +185,31 @@ def test_the_kernels_before_a_gemv_trigger_and_never_wait() -> None:
         assert "griddepcontrol.launch_dependents" in ptx and "griddepcontrol.wait" not in ptx, name
 
 
-def test_gemv_rope_kernel_compiles() -> None:
-    """The qkv GEMV + rotary + KV write at 1B's shapes; with PDL the weight load comes before the wait."""
+@pytest.mark.parametrize(("norm", "residual"), [(False, False), (True, True), (True, False)])
+def test_gemv_rope_kernel_compiles(norm: bool, residual: bool) -> None:
+    """The qkv GEMV + rotary + KV write at 1B's shapes, alone or with the norm folded in; with PDL the weight
+    load comes before the wait."""
     from graphpool.kernels import _triton_gemv as gv
     from graphpool.kernels import _triton_gemv_rope as gr
 
     constexprs = dict(K=2048, HQ=32, HKV=8, HEAD_DIM=64, BLOCK_SIZE=16, BLOCK_K=gv.MAX_BLOCK_K, HAS_BIAS=False,
-                      PDL=True)  # fmt: skip
+                      NORM=norm, HAS_RESIDUAL=residual, PDL=True)  # fmt: skip
     ptx = _compile(gr._gemv_rope_kernel, _rope_types, constexprs, num_warps=gv.NUM_WARPS).asm["ptx"]
-    before, after = ptx.split("griddepcontrol.wait", 1)
-    assert "ld.global" in before and "ld.global" in after and "st.global" in after
+    _check_gemv_pdl(ptx, True)
+    assert "st.global" in ptx.split("griddepcontrol.wait", 1)[1]
+    assert ("rsqrt" in ptx) == norm
+
+
+@pytest.mark.parametrize(("norm", "residual", "k"), [(False, False, 576), (True, True, 576), (True, False, 2048),
+                                                     (False, False, 8192)])  # fmt: skip
+def test_gemv_swiglu_kernel_compiles(norm: bool, residual: bool, k: int) -> None:
+    """The gate/up GEMV + SwiGLU at SmolLM2's and 1B's widths (8192: the loop over tiles), alone or with the norm
+    folded in; libdevice's exp, PDL as every GEMV's."""
+    from graphpool.kernels import _triton_gemv as gv
+    from graphpool.kernels import _triton_gemv_swiglu as gs
+
+    constexprs = dict(K=k, BLOCK_K=min(gv.MAX_BLOCK_K, triton.next_power_of_2(k)), NORM=norm, HAS_RESIDUAL=residual,
+                      LIBDEVICE_EXP=True, PDL=True)  # fmt: skip
+    ptx = _compile(gs._gemv_swiglu_kernel, _norm_types, constexprs, num_warps=gv.NUM_WARPS).asm["ptx"]
+    _check_gemv_pdl(ptx, True)
+    assert ("rsqrt" in ptx) == norm and "ex2" in ptx

@@ -145,7 +145,7 @@ def test_kernel_ops_resolve_the_switches() -> None:
         gemv.linear, gemv.fused_linear_rope, norm_rope.rms_norm, norm_rope.add_rms_norm, silu_mul.silu_mul,
         decode_attention.paged_decode_attention, argmax.argmax_rows, sample.sample_rows)
     off = kernel_ops(KERNEL_SWITCHES)
-    assert off.linear is torch.nn.functional.linear and off.fused_linear_rope is no_fusion
+    assert off.linear is torch.nn.functional.linear and off.fused_linear_rope is off.linear_swiglu is no_fusion
     assert off.step_argmax is argmax_torch and off.step_sample is no_draw
     assert off.decode_attention.keywords == {"pdl": False, "attn_stages": False}  # type: ignore[attr-defined]
     for fn in (off.rms_norm, off.add_rms_norm, off.silu_mul):
@@ -155,6 +155,10 @@ def test_kernel_ops_resolve_the_switches() -> None:
     rows_off = kernel_ops(["gemv_rows"]).linear
     assert rows_off.func is gemv.linear and rows_off.keywords == {"rows": False}  # type: ignore[attr-defined]
     assert kernel_ops(["gemv_rope"]).fused_linear_rope is no_fusion and kernel_ops(["gemv_rope"]).linear is gemv.linear
+    assert on.linear_swiglu is gemv.linear_swiglu and kernel_ops(["gemv_swiglu"]).linear_swiglu is no_fusion
+    norm_off = kernel_ops(["gemv_norm"])
+    for fn, fused in ((norm_off.fused_linear_rope, gemv.fused_linear_rope), (norm_off.linear_swiglu, gemv.linear_swiglu)):
+        assert fn.func is fused and fn.keywords == {"fold_norm": False}  # type: ignore[attr-defined]
     assert resolve_ops("torch", torch.device("cpu")) is TORCH_OPS
     assert resolve_ops("torch", torch.device("cpu"), ["step_argmax"]).step_argmax is argmax_torch
     torch_off = resolve_ops("torch", torch.device("cpu"), ["step_sample"])

@@ -18,7 +18,7 @@ from graphpool.kernels.gemv import fused_linear_rope
 from graphpool.kernels.norm_rope import rotary_and_write_kv_unchecked
 from graphpool.model.config import ModelConfig
 from graphpool.model.llama import LlamaModel
-from graphpool.model.ops import TORCH_OPS, ModelOps
+from graphpool.model.ops import TORCH_OPS, ModelOps, rms_norm_torch
 from graphpool.model.weights import init_random_weights
 from model_reference import run_waves
 
@@ -65,15 +65,19 @@ PROMPTS = [[5, 17, 3], list(range(20, 34)), [7, 8, 9] * 10]
 
 
 def _reference_fusion(calls: list[int]):  # type: ignore[no-untyped-def]
-    """The fused op as its parts (linear, rotary, KV write), recording the rows of each call."""
+    """The fused op as its parts (the norm, linear, rotary, KV write), recording the rows of each call."""
 
-    def fused(x, w, b, positions, cos, sin, k_cache, v_cache, slots, heads):  # type: ignore[no-untyped-def]
+    def fused(x, w, b, positions, cos, sin, k_cache, v_cache, slots, heads, norm=None):  # type: ignore[no-untyped-def]
         hq, hkv, d = heads
         calls.append(x.shape[0])
+        stream = None
+        if norm is not None:
+            stream = x if norm.residual is None else x + norm.residual
+            x = rms_norm_torch(stream, norm.weight, norm.eps)
         q, k, v = torch.nn.functional.linear(x, w, b).split((hq * d, hkv * d, hkv * d), -1)
         qr, kr = rotary_and_write_kv_unchecked(positions, q.reshape(-1, hq, d), k.reshape(-1, hkv, d),
                                                v.reshape(-1, hkv, d), cos, sin, k_cache, v_cache, slots)  # fmt: skip
-        return torch.cat([qr.flatten(1), kr.flatten(1), v], -1)
+        return torch.cat([qr.flatten(1), kr.flatten(1), v], -1), stream
 
     return fused
 
@@ -132,11 +136,12 @@ def linear(x, w, b=None):
 def rotary(positions, q, k, v, cos, sin, k_cache, v_cache, slots):
     return rotary_triton(positions, q, k, cos, sin, (v, k_cache, v_cache, slots))
 
-def fused(x, w, b, positions, cos, sin, k_cache, v_cache, slots, heads):
-    if x.numel() != x.shape[-1]:
+def fused(x, w, b, positions, cos, sin, k_cache, v_cache, slots, heads, norm=None):
+    # NOTE: the folded norm declined (the model then norms and calls again without it): the rotary fusion alone
+    if x.numel() != x.shape[-1] or norm is not None:
         return None
     fused_calls.append(int(positions[0]))
-    return gemv_rope_triton(x, w, b, positions, cos, sin, k_cache, v_cache, slots, heads)
+    return gemv_rope_triton(x, w, b, positions, cos, sin, k_cache, v_cache, slots, heads), None
 
 def engine(with_fused):
     ops = dataclasses.replace(TORCH_OPS, linear=linear, rotary_and_write_kv=rotary,

@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
-from graphpool.kernels.pdl import pdl_on
+from graphpool.kernels.pdl import pdl_on, pdl_trigger
 
 # NOTE: the fastest of a sweep of tilings (docs/kernels.md): a whole K <= 2048 row slice is one tile, loaded
 # before the PDL wait
@@ -53,7 +53,9 @@ def gemv_features(
 ):  # fmt: skip
     """The fp32 products of the one-row input with the weight rows `offs_n` (no bias, not rounded): the
     program's weight slice streamed in ``[len(offs_n), BLOCK_K]`` tiles, fp32 partials per k lane, one reduction;
-    with PDL the first tile is loaded before the wait. `_gemv_kernel` and `_gemv_rope_kernel` call it."""
+    with PDL the first tile is loaded before the wait (and the next PDL launch let in first). `_gemv_kernel`,
+    `_gemv_rope_kernel` and `_gemv_swiglu_kernel` call it."""
+    pdl_trigger(PDL)
     offs_k = tl.arange(0, BLOCK_K)
     rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
     k_mask = offs_k < K
@@ -69,6 +71,40 @@ def gemv_features(
         x = tl.load(x_ptr + k, mask=k_mask, other=0.0).to(tl.float32)
         acc += w.to(tl.float32) * x[None, :]
     return tl.sum(acc, 1)
+
+
+@triton.jit
+def normed_row(x_ptr, r_ptr, s_ptr, nw_ptr, eps, offs_k, k_mask, K: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
+    """RMSNorm of the one row ``x (+ residual)`` as fp32 values of the activation dtype, in `_rms_norm_kernel`'s
+    op order and roundings; with a residual, program 0 stores the sum (the new stream) at `s_ptr`."""
+    x = tl.load(x_ptr + offs_k, mask=k_mask, other=0.0)
+    if HAS_RESIDUAL:
+        r = tl.load(r_ptr + offs_k, mask=k_mask, other=0.0)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(x_ptr.dtype.element_ty)
+        tl.store(s_ptr + offs_k, x, mask=k_mask & (tl.program_id(0) == 0))
+    xf = x.to(tl.float32)
+    var = tl.sum(xf * xf, 0) / K
+    h = (xf * tl.rsqrt(var + eps)).to(x_ptr.dtype.element_ty)
+    w = tl.load(nw_ptr + offs_k, mask=k_mask, other=0.0)
+    return (w.to(tl.float32) * h.to(tl.float32)).to(x_ptr.dtype.element_ty).to(tl.float32)
+
+
+@triton.jit
+def normed_gemv_features(
+    x_ptr, r_ptr, s_ptr, nw_ptr, eps, w_ptr, offs_n, n_mask, stride_wn,
+    K: tl.constexpr, BLOCK_K: tl.constexpr, HAS_RESIDUAL: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
+    """`gemv_features` of the normed row (`normed_row`) where K fits one tile (K <= BLOCK_K): every program norms
+    the whole row itself, so the norm needs no kernel of its own."""
+    pdl_trigger(PDL)
+    offs_k = tl.arange(0, BLOCK_K)
+    k_mask = offs_k < K
+    w = tl.load(w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn + offs_k[None, :],
+                mask=n_mask[:, None] & k_mask[None, :], other=0.0)  # fmt: skip
+    if PDL:
+        gdc_wait()  # NOTE: after the weight tile's load, before the first read of x
+    x = normed_row(x_ptr, r_ptr, s_ptr, nw_ptr, eps, offs_k, k_mask, K, HAS_RESIDUAL)
+    return tl.sum(w.to(tl.float32) * x[None, :], 1)
 
 
 @triton.jit
@@ -111,6 +147,7 @@ def _gemv_rows_kernel(
 ):  # fmt: skip
     """``y[m] = w @ x[m] (+ b)`` for two rows: each program's weight tiles are loaded once and multiplied by
     both rows (the first before the PDL wait); y is ``[2, N]``, contiguous."""
+    pdl_trigger(PDL)
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N

@@ -14,17 +14,19 @@ import torch
 import triton
 import triton.language as tl
 
-from graphpool.kernels._triton_gemv import MAX_BLOCK_K, NUM_WARPS, _row, gemv_features
+from graphpool.kernels._triton_gemv import MAX_BLOCK_K, NUM_WARPS, _row, gemv_features, normed_gemv_features
 from graphpool.kernels._triton_norm_rope import rotate_pair
+from graphpool.kernels.gemv import RowNorm, norm_args
 from graphpool.kernels.pdl import pdl_on
 
 
 @triton.jit
 def _gemv_rope_kernel(
-    x_ptr, w_ptr, b_ptr, y_ptr, pos_ptr, cos_ptr, sin_ptr, slot_ptr, kc_ptr, vc_ptr, stride_wn, stride_cos,
-    stride_sin, stride_kcb, stride_kco, stride_kch, stride_vcb, stride_vco, stride_vch,
+    x_ptr, w_ptr, b_ptr, y_ptr, pos_ptr, cos_ptr, sin_ptr, slot_ptr, kc_ptr, vc_ptr, r_ptr, s_ptr, nw_ptr, eps,
+    stride_wn, stride_cos, stride_sin, stride_kcb, stride_kco, stride_kch, stride_vcb, stride_vco, stride_vch,
     K: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
     half: tl.constexpr = HEAD_DIM // 2
     pid = tl.program_id(0)
@@ -33,7 +35,12 @@ def _gemv_rope_kernel(
     j = tl.arange(0, 4)
     # NOTE: features j = (half index) * 2 + pair: d0, d0 + 1, d0 + D/2, d0 + D/2 + 1 of the head
     offs_n = head * HEAD_DIM + d0 + (j % 2) + (j // 2) * half
-    y = gemv_features(x_ptr, w_ptr, offs_n, offs_n >= 0, stride_wn, K, BLOCK_K, PDL)
+    if NORM:
+        y = normed_gemv_features(
+            x_ptr, r_ptr, s_ptr, nw_ptr, eps, w_ptr, offs_n, offs_n >= 0, stride_wn, K, BLOCK_K, HAS_RESIDUAL, PDL
+        )
+    else:
+        y = gemv_features(x_ptr, w_ptr, offs_n, offs_n >= 0, stride_wn, K, BLOCK_K, PDL)
     if HAS_BIAS:
         y += tl.load(b_ptr + offs_n).to(tl.float32)
     # NOTE: the GEMV's output rounding, then the rotary kernel's fp32 rotation and rounding
@@ -72,20 +79,27 @@ def gemv_rope_triton(
     slot_mapping: torch.Tensor,
     heads: tuple[int, int, int],
     *,
+    norm: RowNorm | None = None,
+    stream: torch.Tensor | None = None,
     pdl: bool = True,
 ) -> torch.Tensor:
     """``x [1, K]`` -> the qkv row ``[1, (Hq + 2 Hkv) * D]`` with q and k rotated at ``positions[0]``, and
     k, v stored at ``slot_mapping[0]`` of the caches ``[num_blocks, block_size, Hkv, D]``; `heads`: (Hq, Hkv,
-    D); `pdl`: as `gemv_triton`'s. The caller checks shapes (`gemv.fused_linear_rope`)."""
+    D); `norm`: project the RMSNorm of ``x (+ norm.residual)`` instead of x, the sum stored in `stream` (K
+    within one tile); `pdl`: as `gemv_triton`'s. The caller checks shapes (`gemv.fused_linear_rope`)."""
     hq, hkv, dim = heads
     n, k = weight.shape
     out = torch.empty(1, n, dtype=x.dtype, device=x.device)
     pdl = pdl_on(x.device, pdl)
+    x_row = _row(x, k)
+    r_row, s_row, norm_w, eps = norm_args(norm, stream, x_row)
     _gemv_rope_kernel[(n // 4,)](
-        _row(x, k), weight, bias if bias is not None else weight, out, positions, cos, sin, slot_mapping, k_cache,
-        v_cache, weight.stride(0), cos.stride(0), sin.stride(0), *k_cache.stride()[:3], *v_cache.stride()[:3],
+        x_row, weight, bias if bias is not None else weight, out, positions, cos, sin, slot_mapping, k_cache,
+        v_cache, r_row, s_row, norm_w, eps, weight.stride(0), cos.stride(0), sin.stride(0),
+        *k_cache.stride()[:3], *v_cache.stride()[:3],
         K=k, HQ=hq, HKV=hkv, HEAD_DIM=dim, BLOCK_SIZE=k_cache.shape[1],
-        BLOCK_K=min(MAX_BLOCK_K, triton.next_power_of_2(k)), HAS_BIAS=bias is not None, PDL=pdl,
+        BLOCK_K=min(MAX_BLOCK_K, triton.next_power_of_2(k)), HAS_BIAS=bias is not None, NORM=norm is not None,
+        HAS_RESIDUAL=norm is not None and norm.residual is not None, PDL=pdl,
         num_warps=NUM_WARPS, num_stages=1, launch_pdl=pdl,
     )  # fmt: skip
     return out

@@ -14,6 +14,8 @@ switch reaches the launch as the `pdl` argument.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import nn
 
@@ -21,6 +23,54 @@ from graphpool.kernels._dispatch import triton_impl
 
 _DTYPES = (torch.bfloat16, torch.float16)
 MAX_ROWS = 2  # as _triton_gemv.MAX_ROWS (that module imports triton; this one must not)
+MAX_NORM_K = 2048  # _triton_gemv.MAX_BLOCK_K: a folded norm needs the whole row in the one weight tile
+
+
+class RowNorm(NamedTuple):
+    """The RMSNorm a fused GEMV folds in: it projects ``rms_norm(x + residual) * weight`` (x alone where
+    `residual` is None), as `norm_rope.add_rms_norm` then the GEMV would."""
+
+    residual: torch.Tensor | None
+    weight: torch.Tensor
+    eps: float
+
+
+def _norm_fits(x: torch.Tensor, norm: RowNorm | None) -> bool:
+    """Whether a fused GEMV can fold `norm` into its one-row input `x` (host-side facts only: capturable)."""
+    if norm is None:
+        return True
+    k = x.shape[-1]
+    r = norm.residual
+    return (
+        k <= MAX_NORM_K
+        and norm.weight.shape == (k,)
+        and norm.weight.stride(0) == 1
+        and norm.weight.device == x.device
+        and (r is None or (r.shape == x.shape and r.dtype == x.dtype and r.is_contiguous()))
+    )
+
+
+def norm_args(
+    norm: RowNorm | None, stream: torch.Tensor | None, x_row: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]:
+    """The fused kernels' norm arguments: (residual row, stream row, norm weight, eps), `x_row` standing in
+    for each one absent (a compiled-out branch never reads it)."""
+    if norm is None:
+        return x_row, x_row, x_row, 0.0
+    r_row = norm.residual.reshape(-1) if norm.residual is not None else x_row
+    s_row = stream.reshape(-1) if stream is not None else x_row
+    return r_row, s_row, norm.weight, norm.eps
+
+
+def _fused_call(x: torch.Tensor, norm: RowNorm | None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The stream a fused call stores ``x + residual`` in (None: no residual), and what the call returns as
+    the stream (that sum, x itself where the norm has no residual, None without a norm)."""
+    if norm is None:
+        return None, None
+    if norm.residual is None:
+        return None, x
+    stream = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    return stream, stream
 
 
 def uses_gemv(x: torch.Tensor, weight: torch.Tensor, max_rows: int = 1) -> bool:
@@ -28,6 +78,7 @@ def uses_gemv(x: torch.Tensor, weight: torch.Tensor, max_rows: int = 1) -> bool:
     only: capturable)."""
     return (
         x.is_cuda
+        and weight.device == x.device
         and x.dim() >= 1
         and 0 < x.numel() <= max_rows * x.shape[-1]
         and x.dtype in _DTYPES
@@ -62,15 +113,21 @@ def fused_linear_rope(
     slot_mapping: torch.Tensor,
     heads: tuple[int, int, int],
     *,
+    norm: RowNorm | None = None,
+    fold_norm: bool = True,
     pdl: bool = True,
-) -> torch.Tensor | None:
+) -> tuple[torch.Tensor, torch.Tensor | None] | None:
     """The qkv projection of one row, rotary on its q and k heads at ``positions[0]`` and k, v stored at
-    ``slot_mapping[0]`` of the caches, in one kernel, where `linear` would take the GEMV; returns the qkv row
-    (q, k rotated), or None (the caller runs `linear`, then rotary and the KV write). `heads`: (Hq, Hkv,
-    head_dim). Bitwise the GEMV then the rotary kernel (both rotate with `_triton_norm_rope.rotate_pair`)."""
+    ``slot_mapping[0]`` of the caches, in one kernel, where `linear` would take the GEMV; `norm`: of the row's
+    RMSNorm (`RowNorm`). Returns (the qkv row (q, k rotated), the stream: ``x + norm.residual``, x where the norm
+    has none, None without a norm), or None (the caller norms, runs `linear`, then rotary and the KV write).
+    `heads`: (Hq, Hkv, head_dim); `fold_norm` False (the ``gemv_norm`` switch): None whenever `norm` is given.
+    Bitwise the GEMV then the rotary kernel (both rotate with `_triton_norm_rope.rotate_pair`)."""
     hq, hkv, dim = heads
     if (
         uses_gemv(x, weight)  # NOTE: first: a batch of 2+ rows fails it
+        and (norm is None or fold_norm)
+        and _norm_fits(x, norm)
         and dim % 4 == 0
         and weight.shape[0] == (hq + 2 * hkv) * dim
         and positions.numel() == 1
@@ -86,7 +143,32 @@ def fused_linear_rope(
     ):
         impl = triton_impl("_triton_gemv_rope")
         if impl is not None:
-            return impl.gemv_rope_triton(
-                x, weight, bias, positions, cos, sin, k_cache, v_cache, slot_mapping, heads, pdl=pdl
-            )
+            out, stream = _fused_call(x, norm)
+            qkv = impl.gemv_rope_triton(
+                x, weight, bias, positions, cos, sin, k_cache, v_cache, slot_mapping, heads, norm=norm,
+                stream=out, pdl=pdl,
+            )  # fmt: skip
+            return qkv, stream
+    return None
+
+
+def linear_swiglu(
+    x: torch.Tensor, weight: torch.Tensor, norm: RowNorm | None = None, *, fold_norm: bool = True,
+    pdl: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None] | None:  # fmt: skip
+    """SwiGLU's ``silu(gate) * up`` of one row's gate/up projection (`weight` ``[2I, K]``, gate first, no bias)
+    in one kernel, where `linear` would take the GEMV; `norm`: of the row's RMSNorm (`RowNorm`). Returns (the
+    activation ``[..., I]``, the stream as `fused_linear_rope`'s), or None (the caller runs them one by one);
+    `fold_norm` as `fused_linear_rope`'s. Bitwise the GEMV then the SwiGLU kernel."""
+    if (
+        uses_gemv(x, weight)
+        and (norm is None or fold_norm)
+        and _norm_fits(x, norm)
+        and weight.shape[0] % 2 == 0
+    ):
+        impl = triton_impl("_triton_gemv_swiglu")
+        if impl is not None:
+            out, stream = _fused_call(x, norm)
+            act = impl.gemv_swiglu_triton(x, weight, norm=norm, stream=out, pdl=pdl)
+            return act.view(*x.shape[:-1], weight.shape[0] // 2), stream
     return None

@@ -28,6 +28,8 @@ _NORM = re.compile(r"norm\.weight$")
 class GeGLU(SwiGLU):
     """down(gelu_tanh(gate) * up), on SwiGLU's fused gate/up layout."""
 
+    fuses_swiglu = False
+
     def forward(self, x: torch.Tensor, reduce: bool = True) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         out = self.down_proj.partial(F.gelu(gate, approximate="tanh") * up)

@@ -7,6 +7,7 @@ import math
 import torch
 from torch import nn
 
+from graphpool.kernels.gemv import RowNorm
 from graphpool.kernels.norm_rope import rotate_ref as _rotate
 from graphpool.model.config import ModelConfig, RopeScaling
 from graphpool.model.linear import ColumnLinear, RowLinear
@@ -80,7 +81,10 @@ class NoRotary(nn.Module):
 
 class SwiGLU(nn.Module):
     """down(silu(gate) * up): the fused gate/up projection's output is ``[T, 2I]``, gate first; the
-    activation is `ModelOps.silu_mul` (one Triton kernel with the triton ops on CUDA)."""
+    activation is `ModelOps.silu_mul` (one Triton kernel with the triton ops on CUDA), or folded into the
+    gate/up GEMV of a one-row step (`ModelOps.linear_swiglu`)."""
+
+    fuses_swiglu = True  # the one-row gate/up GEMV may apply the activation itself (a subclass with another: not)
 
     def __init__(
         self, config: ModelConfig, device: torch.device, dtype: torch.dtype, ops: ModelOps = TORCH_OPS
@@ -93,7 +97,26 @@ class SwiGLU(nn.Module):
 
     def forward(self, x: torch.Tensor, reduce: bool = True) -> torch.Tensor:
         """`reduce=False`: the output before down_proj's all-reduce (a rank's partial sum under tensor parallel)."""
+        fused = self._fused(x, None)
+        return self._down(fused[0] if fused is not None else self.ops.silu_mul(self.gate_up_proj(x)), reduce)
+
+    def forward_normed(
+        self, x: torch.Tensor, norm: RowNorm, reduce: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """`forward` of the RMSNorm `norm` of x, the norm folded into the fused gate/up GEMV: (the output, the
+        stream ``x + norm.residual`` (x without one)), or None where that fusion does not apply (the caller
+        norms and calls `forward`)."""
+        fused = self._fused(x, norm)
+        if fused is None:
+            return None
+        act, stream = fused
+        return self._down(act, reduce), stream if stream is not None else x
+
+    def _fused(self, x: torch.Tensor, norm: RowNorm | None) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        return self.ops.linear_swiglu(x, self.gate_up_proj.weight, norm=norm) if self.fuses_swiglu else None
+
+    def _down(self, act: torch.Tensor, reduce: bool) -> torch.Tensor:
         down = self.down_proj
         # NOTE: down's partial sum (RowLinear.partial: its bias on rank 0 only)
-        out = down.partial(self.ops.silu_mul(self.gate_up_proj(x)))
+        out = down.partial(act)
         return down.tp.all_reduce(out) if reduce else out

@@ -7,6 +7,7 @@ from collections.abc import Iterable, Sequence
 import torch
 from torch import nn
 
+from graphpool.kernels.gemv import RowNorm
 from graphpool.model.attn_metadata import AttentionMetadata
 from graphpool.model.attn_ops import prefill_attention
 from graphpool.model.config import ModelConfig
@@ -65,20 +66,41 @@ class LlamaAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, meta: AttentionMetadata, kv_cache: KVCache, reduce: bool = True) -> torch.Tensor:
         """`reduce=False`: the output before o_proj's all-reduce (a rank's partial sum under tensor parallel)."""
+        fused = self._fused_qkv(x, None, meta, kv_cache)
+        if fused is not None:
+            return self._attend(self._query(fused[0]), None, meta, kv_cache, reduce)
         k_cache, v_cache = kv_cache
-        proj = self.qkv_proj
-        qkv = None if meta.is_prefill or not self.fuses_rope else self.ops.fused_linear_rope(
-            x, proj.weight, proj.bias, meta.positions, self.rotary.cos, self.rotary.sin, k_cache, v_cache,
-            meta.slot_mapping, (self.num_heads, self.num_kv_heads, self.head_dim),
-        )  # fmt: skip
-        if qkv is not None:
-            q = qkv[:, : proj.sizes[0]].view(-1, self.num_heads, self.head_dim)
-            return self._attend(q, None, meta, kv_cache, reduce)
         q, k, v = self.project(x)
         q, k = self.ops.rotary_and_write_kv(
             meta.positions, q, k, v, self.rotary.cos, self.rotary.sin, k_cache, v_cache, meta.slot_mapping
         )
         return self._attend(q, (k, v), meta, kv_cache, reduce)
+
+    def forward_normed(
+        self, x: torch.Tensor, norm: RowNorm, meta: AttentionMetadata, kv_cache: KVCache, reduce: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        """`forward` of the RMSNorm `norm` of x, the norm folded into the fused qkv projection: (the output, the
+        stream (`kernels.gemv.fused_linear_rope`'s)), or None where that fusion does not apply (the caller norms
+        and calls `forward`)."""
+        fused = self._fused_qkv(x, norm, meta, kv_cache)
+        if fused is None:
+            return None
+        qkv, stream = fused
+        return self._attend(self._query(qkv), None, meta, kv_cache, reduce), stream
+
+    def _fused_qkv(
+        self, x: torch.Tensor, norm: RowNorm | None, meta: AttentionMetadata, kv_cache: KVCache
+    ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        if meta.is_prefill or not self.fuses_rope:
+            return None
+        proj = self.qkv_proj
+        return self.ops.fused_linear_rope(
+            x, proj.weight, proj.bias, meta.positions, self.rotary.cos, self.rotary.sin, *kv_cache,
+            meta.slot_mapping, (self.num_heads, self.num_kv_heads, self.head_dim), norm=norm,
+        )  # fmt: skip
+
+    def _query(self, qkv: torch.Tensor) -> torch.Tensor:
+        return qkv[:, : self.qkv_proj.sizes[0]].view(-1, self.num_heads, self.head_dim)
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x -> q, k, v in heads, before the rotary."""
@@ -146,6 +168,10 @@ class LlamaDecoderLayer(nn.Module):
         self, x: torch.Tensor, residual: torch.Tensor | None, meta: AttentionMetadata, kv_cache: KVCache
     ) -> tuple[torch.Tensor, torch.Tensor]:
         norm1 = self.input_layernorm
+        fused = self.self_attn.forward_normed(x, RowNorm(residual, norm1.weight, norm1.eps), meta, kv_cache, False)
+        if fused is not None:
+            h, stream = fused
+            return h, stream if stream is not None else x
         if residual is None:
             residual, h = x, self.ops.rms_norm(x, norm1.weight, norm1.eps)
         else:
@@ -159,6 +185,9 @@ class LlamaDecoderLayer(nn.Module):
         if residual is None:
             raise ValueError("the MLP stage follows an attention stage: it needs the residual stream")
         norm2 = self.post_attention_layernorm
+        fused = self.mlp.forward_normed(x, RowNorm(residual, norm2.weight, norm2.eps), reduce=False)
+        if fused is not None:
+            return fused
         h, residual = self.ops.add_rms_norm(x, residual, norm2.weight, norm2.eps)
         return self.mlp(h, reduce=False), residual
 

@@ -37,7 +37,7 @@ def add_rms_norm_torch(x: Tensor, residual: Tensor, weight: Tensor, eps: float) 
     return rms_norm_torch(s, weight, eps), s
 
 
-def no_fusion(*_: object) -> None:
+def no_fusion(*_: object, **__: object) -> None:
     """The torch op set's fused_* ops: no kernel does two ops at once, the model runs them one by one."""
     return None
 
@@ -63,9 +63,13 @@ class ModelOps:
     rotary_and_write_kv: Callable[..., tuple[Tensor, Tensor]]
     silu_mul: Callable[[Tensor], Tensor]  # the gate/up projection's [T, 2I] -> silu(gate) * up [T, I]
     linear: Callable[[Tensor, Tensor, Tensor | None], Tensor]  # x @ w.T + b, every projection and the LM head
-    # (x, w, b, positions, cos, sin, k_cache, v_cache, slots, (Hq, Hkv, D)) -> the qkv projection with q and k
-    # rotated and k, v stored in the caches, from one kernel, or None: then the model runs them one by one
-    fused_linear_rope: Callable[..., Tensor | None]
+    # (x, w, b, positions, cos, sin, k_cache, v_cache, slots, (Hq, Hkv, D), norm=RowNorm | None) -> (the qkv
+    # projection of x (or of its norm) with q and k rotated and k, v stored in the caches, the stream) from one
+    # kernel, or None: then the model runs them one by one (`kernels.gemv.fused_linear_rope`)
+    fused_linear_rope: Callable[..., tuple[Tensor, Tensor | None] | None]
+    # (x, gate_up w, norm=RowNorm | None) -> (silu(gate) * up of x (or of its norm), the stream) from one
+    # kernel, or None (`kernels.gemv.linear_swiglu`)
+    linear_swiglu: Callable[..., tuple[Tensor, Tensor | None] | None]
     # logits [bs, vocab] -> int64 [bs]: a greedy batch's token of each row (the sampler's)
     step_argmax: Callable[[Tensor], Tensor]
     # (logits [bs, vocab], int64 params `kernels.sample.sample_params`) -> int64 [bs]: each row drawn at its
@@ -83,6 +87,7 @@ TORCH_OPS = ModelOps(
     rotary_and_write_kv_torch,
     silu_mul_torch,
     torch.nn.functional.linear,
+    no_fusion,
     no_fusion,
     argmax_rows,
     sample_rows,
@@ -108,12 +113,13 @@ def kernel_ops(disabled: Iterable[str] = ()) -> ModelOps:
     """The `graphpool.kernels` entry points (Triton on CUDA tensors, their torch references elsewhere), with
     the kernel switches named in `disabled` off."""
     from graphpool.kernels.decode_attention import paged_decode_attention
-    from graphpool.kernels.gemv import fused_linear_rope, linear
+    from graphpool.kernels.gemv import fused_linear_rope, linear, linear_swiglu
     from graphpool.kernels.norm_rope import add_rms_norm, apply_rotary_and_write_kv, rms_norm
     from graphpool.kernels.silu_mul import silu_mul
 
     off = check_switches(disabled)
     pdl = "pdl" not in off
+    fold_norm = "gemv_norm" not in off
     return ModelOps(
         "triton",
         _bind(paged_decode_attention, pdl=pdl, attn_stages="attn_stages" not in off),
@@ -122,7 +128,8 @@ def kernel_ops(disabled: Iterable[str] = ()) -> ModelOps:
         apply_rotary_and_write_kv,
         _bind(silu_mul, pdl=pdl),
         torch.nn.functional.linear if "gemv" in off else _bind(linear, pdl=pdl, rows="gemv_rows" not in off),
-        no_fusion if "gemv" in off or "gemv_rope" in off else _bind(fused_linear_rope, pdl=pdl),
+        no_fusion if "gemv" in off or "gemv_rope" in off else _bind(fused_linear_rope, pdl=pdl, fold_norm=fold_norm),
+        no_fusion if "gemv" in off or "gemv_swiglu" in off else _bind(linear_swiglu, pdl=pdl, fold_norm=fold_norm),
         argmax_torch if "step_argmax" in off else argmax_rows,
         no_draw if "step_sample" in off else sample_rows,
     )
