@@ -1,6 +1,6 @@
 """Time the Triton paged decode attention against the HBM floor of the bytes it must read.
 
-Run on a GPU: ``python benchmarks/attention_kernel.py [--ref] [--mixed] [--split-len N]``.
+Run on a GPU: ``python benchmarks/attention_kernel.py [--ref] [--mixed] [--split-len N] [--bound N]``.
 The floor is (K + V bytes of every row's context + q + out) / the copy bandwidth measured in the same run.
 ``eager`` is triton.testing.do_bench (L2 flushed between runs, launch cost included); ``graph`` is
 do_bench_cudagraph (the kernels replayed inside a CUDA graph, as the decode step runs them).
@@ -19,6 +19,7 @@ SHAPES = {  # name: (num_heads, num_kv_heads, head_dim)
     "llama3-8b": (32, 8, 128),
     "llama3.2-1b": (32, 8, 64),
     "qwen2.5-0.5b": (14, 2, 64),
+    "smollm2-135m": (9, 3, 64),
 }
 
 
@@ -52,6 +53,7 @@ def bench_one(
     with_ref: bool,
     knobs: dict[str, int],
     block_size: int = 16,
+    bound: int | None = None,
 ) -> dict[str, float]:
     from triton.testing import do_bench, do_bench_cudagraph
 
@@ -61,21 +63,22 @@ def bench_one(
 
     _, hkv, dim = shape
     dtype = torch.bfloat16
-    q, k, v, bt = paged_inputs(shape, bs, ctx, block_size, dtype)
+    bound = max(bound or ctx, ctx)
+    q, k, v, bt = paged_inputs(shape, bs, bound, block_size, dtype)
     if mixed:
         lens = torch.randint(1, ctx + 1, (bs,), device="cuda", dtype=torch.int32)
     else:
         lens = torch.full((bs,), ctx, device="cuda", dtype=torch.int32)
     out = torch.empty_like(q)
     scale = dim**-0.5
-    split = split_len or choose_split_len(hkv, ctx, device_num_sms(q.device), knobs.get("block_n", 64))
+    split = split_len or choose_split_len(hkv, bound, device_num_sms(q.device), knobs.get("block_n", 64))
 
     def run() -> None:
-        paged_decode_attention_triton(q, k, v, bt, lens, scale, ctx, out=out, split_len=split, **knobs)
+        paged_decode_attention_triton(q, k, v, bt, lens, scale, bound, out=out, split_len=split, **knobs)
 
     run()
     ref = (
-        paged_decode_attention_ref(q.float(), k.float(), v.float(), bt, lens, scale, ctx)
+        paged_decode_attention_ref(q.float(), k.float(), v.float(), bt, lens, scale, bound)
         if with_ref
         else None
     )
@@ -84,14 +87,14 @@ def bench_one(
     nbytes = 2 * total_tokens * hkv * dim * elem + 2 * q.numel() * elem + bt.numel() * 4
     row = {
         "split_len": float(split),
-        "splits": float(math.ceil(ctx / split)),
+        "splits": float(math.ceil(bound / split)),
         "bytes": float(nbytes),
         "eager_us": do_bench(run) * 1e3,
         "graph_us": do_bench_cudagraph(run) * 1e3,
     }
     if ref is not None:
         row["rel_err"] = float((out.float() - ref).norm() / ref.norm())
-        row["ref_us"] = do_bench(lambda: paged_decode_attention_ref(q, k, v, bt, lens, scale, ctx)) * 1e3
+        row["ref_us"] = do_bench(lambda: paged_decode_attention_ref(q, k, v, bt, lens, scale, bound)) * 1e3
     return row
 
 
@@ -102,6 +105,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--lens", nargs="+", type=int, default=[1024, 4096])
     parser.add_argument("--mixed", action="store_true", help="row lengths uniform in [1, len], bound = len")
     parser.add_argument("--split-len", type=int, default=None, help="override the split heuristic")
+    parser.add_argument("--bound", type=int, default=None,
+                        help="the kernel's length bound (a graph's: the engine's max_model_len), at least len")
     parser.add_argument("--block-n", type=int, default=None, help="context tokens per tile (default 64)")
     parser.add_argument("--num-warps", type=int, default=None)
     parser.add_argument("--num-stages", type=int, default=None)
@@ -132,7 +137,7 @@ def main(argv: list[str] | None = None) -> None:
     for name in args.shapes:
         for ctx in args.lens:
             for bs in args.batch_sizes:
-                row = bench_one(SHAPES[name], bs, ctx, args.mixed, args.split_len, args.ref, knobs)
+                row = bench_one(SHAPES[name], bs, ctx, args.mixed, args.split_len, args.ref, knobs, bound=args.bound)
                 floor_us = row["bytes"] / bw * 1e6
                 line = (
                     f"{name:<13} {bs:>4} {ctx:>5} {int(row['split_len']):>5} {int(row['splits']):>3} "
