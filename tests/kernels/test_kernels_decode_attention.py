@@ -270,6 +270,18 @@ def test_triton_kernel_in_interpreter_matches_reference() -> None:
     assert all(moved > 0.05 for _, moved in errors[6:]), errors
 
 
+def test_split_length_follows_the_kv_heads_never_the_batch() -> None:
+    """8+ kv heads: splits of at least 256 tokens; fewer heads: proportionally shorter, down to 128 (SmolLM2's
+    3 heads at bound 2048: 16 splits, not 8); past 64 splits the bound sets the length; a multiple of the tile."""
+    from graphpool.kernels.attention_grid import MAX_SPLITS, choose_split_len, min_split_len
+
+    assert [min_split_len(h) for h in (1, 3, 4, 5, 6, 8, 32)] == [128, 128, 128, 160, 192, 256, 256]
+    assert choose_split_len(8, 2048, 132) == 256 and choose_split_len(3, 2048, 132) == 128
+    assert choose_split_len(5, 2048, 132) == 192  # 160 rounded up to the 64-token tile
+    assert choose_split_len(3, 32768, 132) == 32768 // MAX_SPLITS
+    assert choose_split_len(16, 8192, 132) == 512  # 2 programs per SM at batch size 1: 17 splits -> 482 -> 512
+
+
 def test_large_grids_get_the_shallower_pipeline(monkeypatch: pytest.MonkeyPatch) -> None:
     """The split kernel's depth: triton's default up to LARGE_GRID_PROGRAMS_PER_SM programs per SM (a batch
     of 1-8 at 8 kv heads and 4-16 splits), LARGE_GRID_STAGES past it; the launch asks for it unless the
