@@ -8,10 +8,12 @@ stream, keep enough bytes in flight where cuBLAS's tiles (made for larger M) lea
 
 With ``pdl`` the kernel is launched with programmatic dependent launch: it may start while the kernel before
 it is still running (once that one has called ``griddepcontrol.launch_dependents``, as graphpool's norm,
-attention and SwiGLU kernels do: `kernels/pdl.py`), loads its first weight tile (its whole slice when K <=
-BLOCK_K; weights never depend on the previous kernel), and only then waits (``griddepcontrol.wait``: the
+attention, SwiGLU and GEMV kernels do: `kernels/pdl.py`), loads its first weight tile (its whole slice when K
+<= BLOCK_K; weights never depend on the previous kernel), and only then waits (``griddepcontrol.wait``: the
 previous kernel complete, its writes visible) before it reads x. Everything earlier in the stream is complete
-by then too, so the contract of a plain launch holds.
+by then too, so the contract of a plain launch holds. `normed_gemv_features` is the one-tile form whose x is
+the RMSNorm of the row (+ residual), computed by every program after the wait (`_triton_gemv_rope`,
+`_triton_gemv_swiglu`).
 """
 
 from __future__ import annotations

@@ -5,7 +5,9 @@ pairs ``(d, d + D/2)`` of one head (4 features, the GEMV's tiling), so the neox 
 nothing from another program. It rounds each product to the activation dtype (the GEMV's output), rotates q
 and k heads in fp32 as the rotary kernel does (`_triton_norm_rope.rotate_pair`, the same helper), rounds
 again, stores the whole qkv row, and stores k and v at the token's flat slot of the caches. So the decode
-step's rotary kernel (one per layer) is gone, and the attention reads q from the returned row.
+step's rotary kernel (one per layer) is gone, and the attention reads q from the returned row. With NORM the
+input is the RMSNorm of the row (+ residual), computed in every program (`normed_gemv_features`): the norm
+kernel before it is gone too.
 """
 
 from __future__ import annotations

@@ -3,9 +3,10 @@
 A kernel launched with PDL may start before the kernel ahead of it in the stream has finished, once every
 program of that one has called ``griddepcontrol.launch_dependents`` (or exited); it must call
 ``griddepcontrol.wait`` before it reads what that kernel wrote. graphpool launches only its one-row GEMVs
-(`_triton_gemv`, `_triton_gemv_rope`) that way: they load their first weight tile before the wait, so the
-weight stream starts while the norm, attention or SwiGLU kernel before them finishes. Those kernels call the
-trigger first thing (`pdl_trigger`): without a PDL launch after them it does nothing. Every launcher takes
+(`_triton_gemv`, `_triton_gemv_rope`, `_triton_gemv_swiglu`) that way: they load their first weight tile
+before the wait, so the weight stream starts while the norm, attention, SwiGLU or GEMV kernel before them
+finishes. Those kernels, the GEMVs included, call the trigger first thing (`pdl_trigger`): without a PDL
+launch after them it does nothing. Every launcher takes
 the ``pdl`` switch as an argument (on by default); the interpreter has no griddepcontrol, so it is never on
 there.
 """

@@ -2,7 +2,8 @@
 
 Backend "torch" is the reference (CPU and GPU, graph-capturable). Backend "triton" uses, on CUDA, the Triton
 paged decode attention plus fused residual-add+RMSNorm, rotary+KV-write and SwiGLU silu*mul kernels: fewer
-kernels per step, and a Triton GEMV for the linear layers of a one-row step. Both follow the same numerics
+kernels per step, and a Triton GEMV for the linear layers of a one-row step, into which the rotary, SwiGLU
+and the norm before them fold (`kernels/gemv.py`). Both follow the same numerics
 contract (norm statistics in float32, rotary in float32 over the same cache, silu rounded to the activation
 dtype before the product). The kernel switches (`kernels/switches.py`) are resolved here, once, when the
 model is built: a switched-off kernel's function is not in the op set, or its launcher gets the switch bound.
