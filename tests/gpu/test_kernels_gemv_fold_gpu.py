@@ -12,8 +12,15 @@ from __future__ import annotations
 import pytest
 import torch
 from gpu_helpers import report
-from test_engine_gpu import Record, compare, run
-from test_kernels_gemv_gpu import _engine, _graph_outputs, _work
+from test_engine_gpu import Record, run
+from test_kernels_gemv_gpu import (
+    _engine,
+    _graph_outputs,
+    _work,
+    chain_layers,
+    near_ties_only_then_graph_as_eager,
+    pdl_keeps_the_bits,
+)
 from test_kernels_silu_mul_gpu import build
 
 from graphpool.kernels.gemv import RowNorm
@@ -106,21 +113,8 @@ def _folded_chain(layers: list[tuple[torch.Tensor, ...]], x: torch.Tensor, ops: 
 
 
 def test_pdl_between_folded_gemvs_gives_the_bits_of_plain_launches() -> None:
-    gen = torch.Generator(device="cuda").manual_seed(1)
-    hidden, inter = 2048, 8192
-    layers = [
-        (torch.rand(hidden, device="cuda", generator=gen).bfloat16() + 0.5,
-         (torch.randn(2 * inter, hidden, device="cuda", generator=gen) / hidden**0.5).bfloat16(),
-         (torch.randn(hidden, inter, device="cuda", generator=gen) / inter**0.5).bfloat16())
-        for _ in range(24)
-    ]  # fmt: skip
-    x = torch.randn(1, hidden, device="cuda", generator=gen).bfloat16()
-    results = {mode: _graph_outputs(lambda ops=ops: _folded_chain(layers, x, ops))
-               for mode, ops in (("plain", kernel_ops(["pdl"])), ("pdl", kernel_ops()))}  # fmt: skip
-    plain_eager = results["plain"][0]
-    for mode, (eager, graph) in results.items():
-        for kind, got in (("eager", eager), ("graph", graph)):
-            assert all(torch.equal(a, b) for a, b in zip(got, plain_eager, strict=True)), (mode, kind)
+    layers, x = chain_layers(1)
+    pdl_keeps_the_bits(_folded_chain, layers, x)
 
 
 def test_engine_with_the_folds_matches_the_unfolded_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -143,9 +137,4 @@ def test_engine_with_the_folds_matches_the_unfolded_kernels(monkeypatch: pytest.
     assert 1 not in rows["silu"]
     # NOTE: the final norm's one-row launches are what is left: one a captured or eager one-row step
     assert 0 < rows["norm"].count(1) < unfolded["norm"] / 10
-    compare(ref, got, tie=0.3, logit_tol=0.3, min_agree=0.93)
-    flips = sum(got.argmax[k] != ref.argmax[k] for k in ref.argmax)
-    report("folded norm + SwiGLU engine bf16 argmax flips vs the unfolded kernels", f"{flips} of {len(ref.argmax)}")
-    eager = run(_engine(loaded, disable_cudagraph=True), _work(1))
-    graphed = run(_engine(loaded, graph_miss_policy="capture"), _work(1), forced=eager)
-    compare(eager, graphed, tie=0.3, logit_tol=0.3, min_agree=0.93)
+    near_ties_only_then_graph_as_eager(ref, got, loaded, "folded norm + SwiGLU engine bf16 argmax flips vs unfolded")
