@@ -75,7 +75,7 @@ def test_disable_kernels_is_an_engine_flag_checked_once(capsys: pytest.CaptureFi
     with pytest.raises(ValueError, match=r"unknown kernel switch.*'argmax'"):
         EngineConfig(device="cpu", disabled_kernels="argmax")
     help_text = " ".join(server_parser().format_help().split())
-    assert "--disable-kernels" in help_text and "gemv, pdl, gemv_rope, gemv_rows, step_argmax, step_sample, attn_stages" in help_text
+    assert "--disable-kernels" in help_text and "gemv, pdl, gemv_rope, gemv_swiglu, gemv_norm, gemv_rows, step_argmax, step_sample, attn_stages" in help_text
     assert main(["generate", "--prompt", "x", "--disable-kernels", "gemm", "--device", "cpu"]) == 2
     assert "unknown kernel switch" in capsys.readouterr().err
     # NOTE: an unknown model fails after the loading line, before any weight is read

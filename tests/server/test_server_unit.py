@@ -285,8 +285,8 @@ def test_disabled_kernels_show_at_start_up_and_on_metrics() -> None:
     assert line.endswith("; kernels off: gemv, pdl")
     values = metric_values(ServerMetrics(disabled_kernels=("gemv", "pdl")).render().decode())
     enabled = {dict(labels)["kernel"]: v for (name, labels), v in values.items() if name == "graphpool_kernel_enabled"}
-    assert enabled == {"gemv": 0.0, "pdl": 0.0, "gemv_rope": 1.0, "gemv_rows": 1.0, "step_argmax": 1.0, "step_sample": 1.0,
-                       "attn_stages": 1.0}
+    assert enabled == {"gemv": 0.0, "pdl": 0.0, "gemv_rope": 1.0, "gemv_swiglu": 1.0, "gemv_norm": 1.0, "gemv_rows": 1.0,
+                       "step_argmax": 1.0, "step_sample": 1.0, "attn_stages": 1.0}
 
 
 def test_serve_subcommand_refuses_bad_flags_before_loading() -> None:
