@@ -3,22 +3,28 @@
 time of the engine and event-loop threads per token; medians last.
 
     python benchmarks/host_probe.py [--model random:llama3.2-1b] [--tokens 600] [--reps 3] [--temperature 0.8]
-                                    [--top-p 1.0] [--disable-kernels step_sample]
+                                    [--top-p 1.0] [--disable-kernels step_sample] [--parts]
 
 When the engine-alone gap sits above the step's GPU time (`bench step`'s graph ms), the host sets the pace; its
 launch (a step's host work before it waits for the GPU) is what must fit under that time.
 The engine thread's CPU time includes a CUDA sync's spin-wait; the event loop's is its cost per streamed token.
+`--parts` also times, engine alone, the host's share of each part of a step (median us a call, one call a
+step at one request): scheduling, the decode call (its inputs to the device, the pool's run, the LM head),
+the pool's run inside it (static copy-in and replay), the draw, and the outputs (detokenizing, stop checks).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import httpx
 import torch
@@ -35,6 +41,36 @@ SKIP = 20  # the first gaps (prefill, first steps) are not the steady state
 def median_gap_ms(times: list[float]) -> float:
     gaps = [b - a for a, b in zip(times[SKIP:], times[SKIP + 1:], strict=False)]
     return statistics.median(gaps) * 1e3
+
+
+PARTS = (("schedule", "scheduler", "schedule"), ("decode call", "runner", "decode"),
+         ("pool run (in decode)", "pool", "run"), ("draw", "sampler", "sample_step"), ("outputs", "engine", "_append"))
+
+
+@contextlib.contextmanager
+def timed_parts(engine: LLMEngine) -> Iterator[dict[str, list[float]]]:
+    """Each part's host seconds per call while the block runs (the methods wrapped on their instances)."""
+    owners = {"scheduler": engine.scheduler, "runner": engine.runner, "pool": engine.runner.pool,
+              "sampler": engine.sampler, "engine": engine}
+    times: dict[str, list[float]] = {name: [] for name, _, _ in PARTS}
+
+    def timed(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                times[name].append(time.perf_counter() - start)
+
+        return call
+
+    for name, owner, method in PARTS:
+        setattr(owners[owner], method, timed(name, getattr(owners[owner], method)))
+    try:
+        yield times
+    finally:
+        for _, owner, method in PARTS:
+            delattr(owners[owner], method)
 
 
 def engine_alone(engine: LLMEngine, params: SamplingParams) -> tuple[float, float]:
@@ -95,6 +131,7 @@ def main() -> None:
     p.add_argument("--top-p", type=float, default=1.0, help="every request's top_p (1: no cut)")
     p.add_argument("--device", default=None, help="default: the engine's (cuda when there is one)")
     p.add_argument("--disable-kernels", default="", help="kernel switches off (EngineConfig.disabled_kernels)")
+    p.add_argument("--parts", action="store_true", help="also time each part of a step's host work, engine alone")
     p.add_argument("--client", metavar="URL", help=argparse.SUPPRESS)  # the client process: body on stdin
     args = p.parse_args()
     if args.client:
@@ -107,6 +144,11 @@ def main() -> None:
     params = SamplingParams(max_tokens=args.tokens, temperature=args.temperature, top_p=args.top_p, ignore_eos=True)
     engine_alone(engine, params)  # NOTE: warms the graphs and kernels this request's sizes need
     alone = [engine_alone(engine, params) for _ in range(args.reps)]
+    parts: dict[str, list[float]] = {}
+    if args.parts:
+        with timed_parts(engine) as times:
+            engine_alone(engine, params)
+        parts = {name: [v * 1e6 for v in values[SKIP:]] for name, values in times.items() if values[SKIP:]}
     served = through_server(engine, params, args.reps)
     device = torch.cuda.get_device_name() if engine.device.type == "cuda" else "cpu"
     print(f"$ {' '.join(sys.argv)}")
@@ -120,6 +162,8 @@ def main() -> None:
                          ("server: engine thread CPU us / token", [r[1] for r in served]),
                          ("server: event loop CPU us / token", [r[2] for r in served])):
         print(f"| {name} | {statistics.median(values):.3g} | {', '.join(f'{v:.3g}' for v in values)} |")
+    for name, values in parts.items():
+        print(f"| engine alone: {name} us (host) | {statistics.median(values):.3g} | {len(values)} calls |")
 
 
 if __name__ == "__main__":
