@@ -19,3 +19,20 @@ def test_engine_alone_and_through_the_server() -> None:
     [(gap, engine_cpu, loop_cpu)] = host_probe.through_server(engine, params, reps=1)
     assert gap > 0 and engine_cpu > 0 and loop_cpu > 0
     assert not engine.has_unfinished_requests()
+
+
+def test_parts_are_timed_per_call_and_the_methods_restored() -> None:
+    """`timed_parts`: one schedule, decode call, draw and output a step (one request, no pool run on the CPU:
+    its steps run eagerly), each a positive time; afterwards the instances hold no wrapper."""
+    engine = LLMEngine(EngineConfig(model="random:smollm2-135m?layers=1", device="cpu", max_model_len=512,
+                                    num_kv_blocks=64))
+    params = SamplingParams(max_tokens=host_probe.SKIP + 8, temperature=0.8, ignore_eos=True)
+    with host_probe.timed_parts(engine) as times:
+        host_probe.engine_alone(engine, params)
+    steps = params.max_tokens
+    assert len(times["outputs"]) == steps and len(times["draw"]) == steps
+    assert len(times["decode call"]) == steps - 1 and not times["pool run (in decode)"]  # the first: prefill
+    assert len(times["schedule"]) >= steps - 1 and all(t > 0 for v in times.values() for t in v)
+    for owner, method in ((engine, "_append"), (engine.scheduler, "schedule"), (engine.runner, "decode"),
+                          (engine.runner.pool, "run"), (engine.sampler, "sample_step")):
+        assert method not in vars(owner)
