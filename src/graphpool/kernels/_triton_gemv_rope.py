@@ -94,14 +94,14 @@ def gemv_rope_triton(
     out = torch.empty(1, n, dtype=x.dtype, device=x.device)
     pdl = pdl_on(x.device, pdl)
     x_row = _row(x, k)
-    r_row, s_row, norm_w, eps = norm_args(norm, stream, x_row)
+    norm_ptrs, norm_flags = norm_args(norm, stream, x_row)
     _gemv_rope_kernel[(n // 4,)](
         x_row, weight, bias if bias is not None else weight, out, positions, cos, sin, slot_mapping, k_cache,
-        v_cache, r_row, s_row, norm_w, eps, weight.stride(0), cos.stride(0), sin.stride(0),
+        v_cache, *norm_ptrs, weight.stride(0), cos.stride(0), sin.stride(0),
         *k_cache.stride()[:3], *v_cache.stride()[:3],
         K=k, HQ=hq, HKV=hkv, HEAD_DIM=dim, BLOCK_SIZE=k_cache.shape[1],
-        BLOCK_K=min(MAX_BLOCK_K, triton.next_power_of_2(k)), HAS_BIAS=bias is not None, NORM=norm is not None,
-        HAS_RESIDUAL=norm is not None and norm.residual is not None, PDL=pdl,
+        BLOCK_K=min(MAX_BLOCK_K, triton.next_power_of_2(k)), HAS_BIAS=bias is not None, PDL=pdl,
+        **norm_flags,
         num_warps=NUM_WARPS, num_stages=1, launch_pdl=pdl,
     )  # fmt: skip
     return out

@@ -62,13 +62,12 @@ def gemv_swiglu_triton(
     out = torch.empty(1, inter, dtype=x.dtype, device=x.device)
     pdl = pdl_on(x.device, pdl)
     x_row = _row(x, k)
-    r_row, s_row, norm_w, eps = norm_args(norm, stream, x_row)
+    norm_ptrs, norm_flags = norm_args(norm, stream, x_row)
     if inter > 0:
         _gemv_swiglu_kernel[(triton.cdiv(inter, 2),)](
-            x_row, weight, out, r_row, s_row, norm_w, eps, weight.stride(0), inter,
-            K=k, BLOCK_K=min(MAX_BLOCK_K, triton.next_power_of_2(k)), NORM=norm is not None,
-            HAS_RESIDUAL=norm is not None and norm.residual is not None,
-            LIBDEVICE_EXP=not triton.knobs.runtime.interpret, PDL=pdl,
+            x_row, weight, out, *norm_ptrs, weight.stride(0), inter,
+            K=k, BLOCK_K=min(MAX_BLOCK_K, triton.next_power_of_2(k)), LIBDEVICE_EXP=not triton.knobs.runtime.interpret,
+            PDL=pdl, **norm_flags,
             num_warps=NUM_WARPS, num_stages=1, launch_pdl=pdl,
         )  # fmt: skip
     return out

@@ -52,22 +52,20 @@ def _norm_fits(x: torch.Tensor, norm: RowNorm | None) -> bool:
 
 def norm_args(
     norm: RowNorm | None, stream: torch.Tensor | None, x_row: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]:
-    """The fused kernels' norm arguments: (residual row, stream row, norm weight, eps), `x_row` standing in
-    for each one absent (a compiled-out branch never reads it)."""
+) -> tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor, float], dict[str, bool]]:
+    """The fused kernels' norm arguments (residual row, stream row, norm weight, eps; `x_row` standing in for
+    each one absent: a compiled-out branch never reads it) and their NORM and HAS_RESIDUAL constexprs."""
     if norm is None:
-        return x_row, x_row, x_row, 0.0
+        return (x_row, x_row, x_row, 0.0), {"NORM": False, "HAS_RESIDUAL": False}
     r_row = norm.residual.reshape(-1) if norm.residual is not None else x_row
     s_row = stream.reshape(-1) if stream is not None else x_row
-    return r_row, s_row, norm.weight, norm.eps
+    return (r_row, s_row, norm.weight, norm.eps), {"NORM": True, "HAS_RESIDUAL": norm.residual is not None}
 
 
-def _fused_call(x: torch.Tensor, norm: RowNorm | None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """The stream a fused call stores ``x + residual`` in (None: no residual), and what the call returns as
-    the stream (that sum, x itself where the norm has no residual, None without a norm)."""
-    if norm is None:
-        return None, None
-    if norm.residual is None:
+def _stream_of(x: torch.Tensor, norm: RowNorm | None) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """(the buffer a fused call stores ``x + residual`` in, None where there is no residual; the stream the
+    call returns: that sum, else x itself)."""
+    if norm is None or norm.residual is None:
         return None, x
     stream = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     return stream, stream
@@ -116,11 +114,11 @@ def fused_linear_rope(
     norm: RowNorm | None = None,
     fold_norm: bool = True,
     pdl: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The qkv projection of one row, rotary on its q and k heads at ``positions[0]`` and k, v stored at
     ``slot_mapping[0]`` of the caches, in one kernel, where `linear` would take the GEMV; `norm`: of the row's
-    RMSNorm (`RowNorm`). Returns (the qkv row (q, k rotated), the stream: ``x + norm.residual``, x where the norm
-    has none, None without a norm), or None (the caller norms, runs `linear`, then rotary and the KV write).
+    RMSNorm (`RowNorm`). Returns (the qkv row (q, k rotated), the stream: ``x + norm.residual``, else x itself),
+    or None (the caller norms, runs `linear`, then rotary and the KV write).
     `heads`: (Hq, Hkv, head_dim); `fold_norm` False (the ``gemv_norm`` switch): None whenever `norm` is given.
     Bitwise the GEMV then the rotary kernel (both rotate with `_triton_norm_rope.rotate_pair`)."""
     hq, hkv, dim = heads
@@ -143,7 +141,7 @@ def fused_linear_rope(
     ):
         impl = triton_impl("_triton_gemv_rope")
         if impl is not None:
-            out, stream = _fused_call(x, norm)
+            out, stream = _stream_of(x, norm)
             qkv = impl.gemv_rope_triton(
                 x, weight, bias, positions, cos, sin, k_cache, v_cache, slot_mapping, heads, norm=norm,
                 stream=out, pdl=pdl,
@@ -155,7 +153,7 @@ def fused_linear_rope(
 def linear_swiglu(
     x: torch.Tensor, weight: torch.Tensor, norm: RowNorm | None = None, *, fold_norm: bool = True,
     pdl: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor | None] | None:  # fmt: skip
+) -> tuple[torch.Tensor, torch.Tensor] | None:  # fmt: skip
     """SwiGLU's ``silu(gate) * up`` of one row's gate/up projection (`weight` ``[2I, K]``, gate first, no bias)
     in one kernel, where `linear` would take the GEMV; `norm`: of the row's RMSNorm (`RowNorm`). Returns (the
     activation ``[..., I]``, the stream as `fused_linear_rope`'s), or None (the caller runs them one by one);
@@ -168,7 +166,7 @@ def linear_swiglu(
     ):
         impl = triton_impl("_triton_gemv_swiglu")
         if impl is not None:
-            out, stream = _fused_call(x, norm)
+            out, stream = _stream_of(x, norm)
             act = impl.gemv_swiglu_triton(x, weight, norm=norm, stream=out, pdl=pdl)
             return act.view(*x.shape[:-1], weight.shape[0] // 2), stream
     return None

@@ -110,9 +110,9 @@ class SwiGLU(nn.Module):
         if fused is None:
             return None
         act, stream = fused
-        return self._down(act, reduce), stream if stream is not None else x
+        return self._down(act, reduce), stream
 
-    def _fused(self, x: torch.Tensor, norm: RowNorm | None) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    def _fused(self, x: torch.Tensor, norm: RowNorm | None) -> tuple[torch.Tensor, torch.Tensor] | None:
         return self.ops.linear_swiglu(x, self.gate_up_proj.weight, norm=norm) if self.fuses_swiglu else None
 
     def _down(self, act: torch.Tensor, reduce: bool) -> torch.Tensor:

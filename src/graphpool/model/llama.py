@@ -78,7 +78,7 @@ class LlamaAttention(nn.Module):
 
     def forward_normed(
         self, x: torch.Tensor, norm: RowNorm, meta: AttentionMetadata, kv_cache: KVCache, reduce: bool = True
-    ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """`forward` of the RMSNorm `norm` of x, the norm folded into the fused qkv projection: (the output, the
         stream (`kernels.gemv.fused_linear_rope`'s)), or None where that fusion does not apply (the caller norms
         and calls `forward`)."""
@@ -90,7 +90,7 @@ class LlamaAttention(nn.Module):
 
     def _fused_qkv(
         self, x: torch.Tensor, norm: RowNorm | None, meta: AttentionMetadata, kv_cache: KVCache
-    ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
         if meta.is_prefill or not self.fuses_rope:
             return None
         proj = self.qkv_proj
@@ -170,8 +170,7 @@ class LlamaDecoderLayer(nn.Module):
         norm1 = self.input_layernorm
         fused = self.self_attn.forward_normed(x, RowNorm(residual, norm1.weight, norm1.eps), meta, kv_cache, False)
         if fused is not None:
-            h, stream = fused
-            return h, stream if stream is not None else x
+            return fused
         if residual is None:
             residual, h = x, self.ops.rms_norm(x, norm1.weight, norm1.eps)
         else:

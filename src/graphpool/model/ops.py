@@ -67,10 +67,10 @@ class ModelOps:
     # (x, w, b, positions, cos, sin, k_cache, v_cache, slots, (Hq, Hkv, D), norm=RowNorm | None) -> (the qkv
     # projection of x (or of its norm) with q and k rotated and k, v stored in the caches, the stream) from one
     # kernel, or None: then the model runs them one by one (`kernels.gemv.fused_linear_rope`)
-    fused_linear_rope: Callable[..., tuple[Tensor, Tensor | None] | None]
+    fused_linear_rope: Callable[..., tuple[Tensor, Tensor] | None]
     # (x, gate_up w, norm=RowNorm | None) -> (silu(gate) * up of x (or of its norm), the stream) from one
     # kernel, or None (`kernels.gemv.linear_swiglu`)
-    linear_swiglu: Callable[..., tuple[Tensor, Tensor | None] | None]
+    linear_swiglu: Callable[..., tuple[Tensor, Tensor] | None]
     # logits [bs, vocab] -> int64 [bs]: a greedy batch's token of each row (the sampler's)
     step_argmax: Callable[[Tensor], Tensor]
     # (logits [bs, vocab], int64 params `kernels.sample.sample_params`) -> int64 [bs]: each row drawn at its
