@@ -1,6 +1,6 @@
 """The one-row GEMVs with the layer's other ops folded in: SwiGLU into the gate/up GEMV
 (kernels/_triton_gemv_swiglu.py, the ``gemv_swiglu`` switch) and the RMSNorm before it or before the qkv GEMV
-(`normed_gemv_features`, the ``gemv_norm`` switch). In the Triton interpreter each is its unfused kernels' output
+(`gemv_features` with NORM, the ``gemv_norm`` switch). In the Triton interpreter each is its unfused kernels' output
 bit for bit (fp32 and fp16, odd widths, K over two tiles without a norm, the stream stored once); the dispatch
 declines off CUDA, with the norm switched off, and where the row outgrows one tile; and the model's wiring: a
 one-row decode step runs no norm or SwiGLU op of its own but the final norm, prefill runs them all, and greedy

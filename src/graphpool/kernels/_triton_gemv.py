@@ -11,9 +11,8 @@ it is still running (once that one has called ``griddepcontrol.launch_dependents
 attention, SwiGLU and GEMV kernels do: `kernels/pdl.py`), loads its first weight tile (its whole slice when K
 <= BLOCK_K; weights never depend on the previous kernel), and only then waits (``griddepcontrol.wait``: the
 previous kernel complete, its writes visible) before it reads x. Everything earlier in the stream is complete
-by then too, so the contract of a plain launch holds. `normed_gemv_features` is the one-tile form whose x is
-the RMSNorm of the row (+ residual), computed by every program after the wait (`_triton_gemv_rope`,
-`_triton_gemv_swiglu`).
+by then too, so the contract of a plain launch holds. With NORM, `gemv_features`' x is the RMSNorm of the
+row (+ residual), computed by every program after the wait (`_triton_gemv_rope`, `_triton_gemv_swiglu`).
 """
 
 from __future__ import annotations
@@ -50,32 +49,6 @@ DEFAULT_TILES = Tiles()
 
 
 @triton.jit
-def gemv_features(
-    x_ptr, w_ptr, offs_n, n_mask, stride_wn, K: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
-):  # fmt: skip
-    """The fp32 products of the one-row input with the weight rows `offs_n` (no bias, not rounded): the
-    program's weight slice streamed in ``[len(offs_n), BLOCK_K]`` tiles, fp32 partials per k lane, one reduction;
-    with PDL the first tile is loaded before the wait (and the next PDL launch let in first). `_gemv_kernel`,
-    `_gemv_rope_kernel` and `_gemv_swiglu_kernel` call it."""
-    pdl_trigger(PDL)
-    offs_k = tl.arange(0, BLOCK_K)
-    rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
-    k_mask = offs_k < K
-    w = tl.load(rows + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
-    if PDL:
-        gdc_wait()  # NOTE: after the first weight tile's load, before the first read of x
-    x = tl.load(x_ptr + offs_k, mask=k_mask, other=0.0).to(tl.float32)
-    acc = w.to(tl.float32) * x[None, :]
-    for k0 in range(BLOCK_K, K, BLOCK_K):
-        k = k0 + offs_k
-        k_mask = k < K
-        w = tl.load(rows + k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
-        x = tl.load(x_ptr + k, mask=k_mask, other=0.0).to(tl.float32)
-        acc += w.to(tl.float32) * x[None, :]
-    return tl.sum(acc, 1)
-
-
-@triton.jit
 def normed_row(x_ptr, r_ptr, s_ptr, nw_ptr, eps, offs_k, k_mask, K: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
     """RMSNorm of the one row ``x (+ residual)`` as fp32 values of the activation dtype, in `_rms_norm_kernel`'s
     op order and roundings; with a residual, program 0 stores the sum (the new stream) at `s_ptr`."""
@@ -92,21 +65,35 @@ def normed_row(x_ptr, r_ptr, s_ptr, nw_ptr, eps, offs_k, k_mask, K: tl.constexpr
 
 
 @triton.jit
-def normed_gemv_features(
-    x_ptr, r_ptr, s_ptr, nw_ptr, eps, w_ptr, offs_n, n_mask, stride_wn,
-    K: tl.constexpr, BLOCK_K: tl.constexpr, HAS_RESIDUAL: tl.constexpr, PDL: tl.constexpr,
+def gemv_features(
+    x_ptr, w_ptr, offs_n, n_mask, stride_wn, r_ptr, s_ptr, nw_ptr, eps,
+    K: tl.constexpr, BLOCK_K: tl.constexpr, NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
-    """`gemv_features` of the normed row (`normed_row`) where K fits one tile (K <= BLOCK_K): every program norms
-    the whole row itself, so the norm needs no kernel of its own."""
+    """The fp32 products of the one-row input with the weight rows `offs_n` (no bias, not rounded): the
+    program's weight slice streamed in ``[len(offs_n), BLOCK_K]`` tiles, fp32 partials per k lane, one reduction;
+    with PDL the first tile is loaded before the wait (and the next PDL launch let in first). With NORM (K
+    within one tile) the input is the RMSNorm of the row (`normed_row`, its pointers r, s, nw and eps), which
+    every program computes itself, so the norm needs no kernel of its own. `_gemv_kernel`, `_gemv_rope_kernel`
+    and `_gemv_swiglu_kernel` call it."""
     pdl_trigger(PDL)
     offs_k = tl.arange(0, BLOCK_K)
+    rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
     k_mask = offs_k < K
-    w = tl.load(w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn + offs_k[None, :],
-                mask=n_mask[:, None] & k_mask[None, :], other=0.0)  # fmt: skip
+    w = tl.load(rows + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
     if PDL:
-        gdc_wait()  # NOTE: after the weight tile's load, before the first read of x
-    x = normed_row(x_ptr, r_ptr, s_ptr, nw_ptr, eps, offs_k, k_mask, K, HAS_RESIDUAL)
-    return tl.sum(w.to(tl.float32) * x[None, :], 1)
+        gdc_wait()  # NOTE: after the first weight tile's load, before the first read of x
+    if NORM:
+        x = normed_row(x_ptr, r_ptr, s_ptr, nw_ptr, eps, offs_k, k_mask, K, HAS_RESIDUAL)
+    else:
+        x = tl.load(x_ptr + offs_k, mask=k_mask, other=0.0).to(tl.float32)
+    acc = w.to(tl.float32) * x[None, :]
+    for k0 in range(BLOCK_K, K, BLOCK_K):
+        k = k0 + offs_k
+        k_mask = k < K
+        w = tl.load(rows + k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+        x = tl.load(x_ptr + k, mask=k_mask, other=0.0).to(tl.float32)
+        acc += w.to(tl.float32) * x[None, :]
+    return tl.sum(acc, 1)
 
 
 @triton.jit
@@ -117,7 +104,7 @@ def _gemv_kernel(
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
-    y = gemv_features(x_ptr, w_ptr, offs_n, n_mask, stride_wn, K, BLOCK_K, PDL)
+    y = gemv_features(x_ptr, w_ptr, offs_n, n_mask, stride_wn, x_ptr, x_ptr, x_ptr, 0.0, K, BLOCK_K, False, False, PDL)
     if HAS_BIAS:
         y += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
     tl.store(y_ptr + offs_n, y.to(y_ptr.dtype.element_ty), mask=n_mask)

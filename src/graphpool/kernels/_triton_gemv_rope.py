@@ -6,7 +6,7 @@ nothing from another program. It rounds each product to the activation dtype (th
 and k heads in fp32 as the rotary kernel does (`_triton_norm_rope.rotate_pair`, the same helper), rounds
 again, stores the whole qkv row, and stores k and v at the token's flat slot of the caches. So the decode
 step's rotary kernel (one per layer) is gone, and the attention reads q from the returned row. With NORM the
-input is the RMSNorm of the row (+ residual), computed in every program (`normed_gemv_features`): the norm
+input is the RMSNorm of the row (+ residual), computed in every program (`gemv_features` with NORM): the norm
 kernel before it is gone too.
 """
 
@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from graphpool.kernels._triton_gemv import MAX_BLOCK_K, NUM_WARPS, _row, gemv_features, normed_gemv_features
+from graphpool.kernels._triton_gemv import MAX_BLOCK_K, NUM_WARPS, _row, gemv_features
 from graphpool.kernels._triton_norm_rope import rotate_pair
 from graphpool.kernels.gemv import RowNorm, norm_args
 from graphpool.kernels.pdl import pdl_on
@@ -37,12 +37,9 @@ def _gemv_rope_kernel(
     j = tl.arange(0, 4)
     # NOTE: features j = (half index) * 2 + pair: d0, d0 + 1, d0 + D/2, d0 + D/2 + 1 of the head
     offs_n = head * HEAD_DIM + d0 + (j % 2) + (j // 2) * half
-    if NORM:
-        y = normed_gemv_features(
-            x_ptr, r_ptr, s_ptr, nw_ptr, eps, w_ptr, offs_n, offs_n >= 0, stride_wn, K, BLOCK_K, HAS_RESIDUAL, PDL
-        )
-    else:
-        y = gemv_features(x_ptr, w_ptr, offs_n, offs_n >= 0, stride_wn, K, BLOCK_K, PDL)
+    y = gemv_features(
+        x_ptr, w_ptr, offs_n, offs_n >= 0, stride_wn, r_ptr, s_ptr, nw_ptr, eps, K, BLOCK_K, NORM, HAS_RESIDUAL, PDL
+    )
     if HAS_BIAS:
         y += tl.load(b_ptr + offs_n).to(tl.float32)
     # NOTE: the GEMV's output rounding, then the rotary kernel's fp32 rotation and rounding

@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from graphpool.kernels._triton_gemv import MAX_BLOCK_K, NUM_WARPS, _row, gemv_features, normed_gemv_features
+from graphpool.kernels._triton_gemv import MAX_BLOCK_K, NUM_WARPS, _row, gemv_features
 from graphpool.kernels._triton_silu_mul import silu_times_up
 from graphpool.kernels.gemv import RowNorm, norm_args
 from graphpool.kernels.pdl import pdl_on
@@ -32,12 +32,9 @@ def _gemv_swiglu_kernel(
     feat = f0 + j % 2
     offs_n = feat + (j // 2) * INTER
     n_mask = feat < INTER
-    if NORM:
-        y = normed_gemv_features(
-            x_ptr, r_ptr, s_ptr, nw_ptr, eps, w_ptr, offs_n, n_mask, stride_wn, K, BLOCK_K, HAS_RESIDUAL, PDL
-        )
-    else:
-        y = gemv_features(x_ptr, w_ptr, offs_n, n_mask, stride_wn, K, BLOCK_K, PDL)
+    y = gemv_features(
+        x_ptr, w_ptr, offs_n, n_mask, stride_wn, r_ptr, s_ptr, nw_ptr, eps, K, BLOCK_K, NORM, HAS_RESIDUAL, PDL
+    )
     # NOTE: the GEMV's output rounding, then the SwiGLU kernel's fp32 activation and rounding
     y = y.to(y_ptr.dtype.element_ty).to(tl.float32)
     gate, up = tl.split(tl.permute(tl.reshape(y, (2, 2)), (1, 0)))
