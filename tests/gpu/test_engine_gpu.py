@@ -1,5 +1,6 @@
 """The engine on the GPU (random llama3.2-1b weights): graph decode vs eager decode, a small pool under a
-batch-size sweep, and the Triton kernels against the torch reference inside the engine.
+batch-size sweep, the Triton kernels against the torch reference inside the engine, and the host staging of
+the step inputs while copies are queued.
 
 Random weights give flat next-token distributions, so two correct computations that round differently
 (padded vs live batch GEMMs, another attention kernel) can flip a near-tied argmax and then diverge for the
@@ -13,11 +14,13 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
+import numpy as np
 import pytest
 import torch
 
 from graphpool.engine.config import EngineConfig
 from graphpool.engine.engine import LLMEngine
+from graphpool.engine.host_copy import HostStaging
 from graphpool.engine.sampling_params import SamplingParams
 from graphpool.model.loader import load_model
 
@@ -199,3 +202,14 @@ def test_triton_kernels_match_torch_in_the_engine(bf16_models) -> None:
     # round differently from the torch ops: 178/190 agreed on the H200 (torch 2.11); every flip was a near-tie
     # (checked by compare above).
     assert sum(got.argmax[k] == ref.argmax[k] for k in first) >= 0.9 * len(first)
+
+
+def test_staging_keeps_each_copy_while_earlier_ones_are_queued() -> None:
+    """With GPU work queued ahead, every staged copy is still in flight when the buffers come round again: a
+    buffer written before its copy ran would hand a step another step's inputs."""
+    staging = HostStaging(torch.device("cuda"), num_buffers=2)
+    torch.cuda._sleep(100_000_000)  # NOTE: tens of ms of GPU time ahead of the copies
+    outs = [staging.to_device(np.full(64, i, dtype=np.int64), np.arange(i, i + 3, dtype=np.int32)) for i in range(9)]
+    torch.cuda.synchronize()
+    for i, (ids, lens) in enumerate(outs):
+        assert ids.tolist() == [i] * 64 and lens.tolist() == [i, i + 1, i + 2]

@@ -1,9 +1,19 @@
-"""A host list on the device without waiting for the stream: through pinned memory on CUDA, since a plain
-(pageable) copy waits for the work already queued (under async scheduling: the decode step in flight)."""
+"""Host values on the device without waiting for the stream: through pinned memory on CUDA, since a plain
+(pageable) copy waits for the work already queued (under async scheduling: the decode step in flight).
+
+`HostStaging` is the per-step path: a step's small arrays (tokens, positions, slots, lengths, block tables,
+sampling parameters) packed into one reused pinned buffer and sent in one copy, where `to_device` costs a pinned
+allocation and a copy per list."""
 
 from __future__ import annotations
 
+import numpy as np
 import torch
+
+_DTYPES = {np.dtype(np.int64): torch.int64, np.dtype(np.int32): torch.int32, np.dtype(np.float32): torch.float32}
+ALIGN = 8  # bytes: every array starts where its dtype can be viewed
+NUM_BUFFERS = 8  # pinned buffers used in turn: more than the copies of one step (a chunked prefill's few)
+MIN_BYTES = 4096
 
 
 def to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -11,7 +21,47 @@ def to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.T
     return torch.tensor(values, dtype=dtype, pin_memory=pin).to(device, non_blocking=pin)
 
 
-def tensor_to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """`to_device` of a host tensor (pinned first on CUDA)."""
-    pin = device.type == "cuda"
-    return (host.pin_memory() if pin else host).to(device, non_blocking=pin)
+class HostStaging:
+    """Host arrays -> device tensors (same dtypes and shapes) in one copy, through pinned buffers used in turn.
+
+    A buffer is written again only once the copy out of it has run (an event recorded after it); one whose
+    copy is still queued is replaced, not waited for (torch's pinned allocator keeps the old one until its
+    copy is done), so staging never holds the host behind the GPU. Off CUDA the tensors are a fresh copy."""
+
+    def __init__(self, device: torch.device, num_buffers: int = NUM_BUFFERS) -> None:
+        self.device = device
+        self.pin = device.type == "cuda"
+        self._buffers = [torch.empty(0, dtype=torch.uint8) for _ in range(num_buffers)]
+        self._copied: list[torch.cuda.Event | None] = [None] * num_buffers
+        self._turn = 0
+
+    def to_device(self, *arrays: np.ndarray) -> list[torch.Tensor]:
+        """int64, int32 or float32 arrays (any shape and strides) -> device tensors of their dtypes and shapes:
+        views of one device tensor, valid as long as the caller keeps them."""
+        for a in arrays:
+            if a.dtype not in _DTYPES:
+                raise TypeError(f"HostStaging takes int64, int32 or float32 arrays, got {a.dtype}")
+        spans = [-(-a.nbytes // ALIGN) * ALIGN for a in arrays]
+        total = sum(spans)
+        self._turn = (self._turn + 1) % len(self._buffers)
+        buf, copied = self._buffers[self._turn], self._copied[self._turn]
+        if buf.numel() < total or (copied is not None and not copied.query()):
+            buf = torch.empty(max(total, 2 * buf.numel(), MIN_BYTES), dtype=torch.uint8, pin_memory=self.pin)
+            self._buffers[self._turn] = buf
+        host = buf.numpy()
+        off = 0
+        for a, span in zip(arrays, spans, strict=True):
+            host[off:off + a.nbytes].view(a.dtype).reshape(a.shape)[...] = a
+            off += span
+        if self.pin:
+            dev = buf[:total].to(self.device, non_blocking=True)
+            if copied is None:
+                copied = self._copied[self._turn] = torch.cuda.Event()
+            copied.record()
+        else:
+            dev = buf[:total].clone()
+        out, off = [], 0
+        for a, span in zip(arrays, spans, strict=True):
+            out.append(dev[off:off + a.nbytes].view(_DTYPES[a.dtype]).view(a.shape))
+            off += span
+        return out

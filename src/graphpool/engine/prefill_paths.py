@@ -4,12 +4,10 @@ scores of the spans that ask for them."""
 
 from __future__ import annotations
 
-from itertools import chain
-
 import numpy as np
 import torch
 
-from graphpool.engine.host_copy import tensor_to_device, to_device
+from graphpool.engine.host_copy import HostStaging, to_device
 from graphpool.engine.kv_cache import BlockManager, KVCache
 from graphpool.engine.prompt_logprobs import PromptScores, score_rows, span_rows
 from graphpool.engine.scheduler import PrefillChunk
@@ -40,17 +38,18 @@ class PrefillPaths:
     block_size: int
     max_blocks: int
     prompt_scores: list[PromptScores]
+    staging: HostStaging
 
     def _eager_bound(self, max_len: int) -> int:
         raise NotImplementedError
 
     def _ints_to_device(self, *lists: list[int]) -> tuple[torch.Tensor, ...]:
         """int64 lists -> device tensors in one host-to-device copy (views of one tensor, in order)."""
-        return to_device(list(chain.from_iterable(lists)), torch.int64, self.device).split([len(x) for x in lists])
+        return tuple(self.staging.to_device(*(np.asarray(x, dtype=np.int64) for x in lists)))
 
     def _tables_to_device(self, rows: np.ndarray) -> torch.Tensor:
         """Block-table rows [n, width] (int32, host) -> the device, through pinned memory on CUDA."""
-        return tensor_to_device(torch.from_numpy(np.ascontiguousarray(rows)), self.device)
+        return self.staging.to_device(rows)[0]
 
     def _fresh_prefill(self, chunks: list[PrefillChunk]) -> torch.Tensor:
         """Chunks from position 0 -> the hidden rows of their last tokens [chunks that are last, hidden]."""

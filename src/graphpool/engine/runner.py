@@ -17,7 +17,7 @@ from graphpool.engine.decode_step import (
     decode_input_specs,
     run_decode,
 )
-from graphpool.engine.host_copy import to_device
+from graphpool.engine.host_copy import HostStaging, to_device
 from graphpool.engine.kv_cache import BlockManager, KVCache
 from graphpool.engine.prefill_paths import PrefillPaths, last_rows
 from graphpool.engine.prompt_logprobs import PromptScores, score_rows, span_rows
@@ -62,6 +62,7 @@ class ModelRunner(PrefillPaths):
         self.kv_caches = kv_caches
         self.block_manager = block_manager
         self.device = config.torch_device
+        self.staging = HostStaging(self.device)
         self.block_size = config.block_size
         self.len_bound = config.len_bound
         self.max_blocks = -(-self.len_bound // self.block_size)
@@ -228,10 +229,13 @@ class ModelRunner(PrefillPaths):
             rows = rows[:, :width]
             if self.announce is not None:  # NOTE: tensor parallel: rank 0 decides and sends the decision along
                 self.announce.decode(None if input_ids is not None else last_tokens, lens, slots, rows, decision)
-            if last_tokens is not None and input_ids is None:
-                ids_t, pos_t, slots_t = self._ints_to_device(last_tokens, [n - 1 for n in lens], slots)
-            else:
-                pos_t, slots_t = self._ints_to_device([n - 1 for n in lens], slots)
+            # NOTE: one host-to-device copy for the step's positions, slots, lengths, tables (and tokens)
+            lens_np = np.asarray(lens, dtype=np.int32)
+            ids_on_host = last_tokens is not None and input_ids is None
+            ids_t, pos_t, slots_t, lens_t, tables_t = self.staging.to_device(
+                np.asarray(last_tokens if ids_on_host else [], dtype=np.int64), lens_np.astype(np.int64) - 1,
+                np.asarray(slots, dtype=np.int64), lens_np, rows)
+            if not ids_on_host:
                 if input_ids is None:  # NOTE: a rank > 0 under async scheduling: rank 0 sends the tokens
                     input_ids = torch.empty(len(lens), dtype=torch.int64, device=self.device)
                 ids_t = self.model.tp.broadcast(input_ids)
@@ -239,8 +243,8 @@ class ModelRunner(PrefillPaths):
                 "input_ids": ids_t,
                 "positions": pos_t,
                 "slot_mapping": slots_t,
-                "block_tables": self._tables_to_device(rows),
-                "context_lens": to_device(lens, torch.int32, self.device),
+                "block_tables": tables_t,
+                "context_lens": lens_t,
             }
             return run_decode(self.pool, self.model, self.kv_caches, inputs, self.num_microbatches,
                               eager_bound=eager_bound, max_len=max_len, decision=decision)

@@ -5,12 +5,13 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
+import numpy as np
 import torch
 
 from graphpool.engine.bad_words import banned_tokens
 from graphpool.engine.draw import draw_rows
 from graphpool.engine.grammar import apply_guides
-from graphpool.engine.host_copy import to_device
+from graphpool.engine.host_copy import HostStaging, to_device
 from graphpool.engine.logit_bias import apply_logit_bias
 from graphpool.engine.logprobs import StepLogprobs, TokenLogprob, gather_logprobs
 from graphpool.engine.penalties import TokenCounts, apply_penalties, apply_penalties_sparse
@@ -48,6 +49,7 @@ class Sampler:
                  argmax: Callable[[torch.Tensor], torch.Tensor] | None = None,
                  draw: Callable[[torch.Tensor, torch.Tensor], torch.Tensor | None] | None = None) -> None:
         self.device = device
+        self.staging = HostStaging(device)
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(seed)
         self.rng = random.Random(seed)  # the kernel's Philox keys of unseeded rows
@@ -146,7 +148,7 @@ class Sampler:
             args = (sample_params(keys, temps, [p.top_k for p in params], [p.top_p for p in params],
                                   [p.min_p for p in params])
                     if any(p.has_cut for p in params) else sample_params(keys, temps))
-            tokens = self.draw(logits, to_device(args, torch.int64, logits.device))
+            tokens = self.draw(logits, self.staging.to_device(np.asarray(args, dtype=np.int64))[0])
         return tokens if tokens is not None else self._draw_torch(logits, seqs)
 
     def _draw_torch(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
