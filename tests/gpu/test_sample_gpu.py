@@ -103,8 +103,9 @@ def test_wide_rows_greedy_exact_and_draws_near_the_top() -> None:
     x[2, 77] = float("nan")
     got = sample_rows(x, _params(list(range(8)), [0.0] * 8))
     assert got is not None and torch.equal(got, x.argmax(-1))
-    cold = sample_rows(x, _params(list(range(8)), [1e-4] * 8))  # next to no temperature: the argmax again
-    assert cold is not None and torch.equal(cold[3:], x[3:].argmax(-1))
+    cold = sample_rows(x, _params(list(range(8)), [1e-4] * 8))  # next to no temperature: a top token again
+    # NOTE: a top token, not the argmax: bf16 values of 128k draws tie at the top of a row now and then
+    assert cold is not None and torch.equal(x[3:].gather(1, cold[3:, None]).squeeze(1), x[3:].amax(-1))
 
 
 def _seq(rid: str, **kw: object) -> Sequence:
