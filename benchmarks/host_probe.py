@@ -3,7 +3,7 @@
 time of the engine and event-loop threads per token; medians last.
 
     python benchmarks/host_probe.py [--model random:llama3.2-1b] [--tokens 600] [--reps 3] [--temperature 0.8]
-                                    [--top-p 1.0] [--disable-kernels step_sample] [--parts]
+                                    [--top-p 1.0] [--disable-kernels step_sample] [--parts] [--profile 25]
 
 When the engine-alone gap sits above the step's GPU time (`bench step`'s graph ms), the host sets the pace; its
 launch (a step's host work before it waits for the GPU) is what must fit under that time.
@@ -11,19 +11,24 @@ The engine thread's CPU time includes a CUDA sync's spin-wait; the event loop's 
 `--parts` also times, engine alone, the host's share of each part of a step (median us a call, one call a
 step at one request): scheduling, the decode call (its inputs to the device, the pool's run, the LM head),
 the pool's run inside it (static copy-in and replay), the draw, and the outputs (detokenizing, stop checks).
+`--profile N` runs one more request engine alone under cProfile and lists the N functions with the most own
+host time a step (cProfile's own cost inflates every call: read them as shares, not as times).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import cProfile
 import json
+import pstats
 import statistics
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -89,6 +94,21 @@ def engine_alone(engine: LLMEngine, params: SamplingParams) -> tuple[float, floa
     return median_gap_ms(times), statistics.median(launches[SKIP:] or launches) * 1e3
 
 
+def profiled(engine: LLMEngine, params: SamplingParams, top: int) -> list[tuple[str, float, float]]:
+    """The `top` functions by own host time over one engine-alone request: (function, calls a step, own us a
+    step), a step being one of the request's tokens."""
+    prof = cProfile.Profile()
+    prof.enable()
+    try:
+        engine_alone(engine, params)
+    finally:
+        prof.disable()
+    steps = params.max_tokens
+    rows = [(f"{Path(file).name}:{line}({name})", calls / steps, own / steps * 1e6)
+            for (file, line, name), (_, calls, own, _, _) in pstats.Stats(prof).stats.items()]  # type: ignore[attr-defined]
+    return sorted(rows, key=lambda r: -r[2])[:top]
+
+
 def thread_cpu(name: str) -> float:
     thread = next(t for t in threading.enumerate() if t.name == name)
     return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))  # type: ignore[arg-type]
@@ -132,6 +152,8 @@ def main() -> None:
     p.add_argument("--device", default=None, help="default: the engine's (cuda when there is one)")
     p.add_argument("--disable-kernels", default="", help="kernel switches off (EngineConfig.disabled_kernels)")
     p.add_argument("--parts", action="store_true", help="also time each part of a step's host work, engine alone")
+    p.add_argument("--profile", type=int, default=0, metavar="N",
+                   help="also list the N functions with the most own host time a step (cProfile, engine alone)")
     p.add_argument("--client", metavar="URL", help=argparse.SUPPRESS)  # the client process: body on stdin
     args = p.parse_args()
     if args.client:
@@ -149,6 +171,7 @@ def main() -> None:
         with timed_parts(engine) as times:
             engine_alone(engine, params)
         parts = {name: [v * 1e6 for v in values[SKIP:]] for name, values in times.items() if values[SKIP:]}
+    hot = profiled(engine, params, args.profile) if args.profile > 0 else []
     served = through_server(engine, params, args.reps)
     device = torch.cuda.get_device_name() if engine.device.type == "cuda" else "cpu"
     print(f"$ {' '.join(sys.argv)}")
@@ -164,6 +187,10 @@ def main() -> None:
         print(f"| {name} | {statistics.median(values):.3g} | {', '.join(f'{v:.3g}' for v in values)} |")
     for name, values in parts.items():
         print(f"| engine alone: {name} us (host) | {statistics.median(values):.3g} | {len(values)} calls |")
+    if hot:
+        print("\n| function (cProfile, engine alone) | calls / step | own us / step |\n|---|---|---|")
+        for name, calls, own in hot:
+            print(f"| {name} | {calls:.2g} | {own:.3g} |")
 
 
 if __name__ == "__main__":

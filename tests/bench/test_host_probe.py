@@ -36,3 +36,15 @@ def test_parts_are_timed_per_call_and_the_methods_restored() -> None:
     for owner, method in ((engine, "_append"), (engine.scheduler, "schedule"), (engine.runner, "decode"),
                           (engine.runner.pool, "run"), (engine.sampler, "sample_step")):
         assert method not in vars(owner)
+
+
+def test_profile_lists_the_functions_with_the_most_own_time() -> None:
+    """`profiled`: at most N rows, most own time first, and the engine's own step among the functions seen."""
+    engine = LLMEngine(EngineConfig(model="random:smollm2-135m?layers=1", device="cpu", max_model_len=512,
+                                    num_kv_blocks=64))
+    params = SamplingParams(max_tokens=host_probe.SKIP + 8, temperature=0.8, ignore_eos=True)
+    rows = host_probe.profiled(engine, params, top=400)
+    assert 0 < len(rows) <= 400 and [r[2] for r in rows] == sorted((r[2] for r in rows), reverse=True)
+    assert any(name.startswith("engine.py:") and name.endswith("(step)") for name, _, _ in rows)
+    assert all(calls > 0 and own >= 0 for _, calls, own in rows)
+    assert len(host_probe.profiled(engine, params, top=3)) == 3
