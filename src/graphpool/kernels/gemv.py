@@ -35,14 +35,16 @@ class RowNorm(NamedTuple):
     eps: float
 
 
-def _norm_fits(x: torch.Tensor, norm: RowNorm | None) -> bool:
-    """Whether a fused GEMV can fold `norm` into its one-row input `x` (host-side facts only: capturable)."""
+def _norm_folds(x: torch.Tensor, norm: RowNorm | None, fold_norm: bool) -> bool:
+    """Whether a fused GEMV can take `norm` (none asked, or the ``gemv_norm`` switch on and the norm folding
+    into its one-row input `x`; host-side facts only: capturable)."""
     if norm is None:
         return True
     k = x.shape[-1]
     r = norm.residual
     return (
-        k <= MAX_NORM_K
+        fold_norm
+        and k <= MAX_NORM_K
         and norm.weight.shape == (k,)
         and norm.weight.stride(0) == 1
         and norm.weight.device == x.device
@@ -124,8 +126,7 @@ def fused_linear_rope(
     hq, hkv, dim = heads
     if (
         uses_gemv(x, weight)  # NOTE: first: a batch of 2+ rows fails it
-        and (norm is None or fold_norm)
-        and _norm_fits(x, norm)
+        and _norm_folds(x, norm, fold_norm)
         and dim % 4 == 0
         and weight.shape[0] == (hq + 2 * hkv) * dim
         and positions.numel() == 1
@@ -160,8 +161,7 @@ def linear_swiglu(
     `fold_norm` as `fused_linear_rope`'s. Bitwise the GEMV then the SwiGLU kernel."""
     if (
         uses_gemv(x, weight)
-        and (norm is None or fold_norm)
-        and _norm_fits(x, norm)
+        and _norm_folds(x, norm, fold_norm)
         and weight.shape[0] % 2 == 0
     ):
         impl = triton_impl("_triton_gemv_swiglu")
