@@ -250,3 +250,28 @@ def test_memory_numbers_of_the_layouts(big: ToyDecode) -> None:
     assert arena.resident_driver < shared.resident_driver
     assert arena.freed_driver >= 0.95 * arena.evicted_accounted
     assert arena.freed_all_driver + arena.freed_driver >= 0.95 * arena.resident_accounted
+
+
+def test_host_inputs_equal_device_inputs_while_copies_are_queued(small: ToyDecode) -> None:
+    """Inputs on the host go through the pool's pinned mirrors in one copy: with GPU work queued ahead (every
+    mirror still busy when its turn comes again), each step still reads its own rows, padding included; a
+    microbatch with one input on the device and one on the host too."""
+    pool = GraphPool(small, TOY_SPECS, PoolConfig(miss_policy="capture"), device=DEV)
+    sizes = (1, 3, 8, 5, 2, 7, 1, 6, 4, 3)
+    for bs in sizes:  # the captures, and the references from device inputs
+        pool.run(small.inputs(bs, seed=bs))
+    refs = [pool.run(small.inputs(bs, seed=100 + i)).clone() for i, bs in enumerate(sizes)]
+    torch.cuda.synchronize()
+    torch.cuda._sleep(100_000_000)  # NOTE: tens of ms of GPU work ahead of the copies
+    outs = []
+    for i, bs in enumerate(sizes):
+        host = small.inputs(bs, seed=100 + i, device="cpu")
+        if i % 2:
+            host["input_ids"] = host["input_ids"].to(DEV)
+        outs.append(pool.run(host).clone())
+    torch.cuda.synchronize()
+    for bs, ref, out in zip(sizes, refs, outs, strict=True):
+        assert torch.equal(ref, out), f"bs={bs}: host inputs gave another step's rows"
+    assert pool.stats().hits >= len(sizes)
+    eager = GraphPool(small, TOY_SPECS, PoolConfig(enabled=False), device=DEV)  # the fallback moves them itself
+    torch.testing.assert_close(eager.run(small.inputs(3, seed=101, device="cpu")), refs[1], rtol=1e-4, atol=1e-4)

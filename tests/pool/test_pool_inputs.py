@@ -50,3 +50,36 @@ def test_buffers_built_under_inference_mode_take_copies_outside_it() -> None:
     assert st.buffers[0]["ids"][:2].tolist() == [5, 7]
     st.free()
     assert st.buffers == []
+
+
+WIDE = (InputSpec("table", (4,), torch.int32, 0), InputSpec("ids", (), torch.int64, 7),
+        InputSpec("flag", (), torch.bool, True))
+
+
+def test_staged_write_sends_live_rows_and_padding_in_one_block() -> None:
+    """The host path (on CUDA: a pinned mirror, one copy): every buffer's rows [0, size) hold the live rows then
+    the pad value, through more writes than mirrors, and the widest buffer lies last in the block."""
+    st = StaticInputs(WIDE, 1, "cpu", stage_host=True)
+    st.allocate(8)
+    assert st.buffers[0]["ids"].tolist() == [7] * 8 and st.buffers[0]["flag"].all()
+    block = st.buffers[0]["table"].untyped_storage().data_ptr()
+    assert st.buffers[0]["table"].data_ptr() > st.buffers[0]["ids"].data_ptr() >= block
+    for step, (r, size) in enumerate([(3, 4), (8, 8), (1, 2), (5, 8), (2, 2), (6, 8)]):
+        mb = {"table": torch.arange(r * 4, dtype=torch.int32).view(r, 4) + step,
+              "ids": torch.arange(r) + 100 * step, "flag": torch.zeros(r, dtype=torch.bool)}
+        (got,), rows = st.check(mb)
+        st.write([got], rows, size)
+        buf = st.buffers[0]
+        assert buf["ids"][:size].tolist() == [100 * step + i for i in range(r)] + [7] * (size - r)
+        assert buf["table"][:r].equal(mb["table"]) and buf["table"][r:size].eq(0).all()
+        assert buf["flag"][:size].tolist() == [False] * r + [True] * (size - r)
+
+
+def test_staged_write_leaves_the_widest_buffer_past_the_bucket_alone() -> None:
+    st = StaticInputs(WIDE, 1, "cpu", stage_host=True)
+    st.allocate(8)
+    st.buffers[0]["table"].fill_(-5)  # rows a larger bucket wrote
+    mbs, rows = st.check({"table": torch.ones(1, 4, dtype=torch.int32), "ids": torch.tensor([1]),
+                          "flag": torch.tensor([False])})
+    st.write(mbs, rows, 2)
+    assert st.buffers[0]["table"][:, 0].tolist() == [1, 0, -5, -5, -5, -5, -5, -5]

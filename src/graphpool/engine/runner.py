@@ -229,12 +229,15 @@ class ModelRunner(PrefillPaths):
             rows = rows[:, :width]
             if self.announce is not None:  # NOTE: tensor parallel: rank 0 decides and sends the decision along
                 self.announce.decode(None if input_ids is not None else last_tokens, lens, slots, rows, decision)
-            # NOTE: one host-to-device copy for the step's positions, slots, lengths, tables (and tokens)
             lens_np = np.asarray(lens, dtype=np.int32)
             ids_on_host = last_tokens is not None and input_ids is None
-            ids_t, pos_t, slots_t, lens_t, tables_t = self.staging.to_device(
-                np.asarray(last_tokens if ids_on_host else [], dtype=np.int64), lens_np.astype(np.int64) - 1,
-                np.asarray(slots, dtype=np.int64), lens_np, rows)
+            host = (np.asarray(last_tokens if ids_on_host else [], dtype=np.int64), lens_np.astype(np.int64) - 1,
+                    np.asarray(slots, dtype=np.int64), lens_np, rows)
+            if decision.action != "eager":
+                # NOTE: a graph's step: the pool sends the host arrays with its padding in one copy
+                ids_t, pos_t, slots_t, lens_t, tables_t = map(torch.from_numpy, host)
+            else:  # NOTE: one host-to-device copy for the step's positions, slots, lengths, tables (and tokens)
+                ids_t, pos_t, slots_t, lens_t, tables_t = self.staging.to_device(*host)
             if not ids_on_host:
                 if input_ids is None:  # NOTE: a rank > 0 under async scheduling: rank 0 sends the tokens
                     input_ids = torch.empty(len(lens), dtype=torch.int64, device=self.device)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
+import numpy as np
 import torch
 
 Batch = Mapping[str, torch.Tensor]
@@ -21,13 +24,42 @@ class InputSpec:
     pad_value: float | int | bool = 0
 
 
+ALIGN = 64  # bytes: where each spec's buffer starts in its microbatch's block (any dtype can view it)
+HOST_TURNS = 4  # pinned host mirrors used in turn, one a microbatch's write
+
+
+def _row_bytes(spec: InputSpec) -> int:
+    return math.prod(spec.trailing_shape) * torch.empty((), dtype=spec.dtype).element_size()
+
+
+class _Mirror:
+    """A pinned host copy of one microbatch's block, with the event after the copy that last read it."""
+
+    def __init__(self, nbytes: int, layout: dict[str, tuple[int, InputSpec]], max_rows: int, pin: bool) -> None:
+        self.block = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin)
+        self.copied: torch.cuda.Event | None = None
+        # NOTE: numpy views where the dtype has one: a numpy slice write costs a fraction of a torch op's dispatch
+        self.views: dict[str, Any] = {}
+        for name, (off, s) in layout.items():
+            view = self.block[off:off + max_rows * _row_bytes(s)].view(s.dtype).view(max_rows, *s.trailing_shape)
+            self.views[name] = view if s.dtype == torch.bfloat16 else view.numpy()
+
+    def busy(self) -> bool:
+        return self.copied is not None and not self.copied.query()
+
+
 class StaticInputs:
-    """Per microbatch, one pad-filled ``[max_rows, *trailing]`` buffer per spec: the tensors every graph reads.
+    """Per microbatch, one pad-filled ``[max_rows, *trailing]`` buffer per spec: the tensors every graph reads,
+    views of one block of bytes (the widest rows last, so a bucket's rows of every buffer lie in one span).
 
     ``check`` validates a step's inputs (also when graphs are off); ``allocate`` makes the buffers once.
+    ``write`` copies device inputs buffer by buffer; inputs on the host (``stage_host``: on CUDA) it writes,
+    with the bucket's padding, into a pinned mirror of the block and sends in one copy, so a step's host data
+    costs one copy instead of a copy and a fill per buffer.
     """
 
-    def __init__(self, specs: Iterable[InputSpec], num_microbatches: int, device: torch.device | str) -> None:
+    def __init__(self, specs: Iterable[InputSpec], num_microbatches: int, device: torch.device | str,
+                 stage_host: bool | None = None) -> None:
         self.specs = tuple(specs)
         if not self.specs:
             raise ValueError("GraphPool needs at least one InputSpec")
@@ -35,21 +67,36 @@ class StaticInputs:
             raise ValueError(f"InputSpec names must be distinct: {[s.name for s in self.specs]}")
         self.num_microbatches = num_microbatches
         self.device = torch.device(device)
+        self.stage_host = self.device.type == "cuda" if stage_host is None else stage_host
         self.buffers: list[dict[str, torch.Tensor]] = []
+        self._blocks: list[torch.Tensor] = []
+        self._layout: dict[str, tuple[int, InputSpec]] = {}
+        self._mirrors: list[_Mirror] = []
+        self._turn = 0
+        self._max_rows = self._span_start = self._span_row = 0
 
     def allocate(self, max_rows: int) -> None:
+        off = 0
+        for s in sorted(self.specs, key=_row_bytes):  # NOTE: stable: equal widths keep the specs' order
+            self._layout[s.name] = (off, s)
+            off += -(-max_rows * _row_bytes(s) // ALIGN) * ALIGN
+        self._max_rows = max_rows
+        self._span_start, widest = max(self._layout.values(), key=lambda v: v[0])  # the widest rows' buffer
+        self._span_row = _row_bytes(widest)
         # NOTE: normal tensors even under inference_mode, so run() may copy into them in or out of it.
         with torch.inference_mode(False):
-            self.buffers = [
-                {
-                    s.name: torch.full((max_rows, *s.trailing_shape), s.pad_value, dtype=s.dtype, device=self.device)
-                    for s in self.specs
-                }
-                for _ in range(self.num_microbatches)
-            ]
+            self._blocks = [torch.empty(off, dtype=torch.uint8, device=self.device)
+                            for _ in range(self.num_microbatches)]
+            self.buffers = [self._typed(block) for block in self._blocks]
+        self.pad(max_rows)
+
+    def _typed(self, block: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {name: block[off:off + self._max_rows * _row_bytes(s)].view(s.dtype).view(self._max_rows,
+                                                                                          *s.trailing_shape)
+                for name, (off, s) in self._layout.items()}
 
     def free(self) -> None:
-        self.buffers = []
+        self.buffers, self._blocks, self._mirrors = [], [], []
 
     def check(self, inputs: Batch | Sequence[Batch]) -> tuple[list[Batch], list[int]]:
         """The microbatches of ``inputs`` and their live row counts; ValueError on a wrong count, key or shape."""
@@ -74,13 +121,49 @@ class StaticInputs:
 
     def write(self, mbs: Sequence[Batch], rows: Sequence[int], size: int) -> None:
         """Copy each microbatch into its buffers, padding rows ``[live, size)`` with pad values."""
-        for static, mb, r in zip(self.buffers, mbs, rows, strict=True):
+        for block, static, mb, r in zip(self._blocks, self.buffers, mbs, rows, strict=True):
+            staged = self.stage_host and any(mb[s.name].device.type == "cpu" for s in self.specs)
+            if staged:
+                self._send(block, mb, r, size)
             for s in self.specs:
-                buf = static[s.name]
+                t, buf = mb[s.name], static[s.name]
+                if staged and t.device.type == "cpu":
+                    continue
                 if r:
-                    buf[:r].copy_(mb[s.name], non_blocking=True)
-                if r < size:
+                    buf[:r].copy_(t, non_blocking=True)
+                if r < size and not staged:  # NOTE: a staged block carried every buffer's padding
                     buf[r:size].fill_(s.pad_value)
+
+    def _send(self, block: torch.Tensor, mb: Batch, r: int, size: int) -> None:
+        """The host inputs' live rows and every buffer's pad rows into the next mirror, then one copy of the
+        block's span that holds rows ``[0, size)`` of every buffer."""
+        self._turn = (self._turn + 1) % HOST_TURNS
+        if len(self._mirrors) < HOST_TURNS:
+            self._mirrors.append(_Mirror(block.numel(), self._layout, self._max_rows, block.is_cuda))
+        mirror = self._mirrors[self._turn % len(self._mirrors)]
+        if mirror.busy():  # NOTE: replaced, not waited for: torch's pinned allocator keeps it until its copy ran
+            mirror = self._mirrors[self._turn % len(self._mirrors)] = _Mirror(
+                block.numel(), self._layout, self._max_rows, block.is_cuda)
+        for s in self.specs:
+            t, view = mb[s.name], mirror.views[s.name]
+            if r and t.device.type == "cpu":
+                view[:r] = t.numpy() if isinstance(view, np.ndarray) else t
+            if r < size:
+                view[r:size] = s.pad_value
+        span = self._span_start + size * self._span_row
+        block[:span].copy_(mirror.block[:span], non_blocking=True)
+        if block.is_cuda:
+            if mirror.copied is None:
+                mirror.copied = torch.cuda.Event()
+            mirror.copied.record()
+
+    def on_device(self, mbs: Sequence[Batch]) -> list[Batch]:
+        """The microbatches with their host inputs on the pool's device, for an eager step (pinned first where
+        the pool stages host inputs, so the copy does not wait for the work already queued)."""
+        if not self.stage_host:
+            return list(mbs)
+        return [{k: t.pin_memory().to(self.device, non_blocking=True) if t.device.type == "cpu" else t
+                 for k, t in mb.items()} for mb in mbs]
 
     def pad(self, size: int) -> None:
         """Fill rows ``[0, size)`` of every buffer with pad values (a warm-up's all-padding batch)."""

@@ -167,7 +167,7 @@ class GraphPool(PoolManagement):
                 return sliced[0] if len(mbs) == 1 else tuple(sliced)
             self._counters.fallbacks[got] += 1
             self.last_replayed = False
-        return self.step(*mbs)
+        return self.step(*self._inputs.on_device(mbs))
 
     def route(self, batch_size: int, max_len_in_batch: int = 0) -> Route:
         """The routing of a step of this (per-microbatch) batch size and length, asked by ``_graph_for`` (so by
