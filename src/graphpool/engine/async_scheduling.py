@@ -41,6 +41,7 @@ from graphpool.engine.sampler import Sampler
 from graphpool.engine.scheduler import ScheduledBatch, Scheduler
 from graphpool.engine.sequence import Sequence
 from graphpool.engine.timeline import StepClock, StepTimeline
+from graphpool.pool.cuda_state import record_event
 
 PLACEHOLDER = -1  # a token still on the device (never a vocabulary id)
 
@@ -77,8 +78,10 @@ class AsyncDecode:
         self.chained_with_prompts = 0  # of those, mixed steps (prompt chunks admitted beside the decode rows)
         self._pin = device.type == "cuda"
         # NOTE: two host buffers for the tokens, used by turns: a launch writes one while the step before it
-        # is read from the other, and each is read (its copy waited for) before its next turn comes
+        # is read from the other, and each is read (its copy waited for) before its next turn comes; so is the
+        # event after each copy, recorded again on its turn
         self._hosts: list[torch.Tensor] = [torch.empty(0, dtype=torch.int64)] * 2
+        self._ready = [torch.cuda.Event(), torch.cuda.Event()] if self._pin else [None, None]
         self._turn = 0
 
     def _host_buffer(self, n: int, dtype: torch.dtype) -> torch.Tensor:
@@ -111,10 +114,9 @@ class AsyncDecode:
         host.copy_(tokens, non_blocking=self._pin)
         if logprobs is not None:
             logprobs = logprobs.start_copy(self._pin)
-        ready = None
-        if self._pin:
-            ready = torch.cuda.Event()
-            ready.record()
+        ready = self._ready[self._turn]
+        if ready is not None:
+            record_event(ready, self.device)
         # NOTE: a row's KV ends at its sequence's length: a decode row's, or a last chunk's (its prompt's end)
         return InFlight(list(batch.seqs), tokens, host, ready, [s.num_tokens for s in batch.seqs], graph, clock,
                         batch.kind, batch.num_tokens, logprobs=logprobs,

@@ -10,6 +10,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from graphpool.pool.cuda_state import record_event
+
 _DTYPES = {np.dtype(np.int64): torch.int64, np.dtype(np.int32): torch.int32, np.dtype(np.float32): torch.float32}
 ALIGN = 8  # bytes: every array starts where its dtype can be viewed
 NUM_BUFFERS = 8  # pinned buffers used in turn: more than the copies of one step (a chunked prefill's few)
@@ -57,7 +59,7 @@ class HostStaging:
             dev = buf[:total].to(self.device, non_blocking=True)
             if copied is None:
                 copied = self._copied[self._turn] = torch.cuda.Event()
-            copied.record()
+            record_event(copied, self.device)
         else:
             dev = buf[:total].clone()
         out, off = [], 0

@@ -10,6 +10,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from graphpool.pool.cuda_state import record_event
+
 Batch = Mapping[str, torch.Tensor]
 
 
@@ -155,7 +157,7 @@ class StaticInputs:
         if block.is_cuda:
             if mirror.copied is None:
                 mirror.copied = torch.cuda.Event()
-            mirror.copied.record()
+            record_event(mirror.copied, block.device)
 
     def on_device(self, mbs: Sequence[Batch]) -> list[Batch]:
         """The microbatches with their host inputs on the pool's device, for an eager step (pinned first where
