@@ -8,7 +8,10 @@ from pathlib import Path
 
 import pytest
 
+import replay_probe
 from graphpool.bench.profile.run import PARTS, ProfileConfig, run_profile_bench
+from graphpool.engine.config import EngineConfig
+from graphpool.engine.engine import LLMEngine
 
 
 def test_profile_bench_counts_the_kernels_of_a_bf16_decode_step(tmp_path: Path) -> None:
@@ -49,3 +52,15 @@ def test_profile_bench_counts_the_kernels_of_a_bf16_decode_step(tmp_path: Path) 
     assert lost or any(f.endswith(": prefill") for f, _, _ in p.top_python), (p.python_source, p.top_python)
     print(p.python_source)
     assert "activities CPU + CUDA" in (tmp_path / "profile.md").read_text()
+
+
+def test_replay_probe_counts_one_graph_launch_and_one_input_copy_a_decode_step() -> None:
+    """benchmarks/replay_probe.py's pieces on a random SmolLM2: a replay times on both clocks, and a sampled
+    decode step launches one graph and copies its host inputs once (the pool's one copy), the draw's
+    parameters once, the tokens to the host once, and no more than that and the next input ids."""
+    engine = LLMEngine(EngineConfig(model="random:smollm2-135m"))
+    host, gpu_ms = replay_probe.time_replays(replay_probe.bs1_graph(engine))
+    assert len(host) == replay_probe.REPLAYS and all(h > 0 for h in host) and gpu_ms > 0
+    calls = replay_probe.api_calls(engine)
+    assert calls["cudaGraphLaunch"] == 1
+    assert calls["cudaMemcpyAsync"] <= 4, calls

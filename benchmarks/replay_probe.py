@@ -1,0 +1,104 @@
+"""A decode graph's replay, host and GPU, with a kernel switch on and off, and the host API calls of an engine step.
+
+    python benchmarks/replay_probe.py [--model random:smollm2-135m] [--switch pdl] [--rounds 6]
+
+Two engines in one process, the second with `--switch` off (EngineConfig.disabled_kernels), each with its bs 1
+graph captured; rounds alternate between them. Host: the wall time of one `replay()` call with the GPU idle
+(synchronized before each). GPU: 50 replays back to back between two events, per replay. Then torch's profiler
+over 20 decode steps of the first engine (one request, T=0.8) counts the host API calls a step: copies, device
+allocations, event records, kernel and graph launches. Needs CUDA.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from graphpool.engine.config import EngineConfig
+from graphpool.engine.engine import LLMEngine
+from graphpool.engine.sampling_params import SamplingParams
+
+REPLAYS = 50
+PROFILED_STEPS = 20
+COUNTED = ("aten::copy_", "cudaMemcpyAsync", "aten::empty", "aten::empty_strided", "cudaEventRecordWithFlags",
+           "cuLaunchKernelEx", "cudaLaunchKernel", "cudaGraphLaunch")
+
+
+def bs1_graph(engine: LLMEngine) -> torch.cuda.CUDAGraph:
+    """The engine's bs 1 decode graph, captured by one short request."""
+    engine.add_request("warm", list(range(10, 60)), SamplingParams(max_tokens=8, temperature=0.8, ignore_eos=True))
+    while engine.has_unfinished_requests():
+        engine.step()
+    return engine.runner.pool._graphs[1].native
+
+
+def time_replays(graph: torch.cuda.CUDAGraph) -> tuple[list[float], float]:
+    """(host seconds of each of REPLAYS replays on an idle GPU, GPU ms a replay back to back)."""
+    host = []
+    for _ in range(REPLAYS):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        graph.replay()
+        host.append(time.perf_counter() - start)
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    begin.record()
+    for _ in range(REPLAYS):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return host, begin.elapsed_time(end) / REPLAYS
+
+
+def api_calls(engine: LLMEngine) -> dict[str, float]:
+    """Each COUNTED host call's count a decode step, over PROFILED_STEPS steps of one sampled request."""
+    engine.add_request("profiled", list(range(10, 310)),
+                       SamplingParams(max_tokens=80, temperature=0.8, ignore_eos=True))
+    for _ in range(30):
+        engine.step()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(PROFILED_STEPS):
+            engine.step()
+    while engine.has_unfinished_requests():
+        engine.step()
+    return {e.key: e.count / PROFILED_STEPS for e in prof.key_averages() if e.key in COUNTED}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="random:smollm2-135m")
+    p.add_argument("--switch", default="pdl", help="the kernel switch the second engine has off")
+    p.add_argument("--rounds", type=int, default=6)
+    args = p.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("replay_probe needs CUDA")
+    names = (f"{args.switch} on", f"{args.switch} off")
+    engines = (LLMEngine(EngineConfig(model=args.model)),
+               LLMEngine(EngineConfig(model=args.model, disabled_kernels=(args.switch,))))
+    graphs = [bs1_graph(e) for e in engines]
+    host: list[list[float]] = [[], []]
+    gpu: list[list[float]] = [[], []]
+    for _ in range(args.rounds):
+        for i, graph in enumerate(graphs):
+            h, g = time_replays(graph)
+            host[i] += h
+            gpu[i].append(g)
+    calls = api_calls(engines[0])
+    print(f"$ {' '.join(sys.argv)}")
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, {args.model}, bs 1 graph, "
+          f"{args.rounds} rounds of {REPLAYS} replays")
+    print("| engine | replay host us (idle GPU, p50) | GPU ms a replay (back to back, p50) |\n|---|---|---|")
+    for i, name in enumerate(names):
+        print(f"| {name} | {statistics.median(host[i]) * 1e6:.1f} | {statistics.median(gpu[i]):.4f} |")
+    print(f"\n| host call ({names[0]}, {PROFILED_STEPS} decode steps) | a step |\n|---|---|")
+    for key in COUNTED:
+        if key in calls:
+            print(f"| {key} | {calls[key]:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
