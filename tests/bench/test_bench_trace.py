@@ -178,3 +178,32 @@ def test_trace_bench_rotates_config_order_per_load_and_reports_after_every_run(
     table16 = md.split("## 16 requests/s")[1].split("##")[0]
     assert [ln[3:ln.index(")")] for ln in table16.splitlines() if ln.startswith("| (")] == [a, b, c]  # in order
     assert "process warm-up (graphs off) ran 4 eager decode steps at 2 context lengths up to 2047" in md
+
+
+def test_a_run_replays_with_the_heap_before_it_frozen(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As the server freezes its start-up heap, so a collection during a run walks only what the run makes."""
+    import gc
+
+    from graphpool.bench.trace import run as trace
+
+    class Stop(Exception):
+        pass
+
+    frozen: list[int] = []
+
+    def replay(*args: Any, **kwargs: Any) -> Any:
+        frozen.append(gc.get_freeze_count())
+        raise Stop
+
+    class Engine:
+        def __init__(self, cfg: Any) -> None:
+            pass
+
+    monkeypatch.setattr(trace, "replay_trace", replay)
+    monkeypatch.setattr("graphpool.engine.engine.LLMEngine", Engine)
+    cfg = TraceBenchConfig(device="cpu", configs=("no-graphs",))
+    sc = next(c for c in serving_configs([1, 2], 1 << 20) if c.key == "no-graphs")
+    with pytest.raises(Stop):
+        trace.run_one(cfg, sc, 4.0, [1, 2])
+    assert frozen and frozen[0] > 0
+    assert gc.get_freeze_count() == 0  # given back after the run

@@ -25,6 +25,7 @@ from graphpool.bench.trace.report import RunResult, summarize_run, write_trace_r
 from graphpool.bench.trace.warmup import WarmupReport, warm_engine
 from graphpool.bench.workload import generate_trace, summarize_trace
 from graphpool.engine.values import resolve_device
+from graphpool.pool.gc_control import heap_frozen
 
 
 def warm_process(cfg: TraceBenchConfig) -> WarmupReport:
@@ -53,7 +54,9 @@ def run_one(cfg: TraceBenchConfig, sc: ServingConfig, rate: float, ladder: Seque
     common.sync(device)
     startup = time.perf_counter() - t0
     try:
-        with torch.inference_mode():
+        # NOTE: the heap so far frozen, as the server freezes its start-up heap: a collection then walks only what
+        # the run makes, not every object earlier runs (or tests in this process) left alive
+        with torch.inference_mode(), heap_frozen():
             rr = replay_trace(engine, trace, cfg.duration_s, seed=cfg.seed)
     finally:
         del engine
