@@ -4,6 +4,7 @@ time of the engine and event-loop threads per token; medians last.
 
     python benchmarks/host_probe.py [--model random:llama3.2-1b] [--tokens 600] [--reps 3] [--temperature 0.8]
                                     [--top-p 1.0] [--disable-kernels step_sample] [--parts] [--profile 25]
+                                    [--served auto asyncio uvloop:0.5]
 
 When the engine-alone gap sits above the step's GPU time (`bench step`'s graph ms), the host sets the pace; its
 launch (a step's host work before it waits for the GPU) is what must fit under that time.
@@ -13,6 +14,10 @@ step at one request): scheduling, the decode call (its inputs to the device, the
 the pool's run inside it (static copy-in and replay), the draw, and the outputs (detokenizing, stop checks).
 `--profile N` runs one more request engine alone under cProfile and lists the N functions with the most own
 host time a step (cProfile's own cost inflates every call: read them as shares, not as times).
+`--served` streams through several server variants, alternating request by request in this one process (hosts
+drift between processes more than such variants differ): uvicorn's event loop, and the interpreter's switch
+interval, which bounds how long the engine thread waits for the lock while the event loop holds it (uvloop
+writes to the socket without releasing it).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -125,21 +131,61 @@ def stream_times(url: str, body: dict) -> list[float]:
     return times
 
 
-def through_server(engine: LLMEngine, params: SamplingParams, reps: int) -> list[tuple[float, float, float]]:
+@dataclass(frozen=True)
+class Served:
+    """How the in-process server runs: uvicorn's event loop, and the interpreter's switch interval (how long a
+    thread that wants the interpreter lock waits before the holder is made to drop it; Python's default 5 ms)."""
+
+    loop: str = "auto"
+    switch_ms: float = 5.0
+
+    @classmethod
+    def parse(cls, text: str) -> Served:
+        loop, _, ms = text.partition(":")
+        try:
+            switch_ms = float(ms) if ms else 5.0
+        except ValueError:
+            switch_ms = 0.0
+        if loop not in ("auto", "asyncio", "uvloop") or switch_ms <= 0:
+            raise ValueError(f"a served variant is LOOP[:SWITCH_MS] (auto, asyncio or uvloop; ms > 0), got {text!r}")
+        return cls(loop, switch_ms)
+
+    def __str__(self) -> str:
+        return f"{self.loop}, switch {self.switch_ms:g} ms"
+
+
+def through_server(engine: LLMEngine, params: SamplingParams, reps: int,
+                   served: Served = Served()) -> list[tuple[float, float, float]]:
     """(median gap ms, engine thread CPU us / token, event loop CPU us / token) of each streamed request."""
     body = {"model": engine.model_name, "prompt": PROMPT, "max_tokens": params.max_tokens, "stream": True,
             "temperature": params.temperature, "top_p": params.top_p, "ignore_eos": True}
     rows = []
-    with serve_in_thread(engine) as (url, _):
-        for _ in range(reps + 1):  # NOTE: the first request warms the server's paths; not counted
-            before = {n: thread_cpu(n) for n in ("graphpool-engine", "graphpool-http")}
-            # NOTE: the client in its own process: in this one it would take the interpreter lock from the server
-            got = subprocess.run([sys.executable, __file__, "--client", url], input=json.dumps(body),
-                                 capture_output=True, text=True, check=True)
-            times = json.loads(got.stdout)
-            cpu = {n: (thread_cpu(n) - before[n]) / len(times) * 1e6 for n in before}
-            rows.append((median_gap_ms(times), cpu["graphpool-engine"], cpu["graphpool-http"]))
+    before_switch = sys.getswitchinterval()
+    sys.setswitchinterval(served.switch_ms / 1e3)
+    try:
+        with serve_in_thread(engine, event_loop=served.loop) as (url, _):
+            for _ in range(reps + 1):  # NOTE: the first request warms the server's paths; not counted
+                before = {n: thread_cpu(n) for n in ("graphpool-engine", "graphpool-http")}
+                # NOTE: the client in its own process: in this one it would take the interpreter lock from the server
+                got = subprocess.run([sys.executable, __file__, "--client", url], input=json.dumps(body),
+                                     capture_output=True, text=True, check=True)
+                times = json.loads(got.stdout)
+                cpu = {n: (thread_cpu(n) - before[n]) / len(times) * 1e6 for n in before}
+                rows.append((median_gap_ms(times), cpu["graphpool-engine"], cpu["graphpool-http"]))
+    finally:
+        sys.setswitchinterval(before_switch)
     return rows[1:]
+
+
+def served_rounds(engine: LLMEngine, params: SamplingParams, reps: int,
+                  variants: list[Served]) -> dict[Served, list[tuple[float, float, float]]]:
+    """`through_server`'s rows of each variant, the variants alternating request by request (a server started
+    for each), so that a host's drift between processes or minutes falls on all of them alike."""
+    rows: dict[Served, list[tuple[float, float, float]]] = {v: [] for v in variants}
+    for _ in range(reps):
+        for v in variants:
+            rows[v] += through_server(engine, params, 1, v)
+    return rows
 
 
 def main() -> None:
@@ -154,6 +200,9 @@ def main() -> None:
     p.add_argument("--parts", action="store_true", help="also time each part of a step's host work, engine alone")
     p.add_argument("--profile", type=int, default=0, metavar="N",
                    help="also list the N functions with the most own host time a step (cProfile, engine alone)")
+    p.add_argument("--served", nargs="+", default=["auto"], metavar="LOOP[:SWITCH_MS]",
+                   help="the server's variants, alternating request by request: uvicorn's event loop (auto, asyncio, "
+                        "uvloop) and the interpreter's switch interval in ms (5: Python's default)")
     p.add_argument("--client", metavar="URL", help=argparse.SUPPRESS)  # the client process: body on stdin
     args = p.parse_args()
     if args.client:
@@ -161,6 +210,10 @@ def main() -> None:
         return
     if args.tokens <= SKIP + 2 or args.reps < 1:
         p.error(f"--tokens must be > {SKIP + 2} and --reps >= 1")
+    try:
+        variants = list(dict.fromkeys(Served.parse(v) for v in args.served))
+    except ValueError as e:
+        p.error(str(e))
     engine = LLMEngine(EngineConfig(model=args.model, disabled_kernels=args.disable_kernels,
                                     **({"device": args.device} if args.device else {})))
     params = SamplingParams(max_tokens=args.tokens, temperature=args.temperature, top_p=args.top_p, ignore_eos=True)
@@ -172,18 +225,21 @@ def main() -> None:
             engine_alone(engine, params)
         parts = {name: [v * 1e6 for v in values[SKIP:]] for name, values in times.items() if values[SKIP:]}
     hot = profiled(engine, params, args.profile) if args.profile > 0 else []
-    served = through_server(engine, params, args.reps)
+    served = served_rounds(engine, params, args.reps, variants)
     device = torch.cuda.get_device_name() if engine.device.type == "cuda" else "cpu"
     print(f"$ {' '.join(sys.argv)}")
     off = f", kernels off: {args.disable_kernels}" if args.disable_kernels else ""
     print(f"{device}, torch {torch.__version__}, {args.model}, T={args.temperature}, top-p {args.top_p}, "
           f"{args.tokens} tokens, {args.reps} requests each{off}")
     print("| measure | median | runs |\n|---|---|---|")
-    for name, values in (("engine alone: gap ms", [a[0] for a in alone]),
-                         ("engine alone: launch ms / step", [a[1] for a in alone]),
-                         ("server: gap ms", [r[0] for r in served]),
-                         ("server: engine thread CPU us / token", [r[1] for r in served]),
-                         ("server: event loop CPU us / token", [r[2] for r in served])):
+    measures = [("engine alone: gap ms", [a[0] for a in alone]),
+                ("engine alone: launch ms / step", [a[1] for a in alone])]
+    for v, rows in served.items():
+        name = "server" if len(served) == 1 else f"server ({v})"
+        measures += [(f"{name}: gap ms", [r[0] for r in rows]),
+                     (f"{name}: engine thread CPU us / token", [r[1] for r in rows]),
+                     (f"{name}: event loop CPU us / token", [r[2] for r in rows])]
+    for name, values in measures:
         print(f"| {name} | {statistics.median(values):.3g} | {', '.join(f'{v:.3g}' for v in values)} |")
     for name, values in parts.items():
         print(f"| engine alone: {name} us (host) | {statistics.median(values):.3g} | {len(values)} calls |")

@@ -170,10 +170,12 @@ def make_server(
     max_request_bytes: int | None = None,
     api_keys: Sequence[str] = (),
     chat: ChatOptions | None = None,
+    event_loop: str = "auto",
 ):
     """A GracefulServer (uvicorn.Server) for ``engine`` (an LLMEngine); ``server.run()`` blocks;
     ``begin_shutdown()`` (or SIGTERM) drains and stops it, ``should_exit`` stops it without draining.
-    `disabled_kernels`: the engine config's, for /metrics."""
+    `disabled_kernels`: the engine config's, for /metrics; `event_loop`: uvicorn's loop ("auto": uvloop where it
+    imports, else asyncio's)."""
     import uvicorn
 
     from graphpool.server.app import build_app
@@ -185,7 +187,7 @@ def make_server(
     metrics = ServerMetrics(disabled_kernels=disabled_kernels, startup=getattr(engine, "startup", None))
     async_engine = AsyncEngine(engine, observer=metrics)
     app = build_app(async_engine, metrics, served_model_name, max_request_bytes, api_keys, chat or DEFAULT_CHAT)
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False)
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False, loop=event_loop)
     return GracefulServer(config, async_engine, shutdown_timeout, on_ready)
 
 
@@ -199,6 +201,7 @@ def serve_in_thread(
     max_request_bytes: int | None = None,
     api_keys: Sequence[str] = (),
     chat: ChatOptions | None = None,
+    event_loop: str = "auto",
 ) -> Iterator[tuple[str, Any]]:
     """Serves ``engine`` from a background thread on a free port; yields (base URL, GracefulServer).
 
@@ -209,7 +212,7 @@ def serve_in_thread(
     port = sock.getsockname()[1]
     try:
         server = make_server(engine, host, port, served_model_name, log_level, shutdown_timeout,
-                             max_request_bytes=max_request_bytes, api_keys=api_keys, chat=chat)
+                             max_request_bytes=max_request_bytes, api_keys=api_keys, chat=chat, event_loop=event_loop)
     except BaseException:
         sock.close()
         raise
