@@ -139,13 +139,12 @@ class StaticInputs:
     def _send(self, block: torch.Tensor, mb: Batch, r: int, size: int) -> None:
         """The host inputs' live rows and every buffer's pad rows into the next mirror, then one copy of the
         block's span that holds rows ``[0, size)`` of every buffer."""
+        if not self._mirrors:
+            self._mirrors = [self._mirror(block) for _ in range(HOST_TURNS)]
         self._turn = (self._turn + 1) % HOST_TURNS
-        if len(self._mirrors) < HOST_TURNS:
-            self._mirrors.append(_Mirror(block.numel(), self._layout, self._max_rows, block.is_cuda))
-        mirror = self._mirrors[self._turn % len(self._mirrors)]
+        mirror = self._mirrors[self._turn]
         if mirror.busy():  # NOTE: replaced, not waited for: torch's pinned allocator keeps it until its copy ran
-            mirror = self._mirrors[self._turn % len(self._mirrors)] = _Mirror(
-                block.numel(), self._layout, self._max_rows, block.is_cuda)
+            mirror = self._mirrors[self._turn] = self._mirror(block)
         for s in self.specs:
             t, view = mb[s.name], mirror.views[s.name]
             if r and t.device.type == "cpu":
@@ -158,6 +157,9 @@ class StaticInputs:
             if mirror.copied is None:
                 mirror.copied = torch.cuda.Event()
             record_event(mirror.copied, block.device)
+
+    def _mirror(self, block: torch.Tensor) -> _Mirror:
+        return _Mirror(block.numel(), self._layout, self._max_rows, block.is_cuda)
 
     def on_device(self, mbs: Sequence[Batch]) -> list[Batch]:
         """The microbatches with their host inputs on the pool's device, for an eager step (pinned first where
