@@ -41,7 +41,7 @@ from graphpool.engine.sampler import Sampler
 from graphpool.engine.scheduler import ScheduledBatch, Scheduler
 from graphpool.engine.sequence import Sequence
 from graphpool.engine.timeline import StepClock, StepTimeline
-from graphpool.pool.cuda_state import record_event
+from graphpool.pool.pinned import record_event
 
 PLACEHOLDER = -1  # a token still on the device (never a vocabulary id)
 

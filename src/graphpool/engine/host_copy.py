@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from graphpool.pool.cuda_state import record_event
+from graphpool.pool.pinned import PinnedBuffer
 
 _DTYPES = {np.dtype(np.int64): torch.int64, np.dtype(np.int32): torch.int32, np.dtype(np.float32): torch.float32}
 ALIGN = 8  # bytes: every array starts where its dtype can be viewed
@@ -26,15 +26,14 @@ def to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.T
 class HostStaging:
     """Host arrays -> device tensors (same dtypes and shapes) in one copy, through pinned buffers used in turn.
 
-    A buffer is written again only once the copy out of it has run (an event recorded after it); one whose
-    copy is still queued is replaced, not waited for (torch's pinned allocator keeps the old one until its
-    copy is done), so staging never holds the host behind the GPU. Off CUDA the tensors are a fresh copy."""
+    A buffer is written again only once the copy out of it has run; one whose copy is still queued is replaced,
+    not waited for (`pool.pinned.PinnedBuffer`), so staging never holds the host behind the GPU. Off CUDA the
+    tensors are a fresh copy."""
 
     def __init__(self, device: torch.device, num_buffers: int = NUM_BUFFERS) -> None:
         self.device = device
         self.pin = device.type == "cuda"
-        self._buffers = [torch.empty(0, dtype=torch.uint8) for _ in range(num_buffers)]
-        self._copied: list[torch.cuda.Event | None] = [None] * num_buffers
+        self._buffers: list[PinnedBuffer | None] = [None] * num_buffers
         self._turn = 0
 
     def to_device(self, *arrays: np.ndarray) -> list[torch.Tensor]:
@@ -46,22 +45,20 @@ class HostStaging:
         spans = [-(-a.nbytes // ALIGN) * ALIGN for a in arrays]
         total = sum(spans)
         self._turn = (self._turn + 1) % len(self._buffers)
-        buf, copied = self._buffers[self._turn], self._copied[self._turn]
-        if buf.numel() < total or (copied is not None and not copied.query()):
-            buf = torch.empty(max(total, 2 * buf.numel(), MIN_BYTES), dtype=torch.uint8, pin_memory=self.pin)
-            self._buffers[self._turn] = buf
-        host = buf.numpy()
+        buf = self._buffers[self._turn]
+        if buf is None or buf.bytes.numel() < total or buf.busy():
+            grown = 2 * buf.bytes.numel() if buf is not None else 0
+            buf = self._buffers[self._turn] = PinnedBuffer(max(total, grown, MIN_BYTES), self.pin)
+        host = buf.bytes.numpy()
         off = 0
         for a, span in zip(arrays, spans, strict=True):
             host[off:off + a.nbytes].view(a.dtype).reshape(a.shape)[...] = a
             off += span
         if self.pin:
-            dev = buf[:total].to(self.device, non_blocking=True)
-            if copied is None:
-                copied = self._copied[self._turn] = torch.cuda.Event()
-            record_event(copied, self.device)
+            dev = buf.bytes[:total].to(self.device, non_blocking=True)
+            buf.sent(self.device)
         else:
-            dev = buf[:total].clone()
+            dev = buf.bytes[:total].clone()
         out, off = [], 0
         for a, span in zip(arrays, spans, strict=True):
             out.append(dev[off:off + a.nbytes].view(_DTYPES[a.dtype]).view(a.shape))

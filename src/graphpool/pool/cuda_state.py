@@ -34,12 +34,6 @@ def _index(device: torch.device) -> int:
     return device.index if device.index is not None else torch.cuda.current_device()
 
 
-def record_event(event: torch.cuda.Event, device: torch.device) -> None:
-    """``event.record()`` on ``device``'s current stream. A plain ``record()`` finds the current device through a
-    chain of Python calls that reads an environment variable: most of a record's host time, once per step."""
-    event.record(torch.cuda.current_stream(_index(device)))
-
-
 def side_stream(device: torch.device) -> torch.cuda.Stream:
     """The capture stream of ``device``, created and primed on first use.
 

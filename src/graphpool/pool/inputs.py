@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from graphpool.pool.cuda_state import record_event
+from graphpool.pool.pinned import PinnedBuffer
 
 Batch = Mapping[str, torch.Tensor]
 
@@ -34,20 +34,20 @@ def _row_bytes(spec: InputSpec) -> int:
     return math.prod(spec.trailing_shape) * torch.empty((), dtype=spec.dtype).element_size()
 
 
-class _Mirror:
-    """A pinned host copy of one microbatch's block, with the event after the copy that last read it."""
+def _typed(block: torch.Tensor, layout: dict[str, tuple[int, InputSpec]], max_rows: int) -> dict[str, torch.Tensor]:
+    """Each spec's ``[max_rows, *trailing]`` buffer: a view of `block` (bytes) at its offset in `layout`."""
+    return {name: block[off:off + max_rows * _row_bytes(s)].view(s.dtype).view(max_rows, *s.trailing_shape)
+            for name, (off, s) in layout.items()}
+
+
+class _Mirror(PinnedBuffer):
+    """A pinned host copy of one microbatch's block, with its buffers' views."""
 
     def __init__(self, nbytes: int, layout: dict[str, tuple[int, InputSpec]], max_rows: int, pin: bool) -> None:
-        self.block = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin)
-        self.copied: torch.cuda.Event | None = None
+        super().__init__(nbytes, pin)
         # NOTE: numpy views where the dtype has one: a numpy slice write costs a fraction of a torch op's dispatch
-        self.views: dict[str, Any] = {}
-        for name, (off, s) in layout.items():
-            view = self.block[off:off + max_rows * _row_bytes(s)].view(s.dtype).view(max_rows, *s.trailing_shape)
-            self.views[name] = view if s.dtype == torch.bfloat16 else view.numpy()
-
-    def busy(self) -> bool:
-        return self.copied is not None and not self.copied.query()
+        self.views: dict[str, Any] = {name: v if v.dtype == torch.bfloat16 else v.numpy()
+                                      for name, v in _typed(self.bytes, layout, max_rows).items()}
 
 
 class StaticInputs:
@@ -89,13 +89,8 @@ class StaticInputs:
         with torch.inference_mode(False):
             self._blocks = [torch.empty(off, dtype=torch.uint8, device=self.device)
                             for _ in range(self.num_microbatches)]
-            self.buffers = [self._typed(block) for block in self._blocks]
+            self.buffers = [_typed(block, self._layout, max_rows) for block in self._blocks]
         self.pad(max_rows)
-
-    def _typed(self, block: torch.Tensor) -> dict[str, torch.Tensor]:
-        return {name: block[off:off + self._max_rows * _row_bytes(s)].view(s.dtype).view(self._max_rows,
-                                                                                          *s.trailing_shape)
-                for name, (off, s) in self._layout.items()}
 
     def free(self) -> None:
         self.buffers, self._blocks, self._mirrors = [], [], []
@@ -152,11 +147,8 @@ class StaticInputs:
             if r < size:
                 view[r:size] = s.pad_value
         span = self._span_start + size * self._span_row
-        block[:span].copy_(mirror.block[:span], non_blocking=True)
-        if block.is_cuda:
-            if mirror.copied is None:
-                mirror.copied = torch.cuda.Event()
-            record_event(mirror.copied, block.device)
+        block[:span].copy_(mirror.bytes[:span], non_blocking=True)
+        mirror.sent(block.device)
 
     def _mirror(self, block: torch.Tensor) -> _Mirror:
         return _Mirror(block.numel(), self._layout, self._max_rows, block.is_cuda)
