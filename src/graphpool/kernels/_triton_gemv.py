@@ -24,6 +24,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
+from graphpool.kernels._triton_norm_rope import residual_sum, rms_norm_row
 from graphpool.kernels.pdl import pdl_on, pdl_trigger
 
 # NOTE: the fastest of a sweep of tilings (docs/kernels.md): a whole K <= 2048 row slice is one tile, loaded
@@ -50,18 +51,15 @@ DEFAULT_TILES = Tiles()
 
 @triton.jit
 def normed_row(x_ptr, r_ptr, s_ptr, nw_ptr, eps, offs_k, k_mask, K: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
-    """RMSNorm of the one row ``x (+ residual)`` as fp32 values of the activation dtype, in `_rms_norm_kernel`'s
-    op order and roundings; with a residual, program 0 stores the sum (the new stream) at `s_ptr`."""
+    """RMSNorm of the one row ``x (+ residual)`` as fp32 values of the activation dtype, `_rms_norm_kernel`'s own
+    arithmetic (`residual_sum`, `rms_norm_row`); with a residual, program 0 stores the sum (the new stream) at
+    `s_ptr`."""
     x = tl.load(x_ptr + offs_k, mask=k_mask, other=0.0)
     if HAS_RESIDUAL:
-        r = tl.load(r_ptr + offs_k, mask=k_mask, other=0.0)
-        x = (x.to(tl.float32) + r.to(tl.float32)).to(x_ptr.dtype.element_ty)
+        x = residual_sum(x, tl.load(r_ptr + offs_k, mask=k_mask, other=0.0))
         tl.store(s_ptr + offs_k, x, mask=k_mask & (tl.program_id(0) == 0))
-    xf = x.to(tl.float32)
-    var = tl.sum(xf * xf, 0) / K
-    h = (xf * tl.rsqrt(var + eps)).to(x_ptr.dtype.element_ty)
-    w = tl.load(nw_ptr + offs_k, mask=k_mask, other=0.0)
-    return (w.to(tl.float32) * h.to(tl.float32)).to(x_ptr.dtype.element_ty).to(tl.float32)
+    y = rms_norm_row(x, nw_ptr, offs_k, k_mask, K, eps)
+    return y.to(x_ptr.dtype.element_ty).to(tl.float32)
 
 
 @triton.jit

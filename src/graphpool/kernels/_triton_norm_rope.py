@@ -14,6 +14,24 @@ from graphpool.kernels.pdl import pdl_on, pdl_trigger
 
 
 @triton.jit
+def residual_sum(x, r):
+    """``x + r`` in fp32, rounded to x's dtype, as ``x + residual`` in torch is."""
+    return (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
+
+
+@triton.jit
+def rms_norm_row(x, w_ptr, cols, mask, n_cols, eps):
+    """fp32 ``w * rms_norm(x)`` of one row `x` (the activation dtype; the weight at `w_ptr + cols`, loaded after
+    the statistics): fp32 statistics, the normed row rounded to x's dtype before the weight, as the torch
+    reference. The norm kernel and the GEMVs' folded norm use it."""
+    xf = x.to(tl.float32)
+    var = tl.sum(xf * xf, 0) / n_cols
+    h = (xf * tl.rsqrt(var + eps)).to(x.dtype)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0)
+    return w.to(tl.float32) * h.to(tl.float32)
+
+
+@triton.jit
 def _rms_norm_kernel(
     x_ptr, r_ptr, w_ptr, out_ptr, rout_ptr,
     stride_x, stride_r, stride_o, stride_ro,
@@ -26,15 +44,9 @@ def _rms_norm_kernel(
     mask = cols < n_cols
     x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
     if HAS_RESIDUAL:
-        r = tl.load(r_ptr + row * stride_r + cols, mask=mask, other=0.0)
-        # NOTE: rounded to the activation dtype, as `x + residual` in torch is.
-        x = (x.to(tl.float32) + r.to(tl.float32)).to(x_ptr.dtype.element_ty)
+        x = residual_sum(x, tl.load(r_ptr + row * stride_r + cols, mask=mask, other=0.0))
         tl.store(rout_ptr + row * stride_ro + cols, x, mask=mask)
-    xf = x.to(tl.float32)
-    var = tl.sum(xf * xf, 0) / n_cols
-    h = (xf * tl.rsqrt(var + eps)).to(out_ptr.dtype.element_ty)
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0)
-    y = w.to(tl.float32) * h.to(tl.float32)
+    y = rms_norm_row(x, w_ptr, cols, mask, n_cols, eps)
     tl.store(out_ptr + row * stride_o + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
