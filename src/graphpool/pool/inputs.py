@@ -119,21 +119,21 @@ class StaticInputs:
     def write(self, mbs: Sequence[Batch], rows: Sequence[int], size: int) -> None:
         """Copy each microbatch into its buffers, padding rows ``[live, size)`` with pad values."""
         for block, static, mb, r in zip(self._blocks, self.buffers, mbs, rows, strict=True):
-            staged = self.stage_host and any(mb[s.name].device.type == "cpu" for s in self.specs)
-            if staged:
-                self._send(block, mb, r, size)
+            on_host = {s.name for s in self.specs if mb[s.name].device.type == "cpu"} if self.stage_host else set()
+            if on_host:
+                self._send(block, mb, on_host, r, size)
             for s in self.specs:
-                t, buf = mb[s.name], static[s.name]
-                if staged and t.device.type == "cpu":
+                if s.name in on_host:
                     continue
+                buf = static[s.name]
                 if r:
-                    buf[:r].copy_(t, non_blocking=True)
-                if r < size and not staged:  # NOTE: a staged block carried every buffer's padding
+                    buf[:r].copy_(mb[s.name], non_blocking=True)
+                if r < size and not on_host:  # NOTE: a staged block carried every buffer's padding
                     buf[r:size].fill_(s.pad_value)
 
-    def _send(self, block: torch.Tensor, mb: Batch, r: int, size: int) -> None:
-        """The host inputs' live rows and every buffer's pad rows into the next mirror, then one copy of the
-        block's span that holds rows ``[0, size)`` of every buffer."""
+    def _send(self, block: torch.Tensor, mb: Batch, on_host: set[str], r: int, size: int) -> None:
+        """The live rows of the `on_host` inputs and every buffer's pad rows into the next mirror, then one copy
+        of the block's span that holds rows ``[0, size)`` of every buffer."""
         if not self._mirrors:
             self._mirrors = [self._mirror(block) for _ in range(HOST_TURNS)]
         self._turn = (self._turn + 1) % HOST_TURNS
@@ -141,9 +141,9 @@ class StaticInputs:
         if mirror.busy():  # NOTE: replaced, not waited for: torch's pinned allocator keeps it until its copy ran
             mirror = self._mirrors[self._turn] = self._mirror(block)
         for s in self.specs:
-            t, view = mb[s.name], mirror.views[s.name]
-            if r and t.device.type == "cpu":
-                view[:r] = t.numpy() if isinstance(view, np.ndarray) else t
+            view = mirror.views[s.name]
+            if r and s.name in on_host:
+                view[:r] = mb[s.name].numpy() if isinstance(view, np.ndarray) else mb[s.name]
             if r < size:
                 view[r:size] = s.pad_value
         span = self._span_start + size * self._span_row
