@@ -59,8 +59,12 @@ def test_replay_probe_counts_one_graph_launch_and_one_input_copy_a_decode_step()
     decode step launches one graph and copies its host inputs once (the pool's one copy), the draw's
     parameters once, the tokens to the host once, and no more than that and the next input ids."""
     engine = LLMEngine(EngineConfig(model="random:smollm2-135m"))
-    idle, behind, gpu_ms = replay_probe.time_replays(replay_probe.bs1_graph(engine))
-    assert len(idle) == len(behind) == replay_probe.REPLAYS and all(h > 0 for h in idle + behind) and gpu_ms > 0
+    idle, behind, other, (gpu_ms,) = replay_probe.time_replays(*replay_probe.small_graphs(engine))
+    assert len(idle) == len(behind) == len(other) == replay_probe.REPLAYS
+    assert all(h > 0 for h in idle + behind + other) and gpu_ms > 0
+    in_steps = replay_probe.replays_in_steps(engine, steps=10)
+    assert len(in_steps) == 10 and all(h > 0 for h in in_steps)
+    assert "replay" not in vars(engine.runner.pool._capturer)  # the timing wrapper is gone
     calls = replay_probe.api_calls(engine)
     assert calls["cudaGraphLaunch"] == 1
     assert calls["cudaMemcpyAsync"] <= 4, calls
