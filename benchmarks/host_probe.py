@@ -11,7 +11,8 @@ launch (a step's host work before it waits for the GPU) is what must fit under t
 The engine thread's CPU time includes a CUDA sync's spin-wait; the event loop's is its cost per streamed token.
 `--parts` also times, engine alone, the host's share of each part of a step (median us a call, one call a
 step at one request): scheduling, the decode call (its inputs to the device, the pool's run, the LM head),
-the pool's run inside it (static copy-in and replay), the draw, and the outputs (detokenizing, stop checks).
+the pool's run and the LM head inside it (static copy-in and replay; the head's launch), the draw and the
+kernel draw inside it (its parameters' copy and two launches), and the outputs (detokenizing, stop checks).
 `--profile N` runs one more request engine alone under cProfile and lists the N functions with the most own
 host time a step (cProfile's own cost inflates every call: read them as shares, not as times).
 `--served` streams through several server variants, alternating request by request in this one process (hosts
@@ -55,14 +56,16 @@ def median_gap_ms(times: list[float]) -> float:
 
 
 PARTS = (("schedule", "scheduler", "schedule"), ("decode call", "runner", "decode"),
-         ("pool run (in decode)", "pool", "run"), ("draw", "sampler", "sample_step"), ("outputs", "engine", "_append"))
+         ("pool run (in decode)", "pool", "run"), ("LM head (in decode)", "model", "compute_logits"),
+         ("draw", "sampler", "sample_step"), ("kernel draw (in draw)", "sampler", "draw"),
+         ("outputs", "engine", "_append"))
 
 
 @contextlib.contextmanager
 def timed_parts(engine: LLMEngine) -> Iterator[dict[str, list[float]]]:
     """Each part's host seconds per call while the block runs (the methods wrapped on their instances)."""
     owners = {"scheduler": engine.scheduler, "runner": engine.runner, "pool": engine.runner.pool,
-              "sampler": engine.sampler, "engine": engine}
+              "model": engine.model, "sampler": engine.sampler, "engine": engine}
     times: dict[str, list[float]] = {name: [] for name, _, _ in PARTS}
 
     def timed(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -75,13 +78,19 @@ def timed_parts(engine: LLMEngine) -> Iterator[dict[str, list[float]]]:
 
         return call
 
+    # NOTE: an attribute the instance holds itself (the sampler's draw) is put back; a method's wrapper is deleted
+    own = {(owner, method): vars(owners[owner]).get(method) for _, owner, method in PARTS}
     for name, owner, method in PARTS:
-        setattr(owners[owner], method, timed(name, getattr(owners[owner], method)))
+        if getattr(owners[owner], method) is not None:
+            setattr(owners[owner], method, timed(name, getattr(owners[owner], method)))
     try:
         yield times
     finally:
         for _, owner, method in PARTS:
-            delattr(owners[owner], method)
+            if own[owner, method] is not None:
+                setattr(owners[owner], method, own[owner, method])
+            elif method in vars(owners[owner]):
+                delattr(owners[owner], method)
 
 
 def engine_alone(engine: LLMEngine, params: SamplingParams) -> tuple[float, float]:

@@ -27,15 +27,23 @@ def test_parts_are_timed_per_call_and_the_methods_restored() -> None:
     engine = LLMEngine(EngineConfig(model="random:smollm2-135m?layers=1", device="cpu", max_model_len=512,
                                     num_kv_blocks=64))
     params = SamplingParams(max_tokens=host_probe.SKIP + 8, temperature=0.8, ignore_eos=True)
+    drawn: list[int] = []
+
+    def no_draw(logits: object, params: object) -> None:  # a kernel draw that declines: the torch draw runs
+        drawn.append(1)
+
+    engine.sampler.draw = no_draw
     with host_probe.timed_parts(engine) as times:
         host_probe.engine_alone(engine, params)
     steps = params.max_tokens
     assert len(times["outputs"]) == steps and len(times["draw"]) == steps
     assert len(times["decode call"]) == steps - 1 and not times["pool run (in decode)"]  # the first: prefill
+    assert len(times["LM head (in decode)"]) == steps and len(times["kernel draw (in draw)"]) == len(drawn) == steps
     assert len(times["schedule"]) >= steps - 1 and all(t > 0 for v in times.values() for t in v)
     for owner, method in ((engine, "_append"), (engine.scheduler, "schedule"), (engine.runner, "decode"),
-                          (engine.runner.pool, "run"), (engine.sampler, "sample_step")):
+                          (engine.runner.pool, "run"), (engine.model, "compute_logits"), (engine.sampler, "sample_step")):
         assert method not in vars(owner)
+    assert engine.sampler.draw is no_draw  # an attribute of the instance's own is put back as it was
 
 
 def test_profile_lists_the_functions_with_the_most_own_time() -> None:
