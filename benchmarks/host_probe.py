@@ -4,6 +4,7 @@ time of the engine and event-loop threads per token; medians last.
 
     python benchmarks/host_probe.py [--model random:llama3.2-1b] [--tokens 600] [--reps 3] [--temperature 0.8]
                                     [--top-p 1.0] [--disable-kernels step_sample] [--parts] [--profile 25]
+                                    [--against graph_sample_max_batch_size=0]
                                     [--served auto asyncio uvloop:0.5]
 
 When the engine-alone gap sits above the step's GPU time (`bench step`'s graph ms), the host sets the pace; its
@@ -15,6 +16,8 @@ the pool's run and the LM head inside it (static copy-in and replay; the head's 
 kernel draw inside it (its parameters' copy and two launches), and the outputs (detokenizing, stop checks).
 `--profile N` runs one more request engine alone under cProfile and lists the N functions with the most own
 host time a step (cProfile's own cost inflates every call: read them as shares, not as times).
+`--against FIELD=VALUE` builds a second engine with that EngineConfig field changed, and every measurement
+alternates between the two engines request by request (the parts and the profile stay the first engine's).
 `--served` streams through several server variants, alternating request by request in this one process (hosts
 drift between processes more than such variants differ): uvicorn's event loop, and the interpreter's switch
 interval, which bounds how long the engine thread waits for the lock while the event loop holds it (uvloop
@@ -24,8 +27,10 @@ writes to the socket without releasing it).
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
 import cProfile
+import dataclasses
 import json
 import pstats
 import statistics
@@ -186,15 +191,27 @@ def through_server(engine: LLMEngine, params: SamplingParams, reps: int,
     return rows[1:]
 
 
-def served_rounds(engine: LLMEngine, params: SamplingParams, reps: int,
-                  variants: list[Served]) -> dict[Served, list[tuple[float, float, float]]]:
-    """`through_server`'s rows of each variant, the variants alternating request by request (a server started
-    for each), so that a host's drift between processes or minutes falls on all of them alike."""
-    rows: dict[Served, list[tuple[float, float, float]]] = {v: [] for v in variants}
+def served_rounds(engines: dict[str, LLMEngine], params: SamplingParams, reps: int,
+                  variants: list[Served]) -> dict[tuple[str, Served], list[tuple[float, float, float]]]:
+    """`through_server`'s rows of each engine under each variant, alternating request by request (a server
+    started for each), so that a host's drift between processes or minutes falls on all of them alike."""
+    rows: dict[tuple[str, Served], list[tuple[float, float, float]]] = {
+        (name, v): [] for name in engines for v in variants}
     for _ in range(reps):
-        for v in variants:
-            rows[v] += through_server(engine, params, 1, v)
+        for (name, v), got in rows.items():
+            got += through_server(engines[name], params, 1, v)
     return rows
+
+
+def config_change(text: str) -> dict[str, Any]:
+    """`FIELD=VALUE` -> {FIELD: VALUE}, the value as a Python literal where it reads as one (else a string)."""
+    field, sep, value = text.partition("=")
+    if not sep or field not in {f.name for f in dataclasses.fields(EngineConfig)}:
+        raise ValueError(f"--against takes FIELD=VALUE with FIELD an EngineConfig field, got {text!r}")
+    try:
+        return {field: ast.literal_eval(value)}
+    except (ValueError, SyntaxError):
+        return {field: value}
 
 
 def main() -> None:
@@ -212,6 +229,8 @@ def main() -> None:
     p.add_argument("--served", nargs="+", default=["auto"], metavar="LOOP[:SWITCH_MS]",
                    help="the server's variants, alternating request by request: uvicorn's event loop (auto, asyncio, "
                         "uvloop) and the interpreter's switch interval in ms (5: Python's default)")
+    p.add_argument("--against", metavar="FIELD=VALUE",
+                   help="a second engine with this EngineConfig field changed, alternating with the first")
     p.add_argument("--client", metavar="URL", help=argparse.SUPPRESS)  # the client process: body on stdin
     args = p.parse_args()
     if args.client:
@@ -221,30 +240,43 @@ def main() -> None:
         p.error(f"--tokens must be > {SKIP + 2} and --reps >= 1")
     try:
         variants = list(dict.fromkeys(Served.parse(v) for v in args.served))
+        changes = config_change(args.against) if args.against else None
     except ValueError as e:
         p.error(str(e))
-    engine = LLMEngine(EngineConfig(model=args.model, disabled_kernels=args.disable_kernels,
-                                    **({"device": args.device} if args.device else {})))
+    base = {"model": args.model, "disabled_kernels": args.disable_kernels,
+            **({"device": args.device} if args.device else {})}
+    engine = LLMEngine(EngineConfig(**base))
+    engines = {"": engine}
+    if changes is not None:
+        engines[args.against] = LLMEngine(EngineConfig(**base | changes))
     params = SamplingParams(max_tokens=args.tokens, temperature=args.temperature, top_p=args.top_p, ignore_eos=True)
-    engine_alone(engine, params)  # NOTE: warms the graphs and kernels this request's sizes need
-    alone = [engine_alone(engine, params) for _ in range(args.reps)]
+    for e in engines.values():
+        engine_alone(e, params)  # NOTE: warms the graphs and kernels this request's sizes need
+    alone: dict[str, list[tuple[float, float]]] = {name: [] for name in engines}
+    for _ in range(args.reps):
+        for name, e in engines.items():
+            alone[name].append(engine_alone(e, params))
     parts: dict[str, list[float]] = {}
     if args.parts:
         with timed_parts(engine) as times:
             engine_alone(engine, params)
         parts = {name: [v * 1e6 for v in values[SKIP:]] for name, values in times.items() if values[SKIP:]}
     hot = profiled(engine, params, args.profile) if args.profile > 0 else []
-    served = served_rounds(engine, params, args.reps, variants)
+    served = served_rounds(engines, params, args.reps, variants)
     device = torch.cuda.get_device_name() if engine.device.type == "cuda" else "cpu"
     print(f"$ {' '.join(sys.argv)}")
     off = f", kernels off: {args.disable_kernels}" if args.disable_kernels else ""
     print(f"{device}, torch {torch.__version__}, {args.model}, T={args.temperature}, top-p {args.top_p}, "
           f"{args.tokens} tokens, {args.reps} requests each{off}")
     print("| measure | median | runs |\n|---|---|---|")
-    measures = [("engine alone: gap ms", [a[0] for a in alone]),
-                ("engine alone: launch ms / step", [a[1] for a in alone])]
-    for v, rows in served.items():
-        name = "server" if len(served) == 1 else f"server ({v})"
+    measures = []
+    for label, rows_alone in alone.items():
+        tag = f" [{label}]" if label else ""
+        measures += [(f"engine alone{tag}: gap ms", [a[0] for a in rows_alone]),
+                     (f"engine alone{tag}: launch ms / step", [a[1] for a in rows_alone])]
+    for (label, v), rows in served.items():
+        name = "server" if len(variants) == 1 else f"server ({v})"
+        name += f" [{label}]" if label else ""
         measures += [(f"{name}: gap ms", [r[0] for r in rows]),
                      (f"{name}: engine thread CPU us / token", [r[1] for r in rows]),
                      (f"{name}: event loop CPU us / token", [r[2] for r in rows])]

@@ -71,9 +71,22 @@ def test_served_variants_each_stream_and_the_switch_interval_comes_back() -> Non
     before = sys.getswitchinterval()
     variants = [host_probe.Served.parse("asyncio"), host_probe.Served.parse("asyncio:0.5")]
     assert variants[1].switch_ms == 0.5 and variants[0].switch_ms == 5.0 and str(variants[1]) == "asyncio, switch 0.5 ms"
-    rows = host_probe.served_rounds(engine, params, 1, variants)  # NOTE: a server start each: one round
+    rows = host_probe.served_rounds({"": engine}, params, 1, variants)  # NOTE: a server start each: one round
+    assert list(rows) == [("", v) for v in variants]
     assert [len(r) for r in rows.values()] == [1, 1] and all(gap > 0 for r in rows.values() for gap, _, _ in r)
     assert sys.getswitchinterval() == before
     for bad in ("tokio", "asyncio:0", "uvloop:x"):
         with pytest.raises(ValueError):
             host_probe.Served.parse(bad)
+
+
+def test_against_reads_one_config_field() -> None:
+    """`--against FIELD=VALUE`: an EngineConfig field and its value as a literal where it reads as one."""
+    import pytest
+
+    assert host_probe.config_change("max_num_seqs=4") == {"max_num_seqs": 4}
+    assert host_probe.config_change("async_scheduling=False") == {"async_scheduling": False}
+    assert host_probe.config_change("graph_warmup=none") == {"graph_warmup": "none"}
+    for bad in ("max_num_seqs", "no_such_field=1"):
+        with pytest.raises(ValueError, match="FIELD=VALUE"):
+            host_probe.config_change(bad)
