@@ -59,8 +59,8 @@ def run(engine: LLMEngine, work: Work, forced: Record | None = None) -> Record:
     rec = Record()
     greedy = engine.sampler.sample
 
-    def sample(logits: torch.Tensor, seqs: list) -> torch.Tensor:
-        own = greedy(logits, seqs)
+    def sample(logits: torch.Tensor, seqs: list, drawn: torch.Tensor | None = None) -> torch.Tensor:
+        own = greedy(logits, seqs, drawn)  # NOTE: drawn: a small step's argmax, taken in its replay
         # NOTE: every row is greedy: the sampler's tokens (the model's step_argmax) are torch's argmax
         assert torch.equal(own, logits.argmax(-1))
         rec.argmax_rows += len(seqs)

@@ -76,8 +76,8 @@ def run_recorded(engine: LLMEngine, seed: int = 0) -> tuple[list[Row], int]:
     rows: list[Row] = []
     original = engine.sampler.sample
 
-    def sample(logits: torch.Tensor, seqs: list) -> torch.Tensor:
-        tokens = original(logits, seqs)
+    def sample(logits: torch.Tensor, seqs: list, drawn: torch.Tensor | None = None) -> torch.Tensor:
+        tokens = original(logits, seqs, drawn)
         host = logits.to("cpu", torch.float32, copy=True)
         pending.clear()
         for i, (s, t) in enumerate(zip(seqs, tokens.tolist(), strict=True)):

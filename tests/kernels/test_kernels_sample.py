@@ -120,6 +120,31 @@ def test_cut_rows_draw_only_kept_tokens_in_their_proportions_in_the_interpreter(
         assert len(kept) == size and chi2 < (16.3 if size == 4 else 13.8), (top_k, counts.tolist(), expected.tolist())
 
 
+_LAYOUT_SCRIPT = """
+from graphpool.kernels._triton_sample import sample_rows_triton
+from graphpool.kernels.sample import sample_params
+
+gen = torch.Generator().manual_seed(2)
+n = 6
+x = torch.randn(n, 300, generator=gen) * 2
+seeds, temps = list(range(40, 40 + n)), [0.0, 0.7, 1.0, 0.0, 1.3, 0.5]
+plain = sample_rows_triton(x, torch.tensor(sample_params(seeds, temps)), block=64)
+every = sample_params(seeds, temps, [0] * n, [1.0] * n, [0.0] * n, every_cut=True)
+cut = sample_rows_triton(x, torch.tensor(every), block=64)
+# NOTE: a captured step's static input holds each row's five parameters together: transposed in the step
+by_row = torch.tensor(every).view(5, n).t().contiguous()
+moved = sample_rows_triton(x, by_row.t().reshape(-1), block=64)
+print(json.dumps({"plain": plain.tolist(), "cut": cut.tolist(), "moved": moved.tolist()}))
+"""
+
+
+def test_the_cut_layout_without_cuts_draws_what_the_plain_one_does_in_the_interpreter() -> None:
+    """A captured step draws with every cut column present (decode_step.decode_sampled, its parameters row by row
+    and transposed): rows without a cut draw the very tokens of the two-column layout the sampler sends."""
+    out = run_in_triton_interpreter(_LAYOUT_SCRIPT)
+    assert out["plain"] == out["cut"] == out["moved"]
+
+
 _KTH_SCRIPT = """
 from kth_probe import kth_kernel
 

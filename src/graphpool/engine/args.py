@@ -95,6 +95,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     add("--graph-prefill-max-tokens", "graph_prefill_max_tokens", type=int,
         help="prefill steps of at most this many tokens replay a resident decode graph, one row a token "
              "(default: 256 or --graph-max-batch-size if smaller; 0: off)")
+    add("--graph-sample-max-batch-size", "graph_sample_max_batch_size", type=int,
+        help="decode graphs of at most this many rows also run the LM head and the draw, so such a step's tokens "
+             "come out of its replay (default: 8 on one GPU without microbatch overlap; 0: off)")
     add("--idle-prefill-steps", "idle_prefill_steps", type=int,
         help="with nothing decoding, a prompt of at most this many graph-prefill steps' tokens is prefilled in "
              "such steps, each a graph replay (default: 3; 0: one eager step)")

@@ -101,15 +101,17 @@ class AsyncDecode:
         """Run a step's forward and sampling, and start its tokens' copy to the host."""
         clock = StepClock(self.timeline, self.runner.pool)
         clock.forward_begins()
+        drawn = None  # the tokens a small decode step drew itself (decode_step.decode_sampled)
         if batch.is_prefill:
             logits, graph = self.runner.prefill(batch.chunks), self.runner.last_prefill_replayed
         elif batch.chunks:
             logits, graph = self.runner.mixed(batch.seqs[:len(batch.slots)], batch.slots, batch.chunks,
                                               input_ids=input_ids)
         else:
-            logits, graph = self.runner.decode(batch.seqs, batch.slots, input_ids=input_ids)
+            draw = self.sampler.step_draw(batch.seqs) if self.runner.draws_in_step(len(batch.seqs)) else None
+            logits, drawn, graph = self.runner.decode(batch.seqs, batch.slots, input_ids=input_ids, draw=draw)
         clock.forward_ends()
-        tokens, logprobs = self.sampler.sample_step(logits, batch.seqs)
+        tokens, logprobs = self.sampler.sample_step(logits, batch.seqs, drawn)
         host = self._host_buffer(tokens.shape[0], tokens.dtype)
         host.copy_(tokens, non_blocking=self._pin)
         if logprobs is not None:

@@ -26,6 +26,7 @@ _ATTN_BACKENDS = ("auto", "torch", "triton")
 # one); "all" = every ladder size, largest first, as far as the pool's bounds allow.
 WARMUP_MODES = ("none", "cover", "all")
 DEFAULT_GRAPH_PREFILL_MAX_TOKENS = 256
+DEFAULT_GRAPH_SAMPLE_MAX_BATCH_SIZE = 8
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,11 @@ class EngineConfig:
     # steps, each a replay, not in one eager step (0: one eager step; docs/benchmarks.md "Prefill while nothing
     # decodes"); with mixed steps only
     idle_prefill_steps: int = 3
+    # decode graphs of at most this many rows also run the LM head and the kernel draw, so a decode step that size
+    # gets its tokens from the replay (no launches after it: the head and the draw's two stages were three); those
+    # graphs' logits then live in the arena, bounded by this size. 0: the head runs after every replay. None ->
+    # DEFAULT_GRAPH_SAMPLE_MAX_BATCH_SIZE on one rank without microbatches (capped at graph_max_batch_size), else 0
+    graph_sample_max_batch_size: int | None = None
     # decode steps take prompt chunks into their leftover rows, up to graph_max_batch_size rows and the token
     # budget: running streams get a token in the steps that prefill (the ITL tail: docs/benchmarks.md).
     # None -> on where decode graphs run (the prompt rows ride in them), off on the CPU and without graphs
@@ -158,6 +164,7 @@ class EngineConfig:
             raise ValueError("async_scheduling and profile_steps exclude each other: profile_steps synchronizes "
                              "around every forward")
         self._check_graph_prefill()
+        self._check_graph_sample()
         self._resolve_pool_size()
         # NOTE: the pool's own settings are validated by PoolConfig; build it now so errors surface here.
         _ = self.pool_config
@@ -183,6 +190,20 @@ class EngineConfig:
         if n > self.graph_max_batch_size:
             raise ValueError(f"graph_prefill_max_tokens={n} is above graph_max_batch_size="
                              f"{self.graph_max_batch_size}: a prefill step replays a decode graph, one row a token")
+
+    def _check_graph_sample(self) -> None:
+        # NOTE: one rank, one microbatch: the draw reads every row's logits, which tensor parallel gathers from its
+        # ranks and microbatch overlap splits across two graphs' outputs
+        alone = self.tensor_parallel_size == 1 and not self.enable_microbatch_overlap
+        n = self.graph_sample_max_batch_size
+        if n is None:
+            n = min(DEFAULT_GRAPH_SAMPLE_MAX_BATCH_SIZE, self.graph_max_batch_size) if alone else 0
+            object.__setattr__(self, "graph_sample_max_batch_size", n)
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+            raise ValueError(f"graph_sample_max_batch_size must be an int >= 0 (0: off), got {n!r}")
+        if n and not alone:
+            raise ValueError("graph_sample_max_batch_size needs tensor_parallel_size 1 and no microbatch overlap "
+                             "(set it to 0)")
 
     def _check_tensor_parallel(self) -> None:
         """The settings alone; whether the model's heads shard over the ranks is checked where it is loaded

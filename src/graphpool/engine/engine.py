@@ -38,11 +38,18 @@ from graphpool.engine.startup import StartupClock, StartupTimes
 from graphpool.engine.timeline import StepClock, StepTimeline
 from graphpool.engine.tp_rank import LoadedModel, capture_sync, num_kv_blocks
 from graphpool.kernels._dispatch import prefetch_triton_cache_key
+from graphpool.model.ops import no_draw
 from graphpool.model.tp_group import SINGLE
 from graphpool.pool.capture import Capturer
 
 __all__ = ["EngineStats", "LLMEngine", "RequestOutput", "StartupTimes", "StepInfo"]
 log = logging.getLogger(__name__)
+
+
+def kernel_draw(device: torch.device, step_sample: Callable[[torch.Tensor, torch.Tensor], torch.Tensor | None]
+                ) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor | None] | None:
+    """The model's kernel draw where it runs (CUDA, its switch on), else None: the sampler then draws in torch."""
+    return step_sample if device.type == "cuda" and step_sample is not no_draw else None
 
 
 class LLMEngine(EngineIntrospection):
@@ -92,8 +99,12 @@ class LLMEngine(EngineIntrospection):
         clock.mark("kv_cache")
         max_blocks = max(-(-config.max_model_len // bs), -(-config.len_bound // bs))
         self.block_manager = BlockManager(num_blocks, bs, max_blocks, config.enable_prefix_caching)
+        # NOTE: the kernel draw only on CUDA (elsewhere it would return None after its host work); with it, decode
+        # graphs of few rows draw their tokens themselves (decode_step.decode_sampled)
+        draw = kernel_draw(self.device, self.model.ops.step_sample)
         self.runner = ModelRunner(self.model, self.kv_caches, config, self.block_manager, capturer,
-                                  capture_sync(tp, self.device) if self._tp is not None else None)
+                                  capture_sync(tp, self.device) if self._tp is not None else None,
+                                  sample_rows=config.graph_sample_max_batch_size if draw is not None else 0)
         self.scheduler = Scheduler(
             self.block_manager, max_num_seqs=config.max_num_seqs, token_budget=config.token_budget,
             mixed_rows=config.mixed_rows, idle_prefill_rows=config.idle_prefill_rows,
@@ -101,9 +112,7 @@ class LLMEngine(EngineIntrospection):
         )
         if self._tp is not None:
             self.runner.announce = self._tp.announcer(self.block_manager)
-        # NOTE: the kernel draw only on CUDA (elsewhere it would return None after its host work)
-        self.sampler = Sampler(self.device, config.seed, argmax=self.model.ops.step_argmax,
-                               draw=self.model.ops.step_sample if self.device.type == "cuda" else None)
+        self.sampler = Sampler(self.device, config.seed, argmax=self.model.ops.step_argmax, draw=draw)
         eos = self.tokenizer.eos_token_ids if self.tokenizer is not None else self.model_config.eos_token_ids
         self.eos_token_ids = frozenset(eos)
         self.grammars = Grammars(self.tokenizer, self.model_config.vocab_size, self.eos_token_ids)
@@ -249,13 +258,15 @@ class LLMEngine(EngineIntrospection):
         clock.forward_begins()
         forward_start = time.perf_counter()
         decoding = seqs[:len(batch.slots)]
+        drawn = None  # the tokens a small decode step drew itself (decode_step.decode_sampled)
         if batch.is_prefill:
             logits = self.runner.prefill(batch.chunks)
             graph = self.runner.last_prefill_replayed
         elif batch.chunks:
             logits, graph = self.runner.mixed(decoding, batch.slots, batch.chunks)
         else:
-            logits, graph = self.runner.decode(seqs, batch.slots)
+            draw = self.sampler.step_draw(seqs) if self.runner.draws_in_step(len(seqs)) else None
+            logits, drawn, graph = self.runner.decode(seqs, batch.slots, draw=draw)
         if profile:
             events[1].record()
         clock.forward_ends()
@@ -264,7 +275,7 @@ class LLMEngine(EngineIntrospection):
         pin = self.device.type == "cuda" and bool(seqs)
         scores = [s.start_copy(pin) for s in self.runner.prompt_scores] if batch.chunks else []
         # NOTE: the one host sync of a step (none for a step of prompt chunks that are not their last)
-        next_tokens, token_logprobs = self.sampler.sample_to_host(logits, seqs) if seqs else ([], {})
+        next_tokens, token_logprobs = self.sampler.sample_to_host(logits, seqs, drawn) if seqs else ([], {})
         for s in scores:
             s.add_to_sequences()
         # the KV of every scheduled token is written now: its full blocks become prefix-cache entries

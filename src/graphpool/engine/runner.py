@@ -12,9 +12,10 @@ import torch
 
 from graphpool.engine.config import EngineConfig
 from graphpool.engine.decode_step import (
-    decode_hidden,
+    SAMPLE_PARAMS,
     decode_hidden_microbatches,
     decode_input_specs,
+    decode_sampled,
     run_decode,
 )
 from graphpool.engine.host_copy import HostStaging, to_device
@@ -57,7 +58,9 @@ class ModelRunner(PrefillPaths):
 
     def __init__(self, model: torch.nn.Module, kv_caches: list[KVCache], config: EngineConfig,
                  block_manager: BlockManager, capturer: Capturer | None = None,
-                 capture_sync: CaptureSync | None = None) -> None:
+                 capture_sync: CaptureSync | None = None, sample_rows: int = 0) -> None:
+        """`sample_rows`: decode steps of at most this many rows draw their tokens in the step (the model's kernel
+        draw, `decode_sampled`; 0: every step's LM head and draw run after it)."""
         self.model = model
         self.kv_caches = kv_caches
         self.block_manager = block_manager
@@ -73,11 +76,15 @@ class ModelRunner(PrefillPaths):
         # NOTE: microbatch overlap: every decode step is two microbatches (rows split in halves, the first
         # the larger), so the pool's sizes and decisions are per microbatch
         self.num_microbatches = config.num_microbatches
-        forward = decode_hidden if self.num_microbatches == 1 else decode_hidden_microbatches
+        self.sample_rows = sample_rows if self.num_microbatches == 1 else 0
+        if self.num_microbatches == 1:
+            forward = functools.partial(decode_sampled, model, kv_caches, max_len_bound=self.len_bound,
+                                        sample_rows=self.sample_rows)
+        else:
+            forward = functools.partial(decode_hidden_microbatches, model, kv_caches, max_len_bound=self.len_bound)
         self.pool = GraphPool(
-            functools.partial(forward, model, kv_caches, max_len_bound=self.len_bound),
-            decode_input_specs(self.max_blocks), config.pool_config, device=self.device, capturer=capturer,
-            capture_sync=capture_sync,
+            forward, decode_input_specs(self.max_blocks, sample=self.sample_rows > 0), config.pool_config,
+            device=self.device, capturer=capturer, capture_sync=capture_sync,
         )
         self.announce: StepAnnouncer | None = None  # set on rank 0 under tensor parallel
         # NOTE: with neither CUDA nor a test capturer (standing in for CUDA graphs) no graph can ever replay and
@@ -174,9 +181,9 @@ class ModelRunner(PrefillPaths):
         tables.append(np.stack([bm.row(c.seq.request_id) for c in chunks])[owner])
         if input_ids is not None:  # the decode rows' tokens are still on the device; the chunks' are here
             input_ids = torch.cat((input_ids, to_device(ids, torch.int64, self.device)))
-        logits, graph = self.decode_rows([s.last_token for s in seqs] + ids,
-                                         [s.num_tokens for s in seqs] + [p + 1 for p in positions],
-                                         slots + chunk_slots, np.concatenate(tables), decision, input_ids)
+        logits, _, graph = self.decode_rows([s.last_token for s in seqs] + ids,
+                                            [s.num_tokens for s in seqs] + [p + 1 for p in positions],
+                                            slots + chunk_slots, np.concatenate(tables), decision, input_ids)
         scored = span_rows(chunks, len(seqs))
         if scored:  # NOTE: every row's logits are here already: the spans' rows need no LM head of their own
             rows = logits.index_select(0, to_device(scored, torch.int64, self.device))
@@ -188,11 +195,17 @@ class ModelRunner(PrefillPaths):
         index = to_device(wanted, torch.int64, self.device)
         return logits.index_select(0, index), graph
 
+    def draws_in_step(self, rows: int) -> bool:
+        """Whether a decode step of `rows` rows may draw its tokens in the step (`decode`'s `draw`)."""
+        return rows <= self.sample_rows
+
     @torch.inference_mode()
-    def decode(self, seqs: list[Sequence], slots: list[int],
-               input_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, bool]:
-        """One token per sequence -> (logits [bs, vocab], whether a graph was replayed). `input_ids`: the tokens
-        on the device, when the host does not have them yet (async scheduling).
+    def decode(self, seqs: list[Sequence], slots: list[int], input_ids: torch.Tensor | None = None,
+               draw: np.ndarray | None = None) -> tuple[torch.Tensor, torch.Tensor | None, bool]:
+        """One token per sequence -> (logits [bs, vocab], the tokens drawn in the step or None, whether a graph
+        was replayed). `input_ids`: the tokens on the device, when the host does not have them yet (async
+        scheduling). `draw`: each row's draw parameters (`Sampler.step_draw`) where the caller takes the step's
+        own tokens; they come back only where the step drew them (`decode_sampled`), else None.
 
         The logits are in the model's dtype (graph memory then holds a third of the bytes of float32 + the
         matmul's own output), a view into the graph's outputs: valid until the next step that runs the pool
@@ -201,8 +214,9 @@ class ModelRunner(PrefillPaths):
         needs probabilities.
         """
         rows = np.stack([self.block_manager.row(seq.request_id) for seq in seqs])
-        return self.decode_rows([seq.last_token for seq in seqs], [seq.num_tokens for seq in seqs], slots, rows,
-                                input_ids=input_ids)
+        logits, drawn, graph = self.decode_rows([seq.last_token for seq in seqs], [seq.num_tokens for seq in seqs],
+                                                slots, rows, input_ids=input_ids, draw=draw)
+        return logits, drawn if draw is not None else None, graph
 
     def _eager_bound(self, max_len: int) -> int:
         """The attention length bound of a step that runs outside the pool: the whole blocks of its longest
@@ -211,12 +225,14 @@ class ModelRunner(PrefillPaths):
 
     @torch.inference_mode()
     def decode_rows(self, last_tokens: list[int] | None, lens: list[int], slots: list[int], rows: np.ndarray,
-                    decision: Decision | None = None,
-                    input_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, bool]:
+                    decision: Decision | None = None, input_ids: torch.Tensor | None = None,
+                    draw: np.ndarray | None = None) -> tuple[torch.Tensor, torch.Tensor | None, bool]:
         """The decode step from its host data: each row's input token, context length (its position + 1),
         KV slot and block-table row; what rank 0 sends the other ranks under tensor parallel, with the pool's
         `decision` (None: decide here). `input_ids` (rank 0, async scheduling): the input tokens are on the
-        device; the other ranks get `last_tokens=None` and receive them by a broadcast from rank 0."""
+        device; the other ranks get `last_tokens=None` and receive them by a broadcast from rank 0. `draw`: each
+        row's draw parameters [rows, SAMPLE_PARAMS] int64 where the step draws (None: zeros, the argmax, whose
+        tokens nobody takes). -> (logits, the tokens the step drew or None, whether a graph replayed)."""
         max_len = max(lens)
         with self.pool.lock:
             # NOTE: the pool's one decision routes the step: a context past the graph bound (or no CUDA, where
@@ -231,13 +247,15 @@ class ModelRunner(PrefillPaths):
                 self.announce.decode(None if input_ids is not None else last_tokens, lens, slots, rows, decision)
             lens_np = np.asarray(lens, dtype=np.int32)
             ids_on_host = last_tokens is not None and input_ids is None
-            host = (np.asarray(last_tokens if ids_on_host else [], dtype=np.int64), lens_np.astype(np.int64) - 1,
-                    np.asarray(slots, dtype=np.int64), lens_np, rows)
+            host = [np.asarray(last_tokens if ids_on_host else [], dtype=np.int64), lens_np.astype(np.int64) - 1,
+                    np.asarray(slots, dtype=np.int64), lens_np, rows]
+            if self.sample_rows:
+                host.append(draw if draw is not None else np.zeros((len(lens), SAMPLE_PARAMS), dtype=np.int64))
             if decision.action != "eager":
                 # NOTE: a graph's step: the pool sends the host arrays with its padding in one copy
-                ids_t, pos_t, slots_t, lens_t, tables_t = map(torch.from_numpy, host)
+                ids_t, pos_t, slots_t, lens_t, tables_t, *params_t = map(torch.from_numpy, host)
             else:  # NOTE: one host-to-device copy for the step's positions, slots, lengths, tables (and tokens)
-                ids_t, pos_t, slots_t, lens_t, tables_t = self.staging.to_device(*host)
+                ids_t, pos_t, slots_t, lens_t, tables_t, *params_t = self.staging.to_device(*host)
             if not ids_on_host:
                 if input_ids is None:  # NOTE: a rank > 0 under async scheduling: rank 0 sends the tokens
                     input_ids = torch.empty(len(lens), dtype=torch.int64, device=self.device)
@@ -248,6 +266,7 @@ class ModelRunner(PrefillPaths):
                 "slot_mapping": slots_t,
                 "block_tables": tables_t,
                 "context_lens": lens_t,
+                **({"sample_params": params_t[0]} if params_t else {}),
             }
             return run_decode(self.pool, self.model, self.kv_caches, inputs, self.num_microbatches,
                               eager_bound=eager_bound, max_len=max_len, decision=decision)

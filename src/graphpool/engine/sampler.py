@@ -65,29 +65,52 @@ class Sampler:
     def release(self, seq: Sequence) -> None:
         self.token_counts.release(seq)
 
-    def sample_step(self, logits: torch.Tensor, seqs: list[Sequence]) -> tuple[torch.Tensor, StepLogprobs | None]:
+    def step_draw(self, seqs: list[Sequence]) -> np.ndarray | None:
+        """The rows' kernel-draw parameters [rows, 5] int64 (kernels/sample.py's columns: key, temperature bits,
+        top-k, top-p bits, min-p bits), for a decode step that draws its tokens itself (decode_step.decode_sampled):
+        the very draw `sample` would make from the step's logits. None where `sample` would not take such tokens
+        as they are: no kernel draw, or a row whose logits it changes first (penalties, bias, bans, a guide)."""
+        if self.draw is None or not self._plain(seqs):
+            return None
+        params = [s.params for s in seqs]
+        # NOTE: an argmax step (every row greedy) takes no key from the sampler's stream
+        keys = [0] * len(seqs) if all(p.temperature == 0 for p in params) else self._keys(seqs)
+        packed = sample_params(keys, [p.temperature for p in params], [p.top_k for p in params],
+                               [p.top_p for p in params], [p.min_p for p in params], every_cut=True)
+        return np.asarray(packed, dtype=np.int64).reshape(5, len(seqs)).T
+
+    def sample_step(self, logits: torch.Tensor, seqs: list[Sequence],
+                    drawn: torch.Tensor | None = None) -> tuple[torch.Tensor, StepLogprobs | None]:
         """`sample`, and the logprobs (on the device) of the rows whose params ask for them, else None."""
-        tokens = self.sample(logits, seqs)
+        tokens = self.sample(logits, seqs, drawn)
         return tokens, gather_logprobs(logits, [s.params.logprobs for s in seqs], tokens)
 
-    def sample_to_host(self, logits: torch.Tensor,
-                       seqs: list[Sequence]) -> tuple[list[int], dict[int, TokenLogprob]]:
+    def sample_to_host(self, logits: torch.Tensor, seqs: list[Sequence],
+                       drawn: torch.Tensor | None = None) -> tuple[list[int], dict[int, TokenLogprob]]:
         """`sample_step` with its results on the host (one sync): the tokens, and row -> logprob where asked."""
-        tokens, logprobs = self.sample_step(logits, seqs)
+        tokens, logprobs = self.sample_step(logits, seqs, drawn)
         if logprobs is not None:
             logprobs = logprobs.start_copy(pin=self.device.type == "cuda")
         host = tokens.tolist()
         return host, logprobs.by_row(host) if logprobs is not None else {}
 
-    def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+    @staticmethod
+    def _plain(seqs: list[Sequence]) -> bool:
+        """Whether no row's logits change before the draw (`sample`'s first check)."""
+        return not any(s.params.has_penalties or s.guide is not None or s.logit_bias is not None or s.bad_words
+                       or _held(s) for s in seqs)
+
+    def sample(self, logits: torch.Tensor, seqs: list[Sequence], drawn: torch.Tensor | None = None) -> torch.Tensor:
+        """Next token ids; `drawn`: the tokens the step drew from `step_draw`'s parameters, taken as they are."""
+        if drawn is not None:
+            return drawn
+        if self._plain(seqs):
+            return self._choose(logits, seqs)
         penalised = [i for i, s in enumerate(seqs) if s.params.has_penalties]
-        # NOTE: num_output_tokens counts async scheduling's placeholder, so it is the count before this token.
-        held = [i for i, s in enumerate(seqs) if s.num_output_tokens < s.params.min_tokens and s.stop_ids]
+        held = [i for i, s in enumerate(seqs) if _held(s)]
         guided = [i for i, s in enumerate(seqs) if s.guide is not None]
         biased = [i for i, s in enumerate(seqs) if s.logit_bias is not None]
         barred = [i for i, s in enumerate(seqs) if s.bad_words]
-        if not penalised and not held and not guided and not biased and not barred:
-            return self._choose(logits, seqs)
         # NOTE: a float32 copy: the logits may be a graph's output buffer.
         full = logits.to(torch.float32, copy=True)
         if penalised:
@@ -141,8 +164,7 @@ class Sampler:
             return self.argmax(logits)
         tokens = None
         if self.draw is not None:
-            keys = [self.rng.getrandbits(63) if s.params.seed is None
-                    else _step_key(s.params.seed, s.num_output_tokens) for s in seqs]
+            keys = self._keys(seqs)
             temps = [p.temperature for p in params]
             # NOTE: the cut columns only where some row has a cut: most batches skip three list builds a step
             args = (sample_params(keys, temps, [p.top_k for p in params], [p.top_p for p in params],
@@ -150,6 +172,12 @@ class Sampler:
                     if any(p.has_cut for p in params) else sample_params(keys, temps))
             tokens = self.draw(logits, self.staging.to_device(np.asarray(args, dtype=np.int64))[0])
         return tokens if tokens is not None else self._draw_torch(logits, seqs)
+
+    def _keys(self, seqs: list[Sequence]) -> list[int]:
+        """Each row's Philox key for this step: a seeded request's from its seed and token count, else the next
+        of the sampler's own stream."""
+        return [self.rng.getrandbits(63) if s.params.seed is None else _step_key(s.params.seed, s.num_output_tokens)
+                for s in seqs]
 
     def _draw_torch(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         """The torch sampler: each row's draw, or its argmax at temperature 0."""
@@ -175,6 +203,12 @@ class Sampler:
             if s.generator is not None:
                 u[i].uniform_(generator=s.generator)
         return u
+
+
+def _held(seq: Sequence) -> bool:
+    """Whether the row is short of its min_tokens, so its stop ids are banned this step. NOTE: num_output_tokens
+    counts async scheduling's placeholder, so it is the count before this token."""
+    return seq.num_output_tokens < seq.params.min_tokens and bool(seq.stop_ids)
 
 
 def _ban(logits: torch.Tensor, pairs: list[tuple[int, int]]) -> None:

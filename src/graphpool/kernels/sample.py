@@ -17,10 +17,12 @@ def _float_bits(values: Sequence[float]) -> list[int]:
 
 
 def sample_params(seeds: list[int], temperatures: list[float], top_k: list[int] | None = None,
-                  top_p: list[float] | None = None, min_p: list[float] | None = None) -> list[int]:
+                  top_p: list[float] | None = None, min_p: list[float] | None = None,
+                  every_cut: bool = False) -> list[int]:
     """The kernel's per-row parameters as one int64 list: the seeds (< 2**63), then the temperatures' float32
-    bits; where some row has a cut (top-k > 0, top-p < 1, min-p > 0), then every row's top-k and its top-p's and
-    min-p's float32 bits (the cuts given as all three lists or none)."""
+    bits; where some row has a cut (top-k > 0, top-p < 1, min-p > 0), or `every_cut` (a captured step's fixed
+    layout), then every row's top-k and its top-p's and min-p's float32 bits (the cuts given as all three lists
+    or none)."""
     packed = [*seeds, *_float_bits(temperatures)]
     cuts = (top_k, top_p, min_p)
     if all(c is None for c in cuts):
@@ -28,7 +30,7 @@ def sample_params(seeds: list[int], temperatures: list[float], top_k: list[int] 
     if any(c is None or len(c) != len(seeds) for c in cuts):
         raise ValueError("sample_params takes top_k, top_p and min_p together, one value a row")
     ks, ps, mins = top_k or [], top_p or [], min_p or []
-    if not any(k > 0 for k in ks) and not any(p < 1 for p in ps) and not any(m > 0 for m in mins):
+    if not every_cut and not any(k > 0 for k in ks) and not any(p < 1 for p in ps) and not any(m > 0 for m in mins):
         return packed
     return [*packed, *ks, *_float_bits(ps), *_float_bits(mins)]
 

@@ -22,6 +22,7 @@ CONFIG_LABELS = {
     "no-mixed-steps": "graphpool, no mixed steps",
     "eager-idle-prefill": "graphpool, a prompt while nothing decodes in one eager step",
     "sync-scheduling": "graphpool, synchronous scheduling",
+    "head-after-replay": "graphpool, the LM head and the draw after every replay",
     "defer-captures": "graphpool, admitted captures deferred to idle",
     "microbatch-overlap": "graphpool + microbatch overlap",
     "full-pool": "graphpool, pool filled at start-up",
@@ -36,7 +37,7 @@ CONFIG_HELP = (
     "on miss, shared mempool, no warm-up, eager prefill); default: graphpool's defaults; budget: with "
     "--graph-memory-budget; no-warmup: the defaults without the start-up warm-up (lazy capture); eager-prefill: eager "
     "prefill steps and no mixed steps; no-mixed-steps; eager-idle-prefill: + --idle-prefill-steps 0; "
-    "sync-scheduling: + --no-async-scheduling; defer-captures: + --graph-defer-captures; microbatch-overlap: "
+    "sync-scheduling: + --no-async-scheduling; head-after-replay: + --graph-sample-max-batch-size 0; defer-captures: + --graph-defer-captures; microbatch-overlap: "
     "+ --enable-microbatch-overlap (with --server-arg=--tensor-parallel-size=2); vllm: vLLM 0.26 at its defaults "
     "with graphpool's model, max-model-len, max-num-seqs, seed and dtype; vllm-eager: the same, --enforce-eager; "
     "full-pool: the defaults with the whole pool (16 graphs) captured at start-up, its graph memory beside vLLM's"
@@ -94,6 +95,7 @@ def serve_configs(ladder_n: int, budget: str, full_pool: Sequence[int] = ()) -> 
         "no-mixed-steps": ("--no-enable-mixed-steps",),
         "eager-idle-prefill": ("--idle-prefill-steps", "0"),
         "sync-scheduling": ("--no-async-scheduling",),
+        "head-after-replay": ("--graph-sample-max-batch-size", "0"),
         "defer-captures": ("--graph-defer-captures",),
         # NOTE: for tensor parallel (--server-arg=--tensor-parallel-size=2)
         "microbatch-overlap": ("--enable-microbatch-overlap",),
