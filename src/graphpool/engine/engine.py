@@ -265,8 +265,8 @@ class LLMEngine(EngineIntrospection):
         elif batch.chunks:
             logits, graph = self.runner.mixed(decoding, batch.slots, batch.chunks)
         else:
-            draw = self.sampler.step_draw(seqs) if self.runner.draws_in_step(len(seqs)) else None
-            logits, drawn, graph = self.runner.decode(seqs, batch.slots, draw=draw)
+            params = self.sampler.step_draw(seqs) if self.runner.draws_in_step(len(seqs)) else None
+            logits, drawn, graph = self.runner.decode(seqs, batch.slots, draw_params=params)
         if profile:
             events[1].record()
         clock.forward_ends()

@@ -13,6 +13,7 @@ import torch
 from graphpool.engine.config import EngineConfig
 from graphpool.engine.decode_step import (
     SAMPLE_PARAMS,
+    decode_hidden,
     decode_hidden_microbatches,
     decode_input_specs,
     decode_sampled,
@@ -77,11 +78,13 @@ class ModelRunner(PrefillPaths):
         # the larger), so the pool's sizes and decisions are per microbatch
         self.num_microbatches = config.num_microbatches
         self.sample_rows = sample_rows if self.num_microbatches == 1 else 0
-        if self.num_microbatches == 1:
+        if self.num_microbatches > 1:
+            forward = functools.partial(decode_hidden_microbatches, model, kv_caches, max_len_bound=self.len_bound)
+        elif self.sample_rows:
             forward = functools.partial(decode_sampled, model, kv_caches, max_len_bound=self.len_bound,
                                         sample_rows=self.sample_rows)
         else:
-            forward = functools.partial(decode_hidden_microbatches, model, kv_caches, max_len_bound=self.len_bound)
+            forward = functools.partial(decode_hidden, model, kv_caches, max_len_bound=self.len_bound)
         self.pool = GraphPool(
             forward, decode_input_specs(self.max_blocks, sample=self.sample_rows > 0), config.pool_config,
             device=self.device, capturer=capturer, capture_sync=capture_sync,
@@ -196,16 +199,16 @@ class ModelRunner(PrefillPaths):
         return logits.index_select(0, index), graph
 
     def draws_in_step(self, rows: int) -> bool:
-        """Whether a decode step of `rows` rows may draw its tokens in the step (`decode`'s `draw`)."""
+        """Whether a decode step of `rows` rows may draw its tokens in the step (`decode`'s `draw_params`)."""
         return rows <= self.sample_rows
 
     @torch.inference_mode()
     def decode(self, seqs: list[Sequence], slots: list[int], input_ids: torch.Tensor | None = None,
-               draw: np.ndarray | None = None) -> tuple[torch.Tensor, torch.Tensor | None, bool]:
+               draw_params: np.ndarray | None = None) -> tuple[torch.Tensor, torch.Tensor | None, bool]:
         """One token per sequence -> (logits [bs, vocab], the tokens drawn in the step or None, whether a graph
         was replayed). `input_ids`: the tokens on the device, when the host does not have them yet (async
-        scheduling). `draw`: each row's draw parameters (`Sampler.step_draw`) where the caller takes the step's
-        own tokens; they come back only where the step drew them (`decode_sampled`), else None.
+        scheduling). `draw_params`: each row's draw parameters (`Sampler.step_draw`) where the caller takes the
+        step's own tokens; they come back only where the step drew them (`decode_sampled`), else None.
 
         The logits are in the model's dtype (graph memory then holds a third of the bytes of float32 + the
         matmul's own output), a view into the graph's outputs: valid until the next step that runs the pool
@@ -215,8 +218,8 @@ class ModelRunner(PrefillPaths):
         """
         rows = np.stack([self.block_manager.row(seq.request_id) for seq in seqs])
         logits, drawn, graph = self.decode_rows([seq.last_token for seq in seqs], [seq.num_tokens for seq in seqs],
-                                                slots, rows, input_ids=input_ids, draw=draw)
-        return logits, drawn if draw is not None else None, graph
+                                                slots, rows, input_ids=input_ids, draw_params=draw_params)
+        return logits, drawn if draw_params is not None else None, graph
 
     def _eager_bound(self, max_len: int) -> int:
         """The attention length bound of a step that runs outside the pool: the whole blocks of its longest
@@ -226,12 +229,12 @@ class ModelRunner(PrefillPaths):
     @torch.inference_mode()
     def decode_rows(self, last_tokens: list[int] | None, lens: list[int], slots: list[int], rows: np.ndarray,
                     decision: Decision | None = None, input_ids: torch.Tensor | None = None,
-                    draw: np.ndarray | None = None) -> tuple[torch.Tensor, torch.Tensor | None, bool]:
+                    draw_params: np.ndarray | None = None) -> tuple[torch.Tensor, torch.Tensor | None, bool]:
         """The decode step from its host data: each row's input token, context length (its position + 1),
         KV slot and block-table row; what rank 0 sends the other ranks under tensor parallel, with the pool's
         `decision` (None: decide here). `input_ids` (rank 0, async scheduling): the input tokens are on the
-        device; the other ranks get `last_tokens=None` and receive them by a broadcast from rank 0. `draw`: each
-        row's draw parameters [rows, SAMPLE_PARAMS] int64 where the step draws (None: zeros, the argmax, whose
+        device; the other ranks get `last_tokens=None` and receive them by a broadcast from rank 0. `draw_params`:
+        each row's draw parameters [rows, SAMPLE_PARAMS] int64 where the step draws (None: zeros, the argmax, whose
         tokens nobody takes). -> (logits, the tokens the step drew or None, whether a graph replayed)."""
         max_len = max(lens)
         with self.pool.lock:
@@ -250,7 +253,8 @@ class ModelRunner(PrefillPaths):
             host = [np.asarray(last_tokens if ids_on_host else [], dtype=np.int64), lens_np.astype(np.int64) - 1,
                     np.asarray(slots, dtype=np.int64), lens_np, rows]
             if self.sample_rows:
-                host.append(draw if draw is not None else np.zeros((len(lens), SAMPLE_PARAMS), dtype=np.int64))
+                host.append(draw_params if draw_params is not None
+                            else np.zeros((len(lens), SAMPLE_PARAMS), dtype=np.int64))
             if decision.action != "eager":
                 # NOTE: a graph's step: the pool sends the host arrays with its padding in one copy
                 ids_t, pos_t, slots_t, lens_t, tables_t, *params_t = map(torch.from_numpy, host)
