@@ -80,7 +80,7 @@ def test_tokens_drawn_in_the_replay_equal_those_drawn_after_it(async_scheduling:
     # graph memory: the same sizes resident, the arena at most 8 rows of logits (and the draw's scratch) larger
     st_in, st_after = inside.graph_stats(), after.graph_stats()
     assert st_in is not None and st_after is not None
-    assert st_in.resident_sizes == st_after.resident_sizes
+    assert sorted(st_in.resident_sizes) == sorted(st_after.resident_sizes)
     logits_8 = 8 * inside.model_config.vocab_size * 2
     report("arena MiB, draw in the replay / after it", (st_in.arena_bytes / 2**20, st_after.arena_bytes / 2**20))
     assert st_in.arena_bytes <= st_after.arena_bytes + logits_8 + 2**20, (st_in.arena_bytes, st_after.arena_bytes)
