@@ -11,11 +11,12 @@ from collections.abc import Mapping
 
 import torch
 
+from graphpool.kernels.sample import PARAM_COLUMNS
 from graphpool.model.attn_metadata import AttentionMetadata
 from graphpool.pool import GraphPool, InputSpec
 from graphpool.pool.lockstep import Decision
 
-SAMPLE_PARAMS = 5  # a row's draw parameters: kernels/sample.py's five columns (seed, temperature, cuts)
+SAMPLE_PARAMS = PARAM_COLUMNS  # a row's draw parameters: kernels/sample.py's columns, every cut present
 
 
 def decode_input_specs(max_blocks: int, sample: bool = False) -> list[InputSpec]:

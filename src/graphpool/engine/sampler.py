@@ -16,7 +16,7 @@ from graphpool.engine.logit_bias import apply_logit_bias
 from graphpool.engine.logprobs import StepLogprobs, TokenLogprob, gather_logprobs
 from graphpool.engine.penalties import TokenCounts, apply_penalties, apply_penalties_sparse
 from graphpool.engine.sequence import Sequence
-from graphpool.kernels.sample import sample_params
+from graphpool.kernels.sample import PARAM_COLUMNS, sample_params
 from graphpool.model.ops import argmax_torch
 
 _MASK63 = (1 << 63) - 1
@@ -35,6 +35,10 @@ class Sampler:
     row draws there, keyed per row and step: by the request's seed and its token count when seeded, else from
     the sampler's own stream; without a `draw` (or where it returns None) every row draws in torch, from the
     request's generator (seeded) or the sampler's.
+
+    A decode step of few rows may draw in the step itself (decode_step.decode_sampled): `step_draw` gives it the
+    very parameters the draw here would take, and `sample` takes its tokens as they are (`drawn`) where no row's
+    logits change first.
 
     Rows with penalties get them applied (float32, on a copy: the logits may be a graph's output buffer)
     before the greedy argmax or the draw, then their `logit_bias` / `allowed_token_ids` and `bad_words`;
@@ -66,7 +70,7 @@ class Sampler:
         self.token_counts.release(seq)
 
     def step_draw(self, seqs: list[Sequence]) -> np.ndarray | None:
-        """The rows' kernel-draw parameters [rows, 5] int64 (kernels/sample.py's columns: key, temperature bits,
+        """The rows' kernel-draw parameters [rows, PARAM_COLUMNS] int64 (kernels/sample.py's: key, temperature bits,
         top-k, top-p bits, min-p bits), for a decode step that draws its tokens itself (decode_step.decode_sampled):
         the very draw `sample` would make from the step's logits. None where `sample` would not take such tokens
         as they are: no kernel draw, or a row whose logits it changes first (penalties, bias, bans, a guide)."""
@@ -77,7 +81,7 @@ class Sampler:
         keys = [0] * len(seqs) if all(p.temperature == 0 for p in params) else self._keys(seqs)
         packed = sample_params(keys, [p.temperature for p in params], [p.top_k for p in params],
                                [p.top_p for p in params], [p.min_p for p in params], every_cut=True)
-        return np.asarray(packed, dtype=np.int64).reshape(5, len(seqs)).T
+        return np.asarray(packed, dtype=np.int64).reshape(PARAM_COLUMNS, len(seqs)).T
 
     def sample_step(self, logits: torch.Tensor, seqs: list[Sequence],
                     drawn: torch.Tensor | None = None) -> tuple[torch.Tensor, StepLogprobs | None]:

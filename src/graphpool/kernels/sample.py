@@ -11,6 +11,8 @@ import torch
 
 from graphpool.kernels._dispatch import triton_impl
 
+PARAM_COLUMNS = 5  # a row's parameters where every cut column is present: seed, temperature, top-k, top-p, min-p
+
 
 def _float_bits(values: Sequence[float]) -> list[int]:
     return np.asarray(values, dtype=np.float32).view(np.int32).astype(np.int64).tolist()
