@@ -19,12 +19,11 @@ from test_graph_prefill import loaded, prompts  # noqa: F401 (fixtures)
 
 import graphpool.engine.engine as engine_module
 from graphpool.engine.config import DEFAULT_GRAPH_SAMPLE_MAX_BATCH_SIZE, EngineConfig
-from graphpool.engine.decode_step import SAMPLE_PARAMS
 from graphpool.engine.engine import LLMEngine
 from graphpool.engine.sampler import Sampler
 from graphpool.engine.sampling_params import SamplingParams
 from graphpool.engine.sequence import Sequence
-from graphpool.kernels.sample import sample_params
+from graphpool.kernels.sample import PARAM_COLUMNS, sample_params
 
 
 def stand_in_draw(logits: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
@@ -114,7 +113,7 @@ def test_step_draw_packs_each_row_or_declines() -> None:
     seeded = SamplingParams(temperature=0.5, seed=3, top_k=4, top_p=0.5, min_p=0.1)
     plain = [_seq(SamplingParams(temperature=0)), _seq(seeded, tokens=2)]
     params = sampler.step_draw(plain)
-    assert params is not None and params.shape == (2, SAMPLE_PARAMS) and params.dtype == np.int64
+    assert params is not None and params.shape == (2, PARAM_COLUMNS) and params.dtype == np.int64
     key = sampler.step_draw([_seq(seeded, tokens=2)])[:, 0].tolist()  # type: ignore[index]
     assert params[1, 0] == key[0]  # a seeded row's key follows its seed and token count, not the stream
     want = sample_params([int(params[0, 0]), key[0]], [0.0, 0.5], [0, 4], [1.0, 0.5], [0.0, 0.1])

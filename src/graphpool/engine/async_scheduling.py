@@ -108,9 +108,8 @@ class AsyncDecode:
             logits, graph = self.runner.mixed(batch.seqs[:len(batch.slots)], batch.slots, batch.chunks,
                                               input_ids=input_ids)
         else:
-            params = self.sampler.step_draw(batch.seqs) if self.runner.draws_in_step(len(batch.seqs)) else None
             logits, drawn, graph = self.runner.decode(batch.seqs, batch.slots, input_ids=input_ids,
-                                                      draw_params=params)
+                                                      step_draw=self.sampler.step_draw)
         clock.forward_ends()
         tokens, logprobs = self.sampler.sample_step(logits, batch.seqs, drawn)
         host = self._host_buffer(tokens.shape[0], tokens.dtype)

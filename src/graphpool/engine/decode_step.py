@@ -16,13 +16,11 @@ from graphpool.model.attn_metadata import AttentionMetadata
 from graphpool.pool import GraphPool, InputSpec
 from graphpool.pool.lockstep import Decision
 
-SAMPLE_PARAMS = PARAM_COLUMNS  # a row's draw parameters: kernels/sample.py's columns, every cut present
-
 
 def decode_input_specs(max_blocks: int, sample: bool = False) -> list[InputSpec]:
     """Batch-first static inputs (pad value): input_ids (0), positions (0), slot_mapping (0: the dummy slot),
     block_tables [max_blocks] (0: the dummy block), context_lens (1); with `sample`, sample_params
-    [SAMPLE_PARAMS] int64 (0: temperature 0, the argmax)."""
+    [PARAM_COLUMNS] int64 (kernels/sample.py's columns, every cut present; 0: temperature 0, the argmax)."""
     specs = [
         InputSpec("input_ids", (), torch.int64, pad_value=0),
         InputSpec("positions", (), torch.int64, pad_value=0),
@@ -31,7 +29,7 @@ def decode_input_specs(max_blocks: int, sample: bool = False) -> list[InputSpec]
         InputSpec("context_lens", (), torch.int32, pad_value=1),
     ]
     if sample:
-        specs.append(InputSpec("sample_params", (SAMPLE_PARAMS,), torch.int64, pad_value=0))
+        specs.append(InputSpec("sample_params", (PARAM_COLUMNS,), torch.int64, pad_value=0))
     return specs
 
 

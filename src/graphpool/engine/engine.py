@@ -265,8 +265,7 @@ class LLMEngine(EngineIntrospection):
         elif batch.chunks:
             logits, graph = self.runner.mixed(decoding, batch.slots, batch.chunks)
         else:
-            params = self.sampler.step_draw(seqs) if self.runner.draws_in_step(len(seqs)) else None
-            logits, drawn, graph = self.runner.decode(seqs, batch.slots, draw_params=params)
+            logits, drawn, graph = self.runner.decode(seqs, batch.slots, step_draw=self.sampler.step_draw)
         if profile:
             events[1].record()
         clock.forward_ends()

@@ -6,13 +6,13 @@ from __future__ import annotations
 import functools
 import logging
 import time
+from collections.abc import Callable
 
 import numpy as np
 import torch
 
 from graphpool.engine.config import EngineConfig
 from graphpool.engine.decode_step import (
-    SAMPLE_PARAMS,
     decode_hidden,
     decode_hidden_microbatches,
     decode_input_specs,
@@ -27,6 +27,7 @@ from graphpool.engine.scheduler import PrefillChunk
 from graphpool.engine.sequence import Sequence
 from graphpool.engine.tp_messages import StepAnnouncer
 from graphpool.engine.warmup import prefill_warmup_lengths, warm_eager_prefill
+from graphpool.kernels.sample import PARAM_COLUMNS
 from graphpool.pool import FallbackReason, GraphPool
 from graphpool.pool.capture import Capturer
 from graphpool.pool.lockstep import CaptureSync, Decision
@@ -198,17 +199,14 @@ class ModelRunner(PrefillPaths):
         index = to_device(wanted, torch.int64, self.device)
         return logits.index_select(0, index), graph
 
-    def draws_in_step(self, rows: int) -> bool:
-        """Whether a decode step of `rows` rows may draw its tokens in the step (`decode`'s `draw_params`)."""
-        return rows <= self.sample_rows
-
     @torch.inference_mode()
     def decode(self, seqs: list[Sequence], slots: list[int], input_ids: torch.Tensor | None = None,
-               draw_params: np.ndarray | None = None) -> tuple[torch.Tensor, torch.Tensor | None, bool]:
+               step_draw: Callable[[list[Sequence]], np.ndarray | None] | None = None,
+               ) -> tuple[torch.Tensor, torch.Tensor | None, bool]:
         """One token per sequence -> (logits [bs, vocab], the tokens drawn in the step or None, whether a graph
         was replayed). `input_ids`: the tokens on the device, when the host does not have them yet (async
-        scheduling). `draw_params`: each row's draw parameters (`Sampler.step_draw`) where the caller takes the
-        step's own tokens; they come back only where the step drew them (`decode_sampled`), else None.
+        scheduling). `step_draw`: the rows' draw parameters (`Sampler.step_draw`), asked for where the step runs
+        within `sample_rows` (`decode_rows`), for the caller to take the step's own tokens.
 
         The logits are in the model's dtype (graph memory then holds a third of the bytes of float32 + the
         matmul's own output), a view into the graph's outputs: valid until the next step that runs the pool
@@ -217,9 +215,8 @@ class ModelRunner(PrefillPaths):
         needs probabilities.
         """
         rows = np.stack([self.block_manager.row(seq.request_id) for seq in seqs])
-        logits, drawn, graph = self.decode_rows([seq.last_token for seq in seqs], [seq.num_tokens for seq in seqs],
-                                                slots, rows, input_ids=input_ids, draw_params=draw_params)
-        return logits, drawn if draw_params is not None else None, graph
+        return self.decode_rows([seq.last_token for seq in seqs], [seq.num_tokens for seq in seqs], slots, rows,
+                                input_ids=input_ids, draw=(lambda: step_draw(seqs)) if step_draw else None)
 
     def _eager_bound(self, max_len: int) -> int:
         """The attention length bound of a step that runs outside the pool: the whole blocks of its longest
@@ -229,13 +226,15 @@ class ModelRunner(PrefillPaths):
     @torch.inference_mode()
     def decode_rows(self, last_tokens: list[int] | None, lens: list[int], slots: list[int], rows: np.ndarray,
                     decision: Decision | None = None, input_ids: torch.Tensor | None = None,
-                    draw_params: np.ndarray | None = None) -> tuple[torch.Tensor, torch.Tensor | None, bool]:
+                    draw: Callable[[], np.ndarray | None] | None = None,
+                    ) -> tuple[torch.Tensor, torch.Tensor | None, bool]:
         """The decode step from its host data: each row's input token, context length (its position + 1),
         KV slot and block-table row; what rank 0 sends the other ranks under tensor parallel, with the pool's
         `decision` (None: decide here). `input_ids` (rank 0, async scheduling): the input tokens are on the
-        device; the other ranks get `last_tokens=None` and receive them by a broadcast from rank 0. `draw_params`:
-        each row's draw parameters [rows, SAMPLE_PARAMS] int64 where the step draws (None: zeros, the argmax, whose
-        tokens nobody takes). -> (logits, the tokens the step drew or None, whether a graph replayed)."""
+        device; the other ranks get `last_tokens=None` and receive them by a broadcast from rank 0. `draw`: the rows'
+        draw parameters [rows, PARAM_COLUMNS] int64, asked for only where the step draws (the graph it replays, or
+        its live rows run eagerly, within `sample_rows`; else zeros, the argmax, whose tokens nobody takes).
+        -> (logits, the tokens the step drew from those parameters or None, whether a graph replayed)."""
         max_len = max(lens)
         with self.pool.lock:
             # NOTE: the pool's one decision routes the step: a context past the graph bound (or no CUDA, where
@@ -252,9 +251,12 @@ class ModelRunner(PrefillPaths):
             ids_on_host = last_tokens is not None and input_ids is None
             host = [np.asarray(last_tokens if ids_on_host else [], dtype=np.int64), lens_np.astype(np.int64) - 1,
                     np.asarray(slots, dtype=np.int64), lens_np, rows]
+            params = None
             if self.sample_rows:
-                host.append(draw_params if draw_params is not None
-                            else np.zeros((len(lens), SAMPLE_PARAMS), dtype=np.int64))
+                runs = decision.size if decision.action != "eager" and decision.size is not None else len(lens)
+                if draw is not None and not eager_bound and runs <= self.sample_rows:
+                    params = draw()
+                host.append(params if params is not None else np.zeros((len(lens), PARAM_COLUMNS), dtype=np.int64))
             if decision.action != "eager":
                 # NOTE: a graph's step: the pool sends the host arrays with its padding in one copy
                 ids_t, pos_t, slots_t, lens_t, tables_t, *params_t = map(torch.from_numpy, host)
@@ -272,8 +274,9 @@ class ModelRunner(PrefillPaths):
                 "context_lens": lens_t,
                 **({"sample_params": params_t[0]} if params_t else {}),
             }
-            return run_decode(self.pool, self.model, self.kv_caches, inputs, self.num_microbatches,
-                              eager_bound=eager_bound, max_len=max_len, decision=decision)
+            logits, drawn, graph = run_decode(self.pool, self.model, self.kv_caches, inputs, self.num_microbatches,
+                                              eager_bound=eager_bound, max_len=max_len, decision=decision)
+            return logits, drawn if params is not None else None, graph
 
     def warmup(self, sizes: str | tuple[int, ...]) -> None:
         """The eager prefill path, then the graphs `sizes` asks for."""
