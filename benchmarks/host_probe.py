@@ -67,11 +67,14 @@ PARTS = (("schedule", "scheduler", "schedule"), ("decode call", "runner", "decod
 
 
 @contextlib.contextmanager
-def timed_parts(engine: LLMEngine) -> Iterator[dict[str, list[float]]]:
-    """Each part's host seconds per call while the block runs (the methods wrapped on their instances)."""
+def timed_parts(engine: LLMEngine, parts: tuple[tuple[str, str, str], ...] = PARTS
+                ) -> Iterator[dict[str, list[float]]]:
+    """Each part's (name, owner, method) host seconds per call while the block runs (the methods wrapped on their
+    instances; owners: scheduler, runner, pool, capturer, model, sampler, engine)."""
     owners = {"scheduler": engine.scheduler, "runner": engine.runner, "pool": engine.runner.pool,
-              "model": engine.model, "sampler": engine.sampler, "engine": engine}
-    times: dict[str, list[float]] = {name: [] for name, _, _ in PARTS}
+              "capturer": engine.runner.pool._capturer, "model": engine.model, "sampler": engine.sampler,
+              "engine": engine}
+    times: dict[str, list[float]] = {name: [] for name, _, _ in parts}
 
     def timed(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         def call(*args: Any, **kwargs: Any) -> Any:
@@ -84,14 +87,14 @@ def timed_parts(engine: LLMEngine) -> Iterator[dict[str, list[float]]]:
         return call
 
     # NOTE: an attribute the instance holds itself (the sampler's draw) is put back; a method's wrapper is deleted
-    own = {(owner, method): vars(owners[owner]).get(method) for _, owner, method in PARTS}
-    for name, owner, method in PARTS:
+    own = {(owner, method): vars(owners[owner]).get(method) for _, owner, method in parts}
+    for name, owner, method in parts:
         if getattr(owners[owner], method) is not None:
             setattr(owners[owner], method, timed(name, getattr(owners[owner], method)))
     try:
         yield times
     finally:
-        for _, owner, method in PARTS:
+        for _, owner, method in parts:
             if own[owner, method] is not None:
                 setattr(owners[owner], method, own[owner, method])
             elif method in vars(owners[owner]):

@@ -25,6 +25,7 @@ from torch.profiler import ProfilerActivity, profile
 from graphpool.engine.config import EngineConfig
 from graphpool.engine.engine import LLMEngine
 from graphpool.engine.sampling_params import SamplingParams
+from host_probe import timed_parts
 
 REPLAYS = 50
 PROFILED_STEPS = 20
@@ -70,27 +71,16 @@ def time_replays(graph: torch.cuda.CUDAGraph, other: torch.cuda.CUDAGraph) -> tu
 
 def replays_in_steps(engine: LLMEngine, steps: int = 100) -> list[float]:
     """Host seconds of the pool's replay call in each of `steps` decode steps of one sampled request."""
-    capturer = engine.runner.pool._capturer
-    times: list[float] = []
-
-    def timed(graph: object) -> None:
-        start = time.perf_counter()
-        type(capturer).replay(capturer, graph)
-        times.append(time.perf_counter() - start)
-
     engine.add_request("replays", list(range(10, 310)),
                        SamplingParams(max_tokens=steps + 30, temperature=0.8, ignore_eos=True))
     for _ in range(20):
         engine.step()
-    capturer.replay = timed  # type: ignore[union-attr]
-    try:
+    with timed_parts(engine, (("replay", "capturer", "replay"),)) as times:
         for _ in range(steps):
             engine.step()
-    finally:
-        del capturer.replay  # type: ignore[union-attr]
     while engine.has_unfinished_requests():
         engine.step()
-    return times
+    return times["replay"]
 
 
 def api_calls(engine: LLMEngine) -> dict[str, float]:
