@@ -358,6 +358,41 @@ def test_restarts_compare_first_starts_and_restarts_per_config() -> None:
     assert restarts([r for r in runs if r.seed == 0]) == {}  # one start each: no restart to show
 
 
+def test_targets_against_vllm_per_workload_and_start_up() -> None:
+    """The side by side judges each graphpool configuration's ratios to vLLM's: ITL p50 at most 0.5x single
+    stream and 0.8x under load, ITL p99 at most 0.5x, start-up at most 0.1x vLLM's restart where it has one."""
+    from dataclasses import replace
+
+    from graphpool.bench.serve.compare import compare_markdown, section, vllm_targets
+
+    def run(cfg: str, seed: int, p50: float, p99: float, start: float, load: str, conc: int | None) -> RunSummary:
+        return replace(_run(cfg, seed, p99, 0.0, 0), itl_ms={"p50": p50, "p99": p99, "p99.9": p99}, startup_s=start,
+                       temperature=0.8, load=load, concurrency=conc, rate=16.0 if conc is None else 2.0,
+                       server="vllm" if cfg == "vllm" else "graphpool")
+
+    runs = [run("default", 0, 0.9, 1.0, 4.0, "16rps", None), run("vllm", 0, 1.0, 4.0, 100.0, "16rps", None),
+            run("default", 0, 0.6, 1.5, 4.0, "2rps-c1", 1), run("vllm", 0, 1.0, 2.0, 100.0, "2rps-c1", 1)]
+    verdicts = {t.name: t.met for t in vllm_targets(runs)}
+    assert verdicts == {
+        "(default) 16 req/s, sampled, temperature 0.8: ITL p50 <= 0.8x vLLM's": False,  # 0.9x
+        "(default) 16 req/s, sampled, temperature 0.8: ITL p99 <= 0.5x vLLM's": True,  # 0.25x
+        "(default) single stream, 2 req/s, sampled, temperature 0.8: ITL p50 <= 0.5x vLLM's": False,  # 0.6x
+        "(default) single stream, 2 req/s, sampled, temperature 0.8: ITL p99 <= 0.5x vLLM's": False,  # 0.75x
+        "(default) start-up <= 0.1x vLLM's (first start)": True,  # 4 s against 100
+    }
+    # a restart of each server: vLLM's restarted start-up is the reference
+    again = [replace(r, seed=1, startup_s=30.0 if r.config == "vllm" else 3.5) for r in runs]
+    start = [t for t in vllm_targets(runs + again) if "start-up" in t.name]
+    assert [(t.name, t.met) for t in start] == [("(default) start-up <= 0.1x vLLM's (restarted)", False)]
+    assert start[0].detail.startswith("3.75 vs 30 s")  # the median of its starts (4 and 3.5) against the restart
+    text = compare_markdown(runs, None)
+    assert "Targets against vLLM" in text and "- MISSED: (default) 16 req/s" in text and "- met: (default) start-up" in text
+    _, data = section(runs, Path("unused"), plot=False)
+    assert len(data["side_by_side_targets"]) == 5
+    # graphpool alone: nothing to judge against
+    assert vllm_targets([r for r in runs if r.config == "default"]) == []
+
+
 def test_each_client_process_warms_its_client_up_untimed() -> None:
     """One streamed request shaped as the trace's (a short prompt, one token) before time 0; its failure goes to
     the run's error sample."""

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from graphpool.bench.common import md_table, ratio
+from graphpool.bench.serve.report import Target
 from graphpool.bench.serve.runs import RunSummary, load_label, spread
 
 REFERENCE = "vllm"  # the configuration the ratios are to
@@ -20,6 +22,11 @@ COLUMNS = (
     ("output tok/s", "output_tok_s"), ("errors", "errors"),
 )
 _NO_RATIO = {"graphs", "errors"}  # counts: the ratio says nothing a reader cannot see
+# graphpool's targets against vLLM, as ratios of its medians to vLLM's in one run
+ITL_P50_SINGLE = 0.5  # ITL median, one request in flight
+ITL_P50_LOAD = 0.8  # ITL median, any other load
+ITL_P99 = 0.5
+STARTUP = 0.1  # process start to ready, against vLLM's restarted start-up (its first start where it has no restart)
 _PLOTTED = ("ttft_ms.p50", "ttft_ms.p99", "itl_ms.p50", "itl_ms.p99", "e2e_ms.p50")
 
 
@@ -73,6 +80,9 @@ def compare_markdown(runs: Sequence[RunSummary], png: str | None) -> str:
                  for k, row in rows.items()]
         body += f"\n{load}:\n\n" + md_table(["configuration", *(c for c, _ in COLUMNS)], cells)
     body += _phases_markdown(runs) + _restarts_markdown(runs)
+    targets = vllm_targets(runs)
+    if targets:
+        body += "\nTargets against vLLM (medians over seeds):\n\n" + "\n".join(t.line() for t in targets) + "\n"
     if png:
         body += f"\n![side by side]({png})\n"
     return body
@@ -82,6 +92,35 @@ def _with_ratio(row: Mapping[str, Any], col: str, reference: bool) -> str:
     text = _fmt(row[col])
     r = row.get(f"ratio.{col}")
     return text if reference or r is None or math.isnan(r) else f"{text} ({r:.2f}x)"
+
+
+def vllm_targets(runs: Sequence[RunSummary]) -> list[Target]:
+    """Each graphpool configuration's ratios to vLLM's against the targets above, per workload where vLLM ran."""
+    table = comparison(runs)
+    again = restarts(runs)
+    single = {workload_label(r) for r in runs if r.concurrency == 1}
+    out: list[Target] = []
+    for load, rows in table.items():
+        if REFERENCE not in rows:
+            continue
+        p50 = ITL_P50_SINGLE if load in single else ITL_P50_LOAD
+        for key, row in rows.items():
+            if key == REFERENCE:
+                continue
+            for col, bound, name in (("itl_ms.p50", p50, "ITL p50"), ("itl_ms.p99", ITL_P99, "ITL p99")):
+                r = row[f"ratio.{col}"]
+                out.append(Target(f"({key}) {load}: {name} <= {bound:g}x vLLM's", None if math.isnan(r) else r <= bound,
+                                  f"{_fmt(row[col])} vs {_fmt(rows[REFERENCE][col])} ms: {_fmt(r)}x"))
+    ours = {k for rows in table.values() if REFERENCE in rows for k in rows if k != REFERENCE}
+    ref_start = again[REFERENCE][1] if REFERENCE in again else spread([r for r in runs if r.config == REFERENCE],
+                                                                        "startup_s")[0]
+    which = "restarted" if REFERENCE in again else "first start"
+    for key in sorted(ours):
+        s = spread([r for r in runs if r.config == key], "startup_s")[0]
+        r = ratio(s, ref_start)
+        out.append(Target(f"({key}) start-up <= {STARTUP:g}x vLLM's ({which})", None if math.isnan(r) else r <= STARTUP,
+                          f"{_fmt(s)} vs {_fmt(ref_start)} s: {_fmt(r)}x"))
+    return out
 
 
 def _phases_markdown(runs: Sequence[RunSummary]) -> str:
@@ -132,7 +171,8 @@ def section(runs: Sequence[RunSummary], out_dir: Path, plot: bool) -> tuple[str,
     if all(r.server == "graphpool" and r.temperature == 0 for r in runs):
         return "", {}
     png = plot_compare(runs, out_dir / "serve_compare.png").name if plot else None
-    return compare_markdown(runs, png), {"side_by_side": comparison(runs)}
+    targets = [asdict(t) for t in vllm_targets(runs)]
+    return compare_markdown(runs, png), {"side_by_side": comparison(runs), "side_by_side_targets": targets}
 
 
 def plot_compare(runs: Sequence[RunSummary], path: Path) -> Path:
