@@ -1,5 +1,6 @@
 """`bench serve` side by side: per workload (load and temperature) one row per configuration, graphpool's and
-vLLM's, with each number's ratio to vLLM's; the start-up phases each server reports; one bar chart."""
+vLLM's, with each number's ratio to vLLM's; the start-up phases each server reports; the verdicts on graphpool's
+targets against vLLM; one bar chart."""
 
 from __future__ import annotations
 
