@@ -78,7 +78,7 @@ class ModelRunner(PrefillPaths):
         # NOTE: microbatch overlap: every decode step is two microbatches (rows split in halves, the first
         # the larger), so the pool's sizes and decisions are per microbatch
         self.num_microbatches = config.num_microbatches
-        self.sample_rows = sample_rows if self.num_microbatches == 1 else 0
+        self.sample_rows = sample_rows  # NOTE: 0 with microbatches (EngineConfig refuses both)
         if self.num_microbatches > 1:
             forward = functools.partial(decode_hidden_microbatches, model, kv_caches, max_len_bound=self.len_bound)
         elif self.sample_rows:
