@@ -172,15 +172,33 @@ def test_chained_mixed_steps_carry_split_prompts(loaded, workload) -> None:  # n
     assert ahead is not None
     launch = ahead.launch
     chained_lasts = []  # per chained step with prompt chunks: whether each chunk ends its prompt
+    started: set[str] = set()  # requests with a chunk in an earlier step
+    continued = 0  # chunks in chained steps that go on with a prompt an earlier step began
 
     def recording_launch(batch, input_ids=None):
+        nonlocal continued
         if input_ids is not None and batch.chunks:
             chained_lasts.append([c.is_last for c in batch.chunks])
+            continued += sum(c.seq.request_id in started for c in batch.chunks)
+        started.update(c.seq.request_id for c in batch.chunks)
         return launch(batch, input_ids)
 
     ahead.launch = recording_launch  # type: ignore[method-assign]
     assert _drive(engine, reqs, params) == want
     assert any(not all(lasts) for lasts in chained_lasts), "no chained step carried a prompt's earlier chunk"
+    assert continued > 0, "a prompt split over steps broke the chain: its next chunk never rode in a chained step"
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_usable_blocks
+
+
+def test_split_prompts_without_mixed_steps(loaded, workload) -> None:  # noqa: F811
+    """Without mixed steps a prompt's next chunk runs in a prefill step, which is not chained while the prompt
+    is split: async equals sync, and decode steps still chain."""
+    reqs, params = workload
+    tight = {"enable_mixed_steps": False, "max_num_batched_tokens": 12}
+    want = _drive(_engine(loaded, True, **tight), reqs, params)
+    engine = _engine(loaded, True, async_scheduling=True, **tight)
+    assert _drive(engine, reqs, params) == want
+    assert engine._async is not None and engine._async.chained_steps > 0
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_usable_blocks
 
 
@@ -221,3 +239,31 @@ def test_before_wait_runs_once_a_step_after_its_launches_and_before_its_tokens(
         assert engine.generation_tokens_total == before + len(outputs)
     assert engine.generation_tokens_total == 8
     assert (chained() > 0) == async_scheduling
+
+
+def test_a_split_prompt_that_scores_its_tokens_steps_with_the_real_tokens(loaded, workload) -> None:  # noqa: F811
+    """A late prompt asks for prompt logprobs and is split over steps: no chained step carries its chunks (they
+    run as in the synchronous engine), other steps still chain, and every request's tokens equal the synchronous
+    engine's."""
+    reqs, params = workload
+    scoring = list(params)
+    late = len(reqs) // 2
+    scoring[late] = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, prompt_logprobs=1)
+    tight = {"enable_mixed_steps": True, "max_num_batched_tokens": 12}
+
+    want = _drive(_engine(loaded, True, **tight), reqs, scoring)
+    engine = _engine(loaded, True, async_scheduling=True, **tight)
+    ahead = engine._async
+    assert ahead is not None
+    launch = ahead.launch
+    chained_scoring = []
+
+    def recording_launch(batch, input_ids=None):
+        if input_ids is not None:
+            chained_scoring.extend(c.prompt_logprobs is not None for c in batch.chunks)
+        return launch(batch, input_ids)
+
+    ahead.launch = recording_launch  # type: ignore[method-assign]
+    assert _drive(engine, reqs, scoring) == want
+    assert ahead.chained_steps > 5 and not any(chained_scoring)
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_usable_blocks

@@ -13,9 +13,10 @@ Prefill and mixed steps are launched the same way, unless a chunk in them scores
 logprobs; those steps run as in the synchronous engine, `LLMEngine._run`), and the step after one is chained
 on its device tokens too, so a request's first decode step does not wait for the host to process its prompt's
 token. With mixed steps a chained step may also admit waiting prompts into its rows beside the decode rows
-(their tokens are on the host; the decode rows' on the device), so an arrival does not break the chain. A
-chunk that is not its prompt's last gives no token; its KV is committed to the prefix cache when the step's
-tokens are read.
+(their tokens are on the host; the decode rows' on the device), so an arrival does not break the chain;
+nor does a prompt split over several steps, whose next chunk rides in the chained step the same way. A chunk
+that is not its prompt's last gives no token; its KV is committed to the prefix cache when the step's tokens
+are read.
 
 A sequence that the first step finishes (a stop token, `max_tokens`, a stop string) has a row in the chained
 step: its token there is dropped. Its KV blocks go back at once: the chained step's write into them was
@@ -126,13 +127,17 @@ class AsyncDecode:
 
     def chain(self, cur: InFlight) -> InFlight | None:
         """Launch the step after `cur` on its device tokens, if the scheduler would run it with every running
-        request in it as a decode row: every running request in `cur` and none prefilling, a KV slot for each,
-        no guided row; and either nothing to admit, or (with mixed steps) prompt chunks admitted into the step's
-        other rows, none of which scores prompt tokens."""
+        request that got a token in `cur` as a decode row: the others still prefilling, a KV slot for each, no
+        guided row; and with nothing to prefill, or (with mixed steps) prompt chunks in the step's other rows
+        (the next chunks of prompts split over steps, then admitted ones), none of which scores prompt tokens."""
         sched, bm = self.scheduler, self.block_manager
         live = [s for s in cur.seqs if not s.finished]
-        if not live or set(map(id, live)) != set(map(id, sched.running)) or any(s.is_prefilling for s in live):
+        prefilling = [s for s in sched.running if s.is_prefilling]
+        if (not live or any(s.is_prefilling for s in live)
+                or set(map(id, live)) | set(map(id, prefilling)) != set(map(id, sched.running))):
             return None
+        if prefilling and not sched.mixed_rows:
+            return None  # a prompt's next chunk runs in a prefill step
         if sched.can_admit() and (not sched.mixed_rows or any(map(wants_prompt_logprobs, sched.waiting))):
             return None  # a prefill step comes next (or one that scores prompt tokens): step with the real tokens
         if any(s.guide is not None or needs_history(s) for s in live):
