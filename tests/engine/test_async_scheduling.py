@@ -59,6 +59,19 @@ def _engine(loaded, graphs: bool, **kw) -> LLMEngine:  # noqa: F811
     return LLMEngine(EngineConfig(**settings), loaded=loaded, capturer=EagerCapturer() if graphs else None)
 
 
+def _watch_launches(engine: LLMEngine, seen) -> None:
+    """Call `seen(batch, chained)` at every step async scheduling launches (chained: on device tokens)."""
+    ahead = engine._async
+    assert ahead is not None
+    launch = ahead.launch
+
+    def watched(batch, input_ids=None):
+        seen(batch, input_ids is not None)
+        return launch(batch, input_ids)
+
+    ahead.launch = watched  # type: ignore[method-assign]
+
+
 @pytest.fixture(scope="module")
 def workload(loaded, prompts):  # noqa: F811
     """Prompts, and params whose stop token and stop string the synchronous run does meet mid-output."""
@@ -168,22 +181,18 @@ def test_chained_mixed_steps_carry_split_prompts(loaded, workload) -> None:  # n
     tight = {"enable_mixed_steps": True, "max_num_batched_tokens": 12}  # 16-token prompts: split in chunks
     want = _drive(_engine(loaded, True, **tight), reqs, params)
     engine = _engine(loaded, True, async_scheduling=True, **tight)
-    ahead = engine._async
-    assert ahead is not None
-    launch = ahead.launch
     chained_lasts = []  # per chained step with prompt chunks: whether each chunk ends its prompt
     started: set[str] = set()  # requests with a chunk in an earlier step
     continued = 0  # chunks in chained steps that go on with a prompt an earlier step began
 
-    def recording_launch(batch, input_ids=None):
+    def seen(batch, chained: bool) -> None:
         nonlocal continued
-        if input_ids is not None and batch.chunks:
+        if chained and batch.chunks:
             chained_lasts.append([c.is_last for c in batch.chunks])
             continued += sum(c.seq.request_id in started for c in batch.chunks)
         started.update(c.seq.request_id for c in batch.chunks)
-        return launch(batch, input_ids)
 
-    ahead.launch = recording_launch  # type: ignore[method-assign]
+    _watch_launches(engine, seen)
     assert _drive(engine, reqs, params) == want
     assert any(not all(lasts) for lasts in chained_lasts), "no chained step carried a prompt's earlier chunk"
     assert continued > 0, "a prompt split over steps broke the chain: its next chunk never rode in a chained step"
@@ -250,20 +259,11 @@ def test_a_split_prompt_that_scores_its_tokens_steps_with_the_real_tokens(loaded
     late = len(reqs) // 2
     scoring[late] = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, prompt_logprobs=1)
     tight = {"enable_mixed_steps": True, "max_num_batched_tokens": 12}
-
     want = _drive(_engine(loaded, True, **tight), reqs, scoring)
     engine = _engine(loaded, True, async_scheduling=True, **tight)
-    ahead = engine._async
-    assert ahead is not None
-    launch = ahead.launch
-    chained_scoring = []
-
-    def recording_launch(batch, input_ids=None):
-        if input_ids is not None:
-            chained_scoring.extend(c.prompt_logprobs is not None for c in batch.chunks)
-        return launch(batch, input_ids)
-
-    ahead.launch = recording_launch  # type: ignore[method-assign]
+    chained_scoring: list[bool] = []
+    _watch_launches(engine, lambda batch, chained: chained_scoring.extend(
+        chained and c.prompt_logprobs is not None for c in batch.chunks))
     assert _drive(engine, reqs, scoring) == want
-    assert ahead.chained_steps > 5 and not any(chained_scoring)
+    assert engine._async is not None and engine._async.chained_steps > 5 and not any(chained_scoring)
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_usable_blocks
