@@ -16,15 +16,18 @@ from graphpool.bench.serve.attribution import (
     cause_table,
     gap_parts,
     merge,
+    step_summary,
+    step_table,
     ttft_table,
 )
 from graphpool.engine.timeline import StepRecord, StepTimeline, records_from_export
 from graphpool.pool.testing import EagerCapturer
 
 
-def _step(start: float, seconds: float, kind: str = "decode", graph: bool = True, captures: int = 0) -> StepRecord:
+def _step(start: float, seconds: float, kind: str = "decode", graph: bool = True, captures: int = 0,
+          chained: bool = False) -> StepRecord:
     return StepRecord(kind=kind, batch_size=4, num_tokens=4 if kind == "decode" else 40, seconds=seconds,
-                      graph=graph, start=start, captures=captures)
+                      graph=graph, start=start, captures=captures, chained=chained)
 
 
 def test_engine_records_every_step_in_order() -> None:
@@ -39,7 +42,7 @@ def test_engine_records_every_step_in_order() -> None:
     assert steps[0].start >= before
     for a, b in itertools.pairwise(steps):
         assert a.start + a.seconds <= b.start  # one engine thread: steps never overlap
-    assert all(s.device_seconds is None and s.captures == 0 and not s.graph for s in steps)  # CPU, no graphs
+    assert all(s.device_seconds is None and s.captures == 0 and not s.graph and not s.chained for s in steps)
     assert LLM(model="random:smollm2-135m", device="cpu", max_model_len=64, num_kv_blocks=16).engine.timeline is None
 
 
@@ -56,6 +59,31 @@ def test_a_step_that_captures_is_marked() -> None:
     steps = records_from_export(engine.timeline.export())
     assert [(s.kind, s.captures, s.graph) for s in steps] == [
         ("prefill", 0, False), ("decode", 1, True), ("decode", 0, True)]
+
+
+def test_async_scheduling_marks_chained_steps_and_each_capture_once() -> None:
+    """A chained step is launched before the step before closes: the capture its launch makes is its own."""
+    from graphpool.engine.config import EngineConfig
+    from graphpool.engine.engine import LLMEngine
+
+    cfg = EngineConfig(model="random:smollm2-135m", device="cpu", max_model_len=64, num_kv_blocks=16,
+                       graph_warmup="none", record_step_timeline=True, async_scheduling=True)
+    engine = LLMEngine(cfg, capturer=EagerCapturer())
+    engine.add_request("r", [5, 6, 7], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    while engine.has_unfinished_requests():
+        engine.step()
+    steps = records_from_export(engine.timeline.export())
+    assert [(s.kind, s.chained, s.captures, s.graph) for s in steps] == [
+        ("prefill", False, 0, False), ("decode", True, 1, True), ("decode", True, 0, True), ("decode", True, 0, True)]
+
+
+def test_the_step_summary_counts_chained_steps_by_kind() -> None:
+    steps = [_step(0.0, 0.01, "mixed"), _step(0.01, 0.01, "mixed", chained=True), _step(0.02, 0.005, chained=True),
+             _step(0.025, 0.005, chained=True), _step(0.03, 0.005)]
+    summary = step_summary(steps)
+    assert {k: (v["steps"], v["chained"]) for k, v in summary.items()} == {"mixed step": (2, 1),
+                                                                           "graph decode step": (3, 2)}
+    assert "| steps | chained |" in step_table({"cfg": summary})
 
 
 def test_timeline_keeps_the_newest_records() -> None:

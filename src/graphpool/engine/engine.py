@@ -239,7 +239,8 @@ class LLMEngine(EngineIntrospection):
         for seq, token, written, logprob in ahead.collect(cur):
             self.block_manager.commit(seq, written)
             outputs.append(self._append(seq, token, logprob, placeholder=cur.chained))
-        self.last_step = cur.clock.close(cur.kind, len(cur.seqs), cur.num_tokens, cur.graph)
+        self.last_step = cur.clock.close(cur.kind, len(cur.seqs), cur.num_tokens, cur.graph,
+                                         chained=cur.on_device_tokens)
         ahead.settle()
         return outputs
 

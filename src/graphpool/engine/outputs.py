@@ -40,6 +40,7 @@ class StepInfo:
     forward_seconds: float | None = None  # device time of the forward (only with profile_steps=True)
     start: float = 0.0  # time.monotonic() when the step began
     captures: int = 0  # graphs captured during the step
+    chained: bool = False  # launched on the device tokens of the step before, ahead of their reaching the host
 
 
 @dataclass(frozen=True)

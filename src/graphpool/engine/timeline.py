@@ -96,6 +96,7 @@ class StepClock:
         self._pool = pool
         self._captures_before = pool.num_captures
         self._marks = timeline.forward_events() if timeline is not None else None
+        self._captures = 0  # graphs captured in the step's own forward
 
     def forward_begins(self) -> None:
         if self._marks is not None:
@@ -104,13 +105,16 @@ class StepClock:
     def forward_ends(self) -> None:
         if self._marks is not None:
             self._marks[1].record()
+        # NOTE: counted here, not at close: under async scheduling the next step's launch (and its captures)
+        # comes before this step closes
+        self._captures = self._pool.num_captures - self._captures_before
 
     def close(self, kind: Literal["prefill", "decode", "mixed"], batch_size: int, num_tokens: int, graph: bool,
-              forward_seconds: float | None = None) -> StepInfo:
+              forward_seconds: float | None = None, chained: bool = False) -> StepInfo:
         """The step's StepInfo (its wall time ends now), added to the timeline."""
         info = StepInfo(kind=kind, batch_size=batch_size, num_tokens=num_tokens,
                         seconds=time.perf_counter() - self._start, graph=graph, forward_seconds=forward_seconds,
-                        start=self._start_mono, captures=self._pool.num_captures - self._captures_before)
+                        start=self._start_mono, captures=self._captures, chained=chained)
         if self._timeline is not None:
             self._timeline.add(info, self._marks)
         return info

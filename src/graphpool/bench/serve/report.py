@@ -135,8 +135,9 @@ def _attribution_section(by_config: Mapping[str, Sequence[RunSummary]]) -> str:
     return ("\nWhere the client's inter-token gaps over the threshold come from (every seed with a server step timeline; "
             "each gap counted under its largest part, in brackets each cause's share of those gaps' time; "
             "bench/serve/attribution.py says how):\n\n" + cause_table(causes) + tail_text
-            + "\nThe server's steps (GET /debug/steps; host ms = the engine thread's wall time of a step, device "
-            "ms = its forward's GPU time):\n\n" + step_table(steps))
+            + "\nThe server's steps (GET /debug/steps; chained = launched by async scheduling on the device tokens "
+            "of the step before; host ms = the engine thread's wall time of a step, device ms = its forward's GPU "
+            "time):\n\n" + step_table(steps))
 
 
 Section = Callable[[Sequence[RunSummary], Path, bool], tuple[str, dict[str, Any]]]
