@@ -39,7 +39,7 @@ class StepInfo:
     graph: bool  # decode replayed a captured graph
     forward_seconds: float | None = None  # device time of the forward (only with profile_steps=True)
     start: float = 0.0  # time.monotonic() when the step began
-    captures: int = 0  # graphs captured during the step
+    captures: int = 0  # graphs captured in the step's forward
     chained: bool = False  # launched on the device tokens of the step before, ahead of their reaching the host
 
 
