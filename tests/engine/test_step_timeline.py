@@ -46,33 +46,28 @@ def test_engine_records_every_step_in_order() -> None:
     assert LLM(model="random:smollm2-135m", device="cpu", max_model_len=64, num_kv_blocks=16).engine.timeline is None
 
 
-def test_a_step_that_captures_is_marked() -> None:
+def _captured_steps(max_tokens: int, **kw) -> list[StepRecord]:
+    """The timeline of one 3-token prompt through an engine with the stand-in capturer (`kw`: EngineConfig)."""
     from graphpool.engine.config import EngineConfig
     from graphpool.engine.engine import LLMEngine
 
     cfg = EngineConfig(model="random:smollm2-135m", device="cpu", max_model_len=64, num_kv_blocks=16,
-                       graph_warmup="none", record_step_timeline=True)
+                       graph_warmup="none", record_step_timeline=True, **kw)
     engine = LLMEngine(cfg, capturer=EagerCapturer())
-    engine.add_request("r", [5, 6, 7], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
+    engine.add_request("r", [5, 6, 7], SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True))
     while engine.has_unfinished_requests():
         engine.step()
-    steps = records_from_export(engine.timeline.export())
-    assert [(s.kind, s.captures, s.graph) for s in steps] == [
+    return records_from_export(engine.timeline.export())
+
+
+def test_a_step_that_captures_is_marked() -> None:
+    assert [(s.kind, s.captures, s.graph) for s in _captured_steps(3)] == [
         ("prefill", 0, False), ("decode", 1, True), ("decode", 0, True)]
 
 
 def test_async_scheduling_marks_chained_steps_and_each_capture_once() -> None:
     """A chained step is launched before the step before closes: the capture its launch makes is its own."""
-    from graphpool.engine.config import EngineConfig
-    from graphpool.engine.engine import LLMEngine
-
-    cfg = EngineConfig(model="random:smollm2-135m", device="cpu", max_model_len=64, num_kv_blocks=16,
-                       graph_warmup="none", record_step_timeline=True, async_scheduling=True)
-    engine = LLMEngine(cfg, capturer=EagerCapturer())
-    engine.add_request("r", [5, 6, 7], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
-    while engine.has_unfinished_requests():
-        engine.step()
-    steps = records_from_export(engine.timeline.export())
+    steps = _captured_steps(4, async_scheduling=True)
     assert [(s.kind, s.chained, s.captures, s.graph) for s in steps] == [
         ("prefill", False, 0, False), ("decode", True, 1, True), ("decode", True, 0, True), ("decode", True, 0, True)]
 

@@ -61,7 +61,6 @@ class InFlight:
     kind: str = "decode"  # the batch's kind: "decode", "prefill" or "mixed"
     num_tokens: int = 0  # tokens computed (a row a decode row, a chunk's length a chunk)
     chained: bool = False  # the next step was launched on these tokens: placeholders stand for them
-    on_device_tokens: bool = False  # this step was launched on the tokens of the one before (`chain`)
     logprobs: StepLogprobs | None = None  # the rows' that asked, copied to the host with the tokens
     # (sequence, KV positions written) of each prompt chunk that is not its prompt's last (no row, no token)
     chunk_commits: list[tuple[Sequence, int]] = field(default_factory=list)
@@ -101,7 +100,7 @@ class AsyncDecode:
 
     def launch(self, batch: ScheduledBatch, input_ids: torch.Tensor | None = None) -> InFlight:
         """Run a step's forward and sampling, and start its tokens' copy to the host."""
-        clock = StepClock(self.timeline, self.runner.pool)
+        clock = StepClock(self.timeline, self.runner.pool, chained=input_ids is not None)
         clock.forward_begins()
         drawn = None  # the tokens a small decode step drew itself (decode_step.decode_sampled)
         if batch.is_prefill:
@@ -123,7 +122,7 @@ class AsyncDecode:
             record_event(ready, self.device)
         # NOTE: a row's KV ends at its sequence's length: a decode row's, or a last chunk's (its prompt's end)
         return InFlight(list(batch.seqs), tokens, host, ready, [s.num_tokens for s in batch.seqs], graph, clock,
-                        batch.kind, batch.num_tokens, logprobs=logprobs, on_device_tokens=input_ids is not None,
+                        batch.kind, batch.num_tokens, logprobs=logprobs,
                         chunk_commits=[(c.seq, c.end) for c in batch.chunks if not c.is_last])
 
     def chain(self, cur: InFlight) -> InFlight | None:

@@ -239,8 +239,7 @@ class LLMEngine(EngineIntrospection):
         for seq, token, written, logprob in ahead.collect(cur):
             self.block_manager.commit(seq, written)
             outputs.append(self._append(seq, token, logprob, placeholder=cur.chained))
-        self.last_step = cur.clock.close(cur.kind, len(cur.seqs), cur.num_tokens, cur.graph,
-                                         chained=cur.on_device_tokens)
+        self.last_step = cur.clock.close(cur.kind, len(cur.seqs), cur.num_tokens, cur.graph)
         ahead.settle()
         return outputs
 

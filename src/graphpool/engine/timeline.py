@@ -89,7 +89,7 @@ class StepClock:
     """One step's bookkeeping, from its start to its `StepInfo` in the timeline: the wall clocks, the events
     around its forward and the graphs it captured (the synchronous step and async scheduling's both use it)."""
 
-    def __init__(self, timeline: StepTimeline | None, pool: CaptureCounter) -> None:
+    def __init__(self, timeline: StepTimeline | None, pool: CaptureCounter, chained: bool = False) -> None:
         self._start = time.perf_counter()
         self._start_mono = time.monotonic()
         self._timeline = timeline
@@ -97,6 +97,7 @@ class StepClock:
         self._captures_before = pool.num_captures
         self._marks = timeline.forward_events() if timeline is not None else None
         self._captures = 0  # graphs captured in the step's own forward
+        self._chained = chained  # launched by async scheduling on the device tokens of the step before
 
     def forward_begins(self) -> None:
         if self._marks is not None:
@@ -110,11 +111,11 @@ class StepClock:
         self._captures = self._pool.num_captures - self._captures_before
 
     def close(self, kind: Literal["prefill", "decode", "mixed"], batch_size: int, num_tokens: int, graph: bool,
-              forward_seconds: float | None = None, chained: bool = False) -> StepInfo:
+              forward_seconds: float | None = None) -> StepInfo:
         """The step's StepInfo (its wall time ends now), added to the timeline."""
         info = StepInfo(kind=kind, batch_size=batch_size, num_tokens=num_tokens,
                         seconds=time.perf_counter() - self._start, graph=graph, forward_seconds=forward_seconds,
-                        start=self._start_mono, captures=self._captures, chained=chained)
+                        start=self._start_mono, captures=self._captures, chained=self._chained)
         if self._timeline is not None:
             self._timeline.add(info, self._marks)
         return info

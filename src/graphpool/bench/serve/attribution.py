@@ -131,7 +131,8 @@ def step_summary(steps: Sequence[StepRecord]) -> dict[str, dict[str, float]]:
         host = [s.seconds * 1e3 for s in chosen]
         dev = [s.device_seconds * 1e3 for s in chosen if s.device_seconds is not None]
         out[kind] = {"steps": len(chosen), "chained": sum(s.chained for s in chosen),
-                     "host_ms_p50": percentile(host, 50), "host_ms_p99": percentile(host, 99), "host_ms_max": max(host), "host_s_total": sum(host) / 1e3,
+                     "host_ms_p50": percentile(host, 50), "host_ms_p99": percentile(host, 99),
+                     "host_ms_max": max(host), "host_s_total": sum(host) / 1e3,
                      "device_ms_p50": percentile(dev, 50) if dev else float("nan"),
                      "tokens_p50": percentile([float(s.num_tokens) for s in chosen], 50)}
     return out

@@ -110,7 +110,7 @@ def vllm_targets(runs: Sequence[RunSummary]) -> list[Target]:
                 continue
             for col, bound, name in (("itl_ms.p50", p50, "ITL p50"), ("itl_ms.p99", ITL_P99, "ITL p99")):
                 r = row[f"ratio.{col}"]
-                out.append(Target(f"({key}) {load}: {name} <= {bound:g}x vLLM's", None if math.isnan(r) else r <= bound,
+                out.append(Target(f"({key}) {load}: {name} <= {bound:g}x vLLM's", _within(r, bound),
                                   f"{_fmt(row[col])} vs {_fmt(rows[REFERENCE][col])} ms: {_fmt(r)}x"))
     ours = {k for rows in table.values() if REFERENCE in rows for k in rows if k != REFERENCE}
     ref_start = again[REFERENCE][1] if REFERENCE in again else spread([r for r in runs if r.config == REFERENCE],
@@ -119,9 +119,14 @@ def vllm_targets(runs: Sequence[RunSummary]) -> list[Target]:
     for key in sorted(ours):
         s = spread([r for r in runs if r.config == key], "startup_s")[0]
         r = ratio(s, ref_start)
-        out.append(Target(f"({key}) start-up <= {STARTUP:g}x vLLM's ({which})", None if math.isnan(r) else r <= STARTUP,
+        out.append(Target(f"({key}) start-up <= {STARTUP:g}x vLLM's ({which})", _within(r, STARTUP),
                           f"{_fmt(s)} vs {_fmt(ref_start)} s: {_fmt(r)}x"))
     return out
+
+
+def _within(r: float, bound: float) -> bool | None:
+    """A ratio's verdict against its bound; None where there is no ratio."""
+    return None if math.isnan(r) else r <= bound
 
 
 def _phases_markdown(runs: Sequence[RunSummary]) -> str:
