@@ -134,3 +134,50 @@ def test_mixed_rows_follow_the_largest_graph_and_the_budget() -> None:
     assert EngineConfig(enable_mixed_steps=True, max_num_batched_tokens=100).mixed_rows == 100
     with pytest.raises(ValueError, match="enable_mixed_steps must be a bool"):
         EngineConfig(enable_mixed_steps=1)  # type: ignore[arg-type]
+
+
+
+def _head_rows_per_step(engine: LLMEngine, requests: list[list[int]], params: SamplingParams,
+                        monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int, int, int]]:
+    """(kind, batch size, tokens, rows the LM head ran on) of each step, the other prompts arriving while r0
+    decodes (as `_drive`)."""
+    calls: list[int] = []
+    compute_logits = engine.runner.model.compute_logits
+    monkeypatch.setattr(engine.runner.model, "compute_logits",
+                        lambda hidden, **kw: calls.append(hidden.shape[0]) or compute_logits(hidden, **kw))
+    engine.add_request("r0", requests[0], params)
+    steps = []
+    for n in range(10_000):
+        if n == 2:
+            for i, p in enumerate(requests[1:], 1):
+                engine.add_request(f"r{i}", p, params)
+        if n > 2 and not engine.has_unfinished_requests():
+            break
+        calls.clear()
+        engine.step()
+        s = engine.last_step
+        if s is not None:
+            steps.append((s.kind, s.batch_size, s.num_tokens, sum(calls)))
+    return steps
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_the_head_of_a_mixed_step_runs_on_the_rows_that_give_tokens(loaded, prompts, monkeypatch,  # noqa: F811
+                                                                    graphs: bool) -> None:
+    """A chunk's rows but its prompt's last give no token: the LM head skips them; where a chunk scores its
+    prompt tokens (prompt logprobs) it runs on every row."""
+    settings = {"device": "cpu", "max_model_len": MAX_MODEL_LEN, "num_kv_blocks": 96, "max_num_batched_tokens": 40,
+                "enable_prefix_caching": False, "enable_mixed_steps": True, "graph_sample_max_batch_size": 0,
+                **LADDER}
+
+    def engine() -> LLMEngine:
+        return LLMEngine(EngineConfig(**settings), loaded=loaded, capturer=EagerCapturer() if graphs else None)
+
+    mixed = [s for s in _head_rows_per_step(engine(), prompts, GREEDY, monkeypatch) if s[0] == "mixed"]
+    # at most one row a decode row and a chunk, and fewer than the step's tokens where a chunk has several
+    assert mixed and all(rows <= bs for _, bs, _, rows in mixed)
+    assert any(rows < tokens for _, _, tokens, rows in mixed)
+    monkeypatch.undo()
+    scoring = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, prompt_logprobs=1)
+    mixed = [s for s in _head_rows_per_step(engine(), prompts, scoring, monkeypatch) if s[0] == "mixed"]
+    assert mixed and any(rows == tokens > bs for _, bs, tokens, rows in mixed)

@@ -100,25 +100,32 @@ def decode_hidden_microbatches(
 
 def run_decode(pool: GraphPool, model: torch.nn.Module, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
                inputs: Mapping[str, torch.Tensor], num_microbatches: int, *, eager_bound: int, max_len: int,
-               decision: Decision) -> tuple[torch.Tensor, torch.Tensor | None, bool]:
+               decision: Decision, head_rows: torch.Tensor | None = None,
+               ) -> tuple[torch.Tensor, torch.Tensor | None, bool]:
     """A decode step's inputs -> (logits, the tokens drawn in the step or None, whether a graph replayed): the
     hidden rows through the pool with its `decision` (`decode_sampled`'s step: the logits and tokens of a step
     of few rows), or eagerly outside it with `eager_bound` when that is set (the decision's routing: no CUDA, or
     a context past the graphs' bound), then `decode_head` on the live rows where the step gave hidden rows.
-    With two microbatches the rows are split in halves, the first the larger (the pool's batch size)."""
+    With two microbatches the rows are split in halves, the first the larger (the pool's batch size).
+    `head_rows`: the rows whose logits are returned (the head runs on those alone where it runs after the step;
+    a graph that ran it returns its logits of those rows, a copy, and every row's tokens)."""
     if num_microbatches == 1:
         if eager_bound:
             hidden = decode_hidden(model, kv_caches, inputs, max_len_bound=eager_bound)
-            return decode_head(model, hidden), None, False
+            return decode_head(model, _rows(hidden, head_rows)), None, False
         out = pool.run(inputs, max_len_in_batch=max_len, decision=decision)
         if isinstance(out, tuple):
-            return out[0], out[1], pool.last_replayed
-        return decode_head(model, out), None, pool.last_replayed
+            return _rows(out[0], head_rows), out[1], pool.last_replayed
+        return decode_head(model, _rows(out, head_rows)), None, pool.last_replayed
     first = -(-next(iter(inputs.values())).shape[0] // num_microbatches)
     mbs = [{k: t[:first] for k, t in inputs.items()}, {k: t[first:] for k, t in inputs.items()}]
     if eager_bound:
         parts = decode_hidden_microbatches(model, kv_caches, *mbs, max_len_bound=eager_bound)
-        return decode_head(model, torch.cat(parts)), None, False
+        return decode_head(model, _rows(torch.cat(parts), head_rows)), None, False
     parts = pool.run(mbs, max_len_in_batch=max_len, decision=decision)
     # NOTE: one LM head over both microbatches (the cat copies: a replay's outputs are views of its buffers)
-    return decode_head(model, torch.cat(parts)), None, pool.last_replayed
+    return decode_head(model, _rows(torch.cat(parts), head_rows)), None, pool.last_replayed
+
+
+def _rows(t: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
+    return t if rows is None else t.index_select(0, rows)

@@ -185,14 +185,21 @@ class ModelRunner(PrefillPaths):
         tables.append(np.stack([bm.row(c.seq.request_id) for c in chunks])[owner])
         if input_ids is not None:  # the decode rows' tokens are still on the device; the chunks' are here
             input_ids = torch.cat((input_ids, to_device(ids, torch.int64, self.device)))
+        scored = span_rows(chunks, len(seqs))
+        wanted = list(range(len(seqs))) + last_rows(chunks, len(seqs))
+        # NOTE: the LM head runs on the wanted rows alone (a chunk's other rows give no token) unless a chunk
+        # scores its prompt tokens, or ranks gather the head's vocabulary shards (every rank the same rows)
+        head_rows = to_device(wanted, torch.int64, self.device) if wanted and not scored and (
+            self.announce is None) else None
         logits, _, graph = self.decode_rows([s.last_token for s in seqs] + ids,
                                             [s.num_tokens for s in seqs] + [p + 1 for p in positions],
-                                            slots + chunk_slots, np.concatenate(tables), decision, input_ids)
-        scored = span_rows(chunks, len(seqs))
+                                            slots + chunk_slots, np.concatenate(tables), decision, input_ids,
+                                            head_rows=head_rows)
+        if head_rows is not None:
+            return logits, graph
         if scored:  # NOTE: every row's logits are here already: the spans' rows need no LM head of their own
             rows = logits.index_select(0, to_device(scored, torch.int64, self.device))
             self.prompt_scores.append(score_rows(rows, chunks, logits.shape[1], None))
-        wanted = list(range(len(seqs))) + last_rows(chunks, len(seqs))
         if not wanted:
             return torch.empty((0, 0), device=self.device), graph
         # NOTE: copies (a replay's outputs are views of the graph's output buffers, reused by the next replay)
@@ -226,7 +233,7 @@ class ModelRunner(PrefillPaths):
     @torch.inference_mode()
     def decode_rows(self, last_tokens: list[int] | None, lens: list[int], slots: list[int], rows: np.ndarray,
                     decision: Decision | None = None, input_ids: torch.Tensor | None = None,
-                    draw: Callable[[], np.ndarray | None] | None = None,
+                    draw: Callable[[], np.ndarray | None] | None = None, head_rows: torch.Tensor | None = None,
                     ) -> tuple[torch.Tensor, torch.Tensor | None, bool]:
         """The decode step from its host data: each row's input token, context length (its position + 1),
         KV slot and block-table row; what rank 0 sends the other ranks under tensor parallel, with the pool's
@@ -234,7 +241,11 @@ class ModelRunner(PrefillPaths):
         device; the other ranks get `last_tokens=None` and receive them by a broadcast from rank 0. `draw`: the rows'
         draw parameters [rows, PARAM_COLUMNS] int64, asked for only where the step draws (the graph it replays, or
         its live rows run eagerly, within `sample_rows`; else zeros, the argmax, whose tokens nobody takes).
+        `head_rows` (device indices; not with `draw`): the rows whose logits are returned, the LM head run on
+        those alone where it runs after the replay.
         -> (logits, the tokens the step drew from those parameters or None, whether a graph replayed)."""
+        if head_rows is not None and draw is not None:
+            raise ValueError("decode_rows takes head_rows or draw, not both (a draw's tokens are every row's)")
         max_len = max(lens)
         with self.pool.lock:
             # NOTE: the pool's one decision routes the step: a context past the graph bound (or no CUDA, where
@@ -275,7 +286,8 @@ class ModelRunner(PrefillPaths):
                 **({"sample_params": params_t[0]} if params_t else {}),
             }
             logits, drawn, graph = run_decode(self.pool, self.model, self.kv_caches, inputs, self.num_microbatches,
-                                              eager_bound=eager_bound, max_len=max_len, decision=decision)
+                                              eager_bound=eager_bound, max_len=max_len, decision=decision,
+                                              head_rows=head_rows)
             return logits, drawn if params is not None else None, graph
 
     def warmup(self, sizes: str | tuple[int, ...]) -> None:
