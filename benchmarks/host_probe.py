@@ -70,11 +70,13 @@ PARTS = (("schedule", "scheduler", "schedule"), ("decode call", "runner", "decod
 def timed_parts(engine: LLMEngine, parts: tuple[tuple[str, str, str], ...] = PARTS
                 ) -> Iterator[dict[str, list[float]]]:
     """Each part's (name, owner, method) host seconds per call while the block runs (the methods wrapped on their
-    instances; owners: scheduler, runner, pool, capturer, model, sampler, engine)."""
+    instances; owners: scheduler, runner, pool, capturer, model, sampler, engine, and async, async scheduling's
+    `AsyncDecode`: a part whose owner the engine lacks keeps no times)."""
     owners = {"scheduler": engine.scheduler, "runner": engine.runner, "pool": engine.runner.pool,
               "capturer": engine.runner.pool._capturer, "model": engine.model, "sampler": engine.sampler,
-              "engine": engine}
+              "engine": engine, "async": engine._async}
     times: dict[str, list[float]] = {name: [] for name, _, _ in parts}
+    parts = tuple(p for p in parts if owners[p[1]] is not None)
 
     def timed(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         def call(*args: Any, **kwargs: Any) -> Any:
