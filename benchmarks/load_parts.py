@@ -103,6 +103,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--rate", type=float, default=16.0)
     ap.add_argument("--duration", type=float, default=6.0)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--warmup-s", type=float, default=1.0, help="seconds of untimed load first (8 req/s)")
     ap.add_argument("--engine-arg", action="append", default=[], metavar="FIELD=VALUE",
                     help="an EngineConfig field (a Python literal: enable_mixed_steps=True)")
     ap.add_argument("--out", type=Path, default=Path("results/load_parts"))
@@ -112,7 +113,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if engine.device.type == "cuda":
         engine.runner.capture_graphs("cover")  # as the server does while idle after ready
     vocab = engine.model_config.vocab_size
-    run(engine, workload(vocab, 8.0, 1.0, args.seed + 1))  # untimed: first launches and captures
+    run(engine, workload(vocab, 8.0, args.warmup_s, args.seed + 1))  # untimed: first launches and captures
     collect_and_freeze()  # as the server does after start-up
     calls = run(engine, workload(vocab, args.rate, args.duration, args.seed))
     args.out.mkdir(parents=True, exist_ok=True)

@@ -10,8 +10,8 @@ import load_parts
 
 
 def test_a_short_load_is_split_into_parts(tmp_path) -> None:
-    got = load_parts.main(["--model", "random:smollm2-135m?layers=1", "--device", "cpu", "--rate", "20",
-                           "--duration", "0.5", "--engine-arg", "enable_mixed_steps=True",
+    got = load_parts.main(["--model", "random:smollm2-135m?layers=1", "--device", "cpu", "--rate", "10",
+                           "--duration", "0.3", "--warmup-s", "0", "--engine-arg", "enable_mixed_steps=True",
                            "--engine-arg", "max_model_len=2048", "--out", str(tmp_path)])
     calls = got["calls"]
     assert calls == json.loads((tmp_path / "calls.json").read_text())

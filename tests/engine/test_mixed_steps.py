@@ -4,6 +4,9 @@ token those of strict interleaving (real default model, CPU, eager and through t
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 from test_chunked_prefill import MAX_MODEL_LEN
 from test_graph_prefill import loaded, prompts  # noqa: F401 (fixtures)
@@ -89,21 +92,23 @@ def test_scheduler_without_mixed_rows_interleaves_strictly() -> None:
     assert sched.schedule().kind == "prefill"
 
 
-def _drive(engine: LLMEngine, requests: list[list[int]]) -> tuple[dict[str, list[int]], list]:
-    """r0 alone until it decodes, then the other prompts arrive while it runs."""
+def _drive(engine: LLMEngine, requests: list[list[int]], params: SamplingParams = GREEDY,
+           after_step: Callable[[], Any] | None = None) -> tuple[dict[str, list[int]], list]:
+    """r0 alone until it decodes, then the other prompts arrive while it runs -> (outputs, each step's
+    `after_step()`, by default its `last_step`)."""
     out: dict[str, list[int]] = {}
     steps = []
-    engine.add_request("r0", requests[0], GREEDY)
+    engine.add_request("r0", requests[0], params)
     for n in range(10_000):
         if n == 2:
             for i, p in enumerate(requests[1:], 1):
-                engine.add_request(f"r{i}", p, GREEDY)
+                engine.add_request(f"r{i}", p, params)
         if n > 2 and not engine.has_unfinished_requests():
             break
         for o in engine.step():
             if o.finished:
                 out[o.request_id] = o.token_ids
-        steps.append(engine.last_step)
+        steps.append(after_step() if after_step is not None else engine.last_step)
     return out, steps
 
 
@@ -136,29 +141,20 @@ def test_mixed_rows_follow_the_largest_graph_and_the_budget() -> None:
         EngineConfig(enable_mixed_steps=1)  # type: ignore[arg-type]
 
 
-
 def _head_rows_per_step(engine: LLMEngine, requests: list[list[int]], params: SamplingParams,
                         monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int, int, int]]:
-    """(kind, batch size, tokens, rows the LM head ran on) of each step, the other prompts arriving while r0
-    decodes (as `_drive`)."""
+    """(kind, batch size, tokens, rows the LM head ran on) of each step of `_drive`."""
     calls: list[int] = []
     compute_logits = engine.runner.model.compute_logits
     monkeypatch.setattr(engine.runner.model, "compute_logits",
                         lambda hidden, **kw: calls.append(hidden.shape[0]) or compute_logits(hidden, **kw))
-    engine.add_request("r0", requests[0], params)
-    steps = []
-    for n in range(10_000):
-        if n == 2:
-            for i, p in enumerate(requests[1:], 1):
-                engine.add_request(f"r{i}", p, params)
-        if n > 2 and not engine.has_unfinished_requests():
-            break
+
+    def record() -> tuple[str, int, int, int] | None:
+        s, rows = engine.last_step, sum(calls)
         calls.clear()
-        engine.step()
-        s = engine.last_step
-        if s is not None:
-            steps.append((s.kind, s.batch_size, s.num_tokens, sum(calls)))
-    return steps
+        return None if s is None else (s.kind, s.batch_size, s.num_tokens, rows)
+
+    return [s for s in _drive(engine, requests, params, record)[1] if s is not None]
 
 
 @pytest.mark.parametrize("graphs", [False, True])
