@@ -1,6 +1,6 @@
-"""Where the engine thread's time goes under load: the engine alone, Poisson arrivals (the token-id prompts and
-output lengths of `bench serve`'s defaults), each `step()` call split into parts, grouped by the kind of the step
-it finished and of the step it launched ahead (async scheduling).
+"""Where the engine thread's time goes under load: the engine alone, Poisson arrivals (`bench serve`'s trace of
+token-id prompts, at the lengths `scripts/bench_vllm.sh` asks for), each `step()` call split into parts, grouped
+by the kind of the step it finished and of the step it launched ahead (async scheduling).
 
     python benchmarks/load_parts.py [--model random:llama3-8b] [--rate 16] [--duration 6] [--out results/load_parts]
 
@@ -16,20 +16,19 @@ the clients together). The slowest launches are listed, and every call is writte
 from __future__ import annotations
 
 import argparse
-import ast
 import json
-import random
 import statistics
 import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from graphpool.bench.workload import TraceConfig, generate_trace, prompt_token_ids
 from graphpool.engine.config import EngineConfig
 from graphpool.engine.engine import LLMEngine
 from graphpool.engine.sampling_params import SamplingParams
 from graphpool.pool.gc_control import collect_and_freeze
-from host_probe import timed_parts
+from host_probe import config_change, timed_parts
 
 # (part, owner, method): timed_parts' owners
 PARTS = (("launch", "async", "chain"), ("wait", "async", "collect"), ("forward", "runner", "decode"),
@@ -37,17 +36,12 @@ PARTS = (("launch", "async", "chain"), ("wait", "async", "collect"), ("forward",
 SLOW_MS = 5.0  # a launch over this is listed (a decode step's host launch is well under 1 ms on a GPU host)
 
 
-def workload(vocab: int, rate: float, duration: float, seed: int) -> list[tuple[float, list[int], SamplingParams]]:
-    """(arrival s, prompt ids, params): prompts ~300 tokens (at most 1024), outputs ~128 (at most 384), T=0.8."""
-    rng = random.Random(seed)
-    out, t = [], rng.expovariate(rate)
-    while t < duration:
-        prompt = [rng.randrange(10, vocab - 10) for _ in range(min(1024, max(4, int(rng.expovariate(1 / 300)))))]
-        params = SamplingParams(temperature=0.8, max_tokens=min(384, max(1, int(rng.expovariate(1 / 128)))),
-                                ignore_eos=True)
-        out.append((t, prompt, params))
-        t += rng.expovariate(rate)
-    return out
+def load(rate: float, duration: float, seed: int) -> list[tuple[float, list[int], SamplingParams]]:
+    """(arrival s, prompt ids, params): `bench serve`'s trace at `scripts/bench_vllm.sh`'s lengths (prompts ~300
+    tokens, at most 1024; outputs ~128, at most 384), sampled at T=0.8."""
+    trace = generate_trace(TraceConfig(rate=rate, duration_s=duration, output_mean=128, output_cap=384, seed=seed))
+    return [(r.arrival_s, prompt_token_ids(r, seed),
+             SamplingParams(temperature=0.8, max_tokens=r.output_len, ignore_eos=True)) for r in trace]
 
 
 def run(engine: LLMEngine, load: list[tuple[float, list[int], SamplingParams]]) -> list[dict[str, Any]]:
@@ -105,17 +99,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--warmup-s", type=float, default=1.0, help="seconds of untimed load first (8 req/s)")
     ap.add_argument("--engine-arg", action="append", default=[], metavar="FIELD=VALUE",
-                    help="an EngineConfig field (a Python literal: enable_mixed_steps=True)")
+                    help="an EngineConfig field changed (host_probe.config_change: enable_mixed_steps=True)")
     ap.add_argument("--out", type=Path, default=Path("results/load_parts"))
     args = ap.parse_args(argv)
-    extra = {k: ast.literal_eval(v) for k, v in (a.split("=", 1) for a in args.engine_arg)}
+    extra = {k: v for a in args.engine_arg for k, v in config_change(a).items()}
     engine = LLMEngine(EngineConfig(model=args.model, device=args.device, **extra))
     if engine.device.type == "cuda":
         engine.runner.capture_graphs("cover")  # as the server does while idle after ready
-    vocab = engine.model_config.vocab_size
-    run(engine, workload(vocab, 8.0, args.warmup_s, args.seed + 1))  # untimed: first launches and captures
+    if args.warmup_s > 0:
+        run(engine, load(8.0, args.warmup_s, args.seed + 1))  # untimed: first launches and captures
     collect_and_freeze()  # as the server does after start-up
-    calls = run(engine, workload(vocab, args.rate, args.duration, args.seed))
+    calls = run(engine, load(args.rate, args.duration, args.seed))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "calls.json").write_text(json.dumps(calls))
     report = table(calls)

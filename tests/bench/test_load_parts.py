@@ -21,4 +21,4 @@ def test_a_short_load_is_split_into_parts(tmp_path) -> None:
         assert c["total"] >= c["forward"] > 0 and c["sample"] >= 0
         assert c["process"] == c["total"]  # no launch ahead, no wait for one
     assert "| mixed | None |" in got["table"]
-    assert load_parts.workload(1000, 20.0, 0.5, 0) == load_parts.workload(1000, 20.0, 0.5, 0)
+    assert load_parts.load(20.0, 0.5, 0) == load_parts.load(20.0, 0.5, 0)
