@@ -1,14 +1,25 @@
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
+from graphpool.engine.cpu_threads import usable_cores
+
 GPU_DIR = Path(__file__).parent / "gpu"
 # NOTE: the largest max_model_len of any in-process user of `default_model` (EngineConfig's default).
 DEFAULT_MODEL_POSITIONS = 2048
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # NOTE: xdist's workers share the cores; torch's default, a thread a core in each of them, oversubscribes
+    # them, and every op's barrier then waits for a descheduled thread (docs/benchmarks.md, "CPU threads")
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if workers:
+        torch.set_num_threads(max(1, usable_cores() // workers))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
