@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from graphpool.bench.common import median, percentile
 from graphpool.bench.workload import TraceConfig, generate_trace, prompt_token_ids
 from graphpool.engine.config import EngineConfig
 from graphpool.engine.engine import LLMEngine
@@ -83,8 +83,8 @@ def table(calls: list[dict[str, Any]]) -> str:
     for (done, launched), cs in sorted(groups.items(), key=lambda g: -len(g[1])):
         cells = []
         for k in keys:
-            v = sorted(c.get(k, 0.0) for c in cs)
-            cells.append(f"{statistics.median(v):.2f} / {v[int(0.9 * (len(v) - 1))]:.2f}")
+            v = [c.get(k, 0.0) for c in cs]
+            cells.append(f"{median(v):.2f} / {percentile(v, 90):.2f}")
         slow = sum(c.get("launch", 0.0) > SLOW_MS for c in cs)
         lines.append(f"| {done} | {launched} | {len(cs)} | " + " | ".join(cells) + f" | {slow} |")
     return "\n".join(lines)

@@ -187,10 +187,10 @@ class ModelRunner(PrefillPaths):
             input_ids = torch.cat((input_ids, to_device(ids, torch.int64, self.device)))
         scored = span_rows(chunks, len(seqs))
         wanted = list(range(len(seqs))) + last_rows(chunks, len(seqs))
+        index = to_device(wanted, torch.int64, self.device) if wanted else None
         # NOTE: the LM head runs on the wanted rows alone (a chunk's other rows give no token) unless a chunk
         # scores its prompt tokens, or ranks gather the head's vocabulary shards (every rank the same rows)
-        head_rows = to_device(wanted, torch.int64, self.device) if wanted and not scored and (
-            self.announce is None) else None
+        head_rows = index if not scored and self.announce is None else None
         logits, _, graph = self.decode_rows([s.last_token for s in seqs] + ids,
                                             [s.num_tokens for s in seqs] + [p + 1 for p in positions],
                                             slots + chunk_slots, np.concatenate(tables), decision, input_ids,
@@ -200,10 +200,9 @@ class ModelRunner(PrefillPaths):
         if scored:  # NOTE: every row's logits are here already: the spans' rows need no LM head of their own
             rows = logits.index_select(0, to_device(scored, torch.int64, self.device))
             self.prompt_scores.append(score_rows(rows, chunks, logits.shape[1], None))
-        if not wanted:
+        if index is None:
             return torch.empty((0, 0), device=self.device), graph
         # NOTE: copies (a replay's outputs are views of the graph's output buffers, reused by the next replay)
-        index = to_device(wanted, torch.int64, self.device)
         return logits.index_select(0, index), graph
 
     @torch.inference_mode()
