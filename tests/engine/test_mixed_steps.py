@@ -45,6 +45,28 @@ def test_scheduler_fills_a_decode_steps_leftover_rows_with_chunks() -> None:
     assert step is not None and step.kind == "mixed" and [(c.start, c.end) for c in step.chunks] == [(9, 18)]
 
 
+def test_mixed_prompt_tokens_bound_a_mixed_steps_chunks() -> None:
+    """mixed_prompt_tokens: a mixed step takes at most that many prompt tokens, though more rows are left; a
+    step with nothing decoding is a prefill step, which the bound leaves alone."""
+    bm = BlockManager(64, 4, max_blocks_per_seq=16, enable_prefix_caching=False)
+    sched = Scheduler(bm, max_num_seqs=8, token_budget=32, mixed_rows=10, mixed_prompt_tokens=4)
+    sched.add(_seq("a", 6))
+    first = sched.schedule()
+    assert first is not None and first.kind == "prefill" and first.num_tokens == 6
+    first.seqs[0].token_ids.append(7)
+    sched.add(_seq("b", 7))
+    spans = []
+    for token in (8, 9):
+        step = sched.schedule()
+        assert step is not None and step.kind == "mixed" and len(step.slots) == 1
+        spans += [(c.start, c.end) for c in step.chunks]
+        step.seqs[0].token_ids.append(token)
+    assert spans == [(0, 4), (4, 7)]  # 4 + 3 of b's 7 tokens, where 9 rows were free
+    assert EngineConfig(enable_mixed_steps=True, mixed_prompt_tokens=64).mixed_prompt_tokens == 64
+    with pytest.raises(ValueError, match="mixed_prompt_tokens"):
+        EngineConfig(mixed_prompt_tokens=0)
+
+
 @pytest.mark.parametrize(("prompt", "chunks"), [(20, [(0, 8), (8, 16), (16, 20)]), (25, [(0, 25)])])
 def test_scheduler_chunks_a_lone_prompt_into_graph_sized_steps(prompt: int, chunks: list) -> None:
     """Nothing decoding: a prompt of at most idle_prefill_steps x idle_prefill_rows tokens (3 x 8 here) is

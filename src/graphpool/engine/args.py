@@ -105,6 +105,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--enable-mixed-steps", dest="enable_mixed_steps", action=argparse.BooleanOptionalAction,
                        default=None, help="decode steps take prompt chunks into their leftover rows (up to the "
                        "largest graph and the token budget), so streams get tokens while prompts prefill (default: on with CUDA graphs)")
+    add("--mixed-prompt-tokens", "mixed_prompt_tokens", type=int, metavar="N",
+        help="most prompt tokens a mixed step takes beside its decode rows: smaller steps delay the streams in them "
+             "less, prompts take more steps (default: as many as fit)")
     _ENGINE_FLAGS["--async-scheduling"] = "async_scheduling"
     group.add_argument("--async-scheduling", dest="async_scheduling", action=argparse.BooleanOptionalAction,
                        default=None, help="launch the next decode step before the host has this one's tokens, so "

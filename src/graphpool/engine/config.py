@@ -96,6 +96,9 @@ class EngineConfig:
     # budget: running streams get a token in the steps that prefill (the ITL tail: docs/benchmarks.md).
     # None -> on where decode graphs run (the prompt rows ride in them), off on the CPU and without graphs
     enable_mixed_steps: bool | None = None
+    # most prompt tokens a mixed step takes beside its decode rows: a smaller step costs the streams in it less
+    # time (the ITL tail under load), and prompts take more steps. None -> as many as fit (above)
+    mixed_prompt_tokens: int | None = None
     # launch the next decode step before the host has this one's tokens (engine/async_scheduling.py; what it
     # buys: docs/benchmarks.md). None -> on with CUDA unless profile_steps (which synchronizes every forward);
     # on the CPU the host and the "device" are the same cores, so there is nothing to overlap.
@@ -121,7 +124,8 @@ class EngineConfig:
         for name in ("max_num_seqs", "max_model_len", "block_size",
                      "graph_max_batch_size", "graph_split_batch_size", "graph_grow_step_size"):
             _check_positive_int(name, getattr(self, name))
-        for name in ("num_kv_blocks", "max_num_batched_tokens", "graph_max_len_in_batch", "cpu_threads"):
+        for name in ("num_kv_blocks", "max_num_batched_tokens", "graph_max_len_in_batch", "cpu_threads",
+                     "mixed_prompt_tokens"):
             if getattr(self, name) is not None:
                 _check_positive_int(name, getattr(self, name))
         if self.num_kv_blocks is not None and self.num_kv_blocks < 2:

@@ -107,7 +107,8 @@ class LLMEngine(EngineIntrospection):
                                   sample_rows=config.graph_sample_max_batch_size if draw is not None else 0)
         self.scheduler = Scheduler(
             self.block_manager, max_num_seqs=config.max_num_seqs, token_budget=config.token_budget,
-            mixed_rows=config.mixed_rows, idle_prefill_rows=config.idle_prefill_rows,
+            mixed_rows=config.mixed_rows, mixed_prompt_tokens=config.mixed_prompt_tokens,
+            idle_prefill_rows=config.idle_prefill_rows,
             idle_prefill_steps=config.idle_prefill_steps, graph_ready=self.runner.prefill_replays,
         )
         if self._tp is not None:

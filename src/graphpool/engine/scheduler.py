@@ -64,10 +64,12 @@ class Scheduler:
     """
 
     def __init__(self, block_manager: BlockManager, *, max_num_seqs: int, token_budget: int,
-                 mixed_rows: int = 0, idle_prefill_rows: int = 0, idle_prefill_steps: int = 0,
+                 mixed_rows: int = 0, mixed_prompt_tokens: int | None = None, idle_prefill_rows: int = 0,
+                 idle_prefill_steps: int = 0,
                  graph_ready: Callable[[int, int], bool] | None = None) -> None:
         """``mixed_rows`` > 0: mixed steps, a decode step of D rows takes prompt chunks into its other
-        ``min(mixed_rows, token_budget) - D`` rows (no admission in a step that preempted).
+        ``min(mixed_rows, token_budget) - D`` rows, at most ``mixed_prompt_tokens`` of them (None: all; no
+        admission in a step that preempted).
         ``idle_prefill_rows`` > 0 (with mixed steps): while nothing decodes, a prompt with at most
         ``idle_prefill_steps`` times that many tokens left is prefilled in steps of that many tokens (each a
         decode graph's replay) instead of one eager step, when ``graph_ready(rows, prompt length)`` says such a
@@ -76,6 +78,7 @@ class Scheduler:
         self.max_num_seqs = max_num_seqs
         self.token_budget = token_budget
         self.mixed_rows = mixed_rows
+        self.mixed_prompt_tokens = mixed_prompt_tokens
         self.idle_prefill_rows = idle_prefill_rows
         self.idle_prefill_steps = idle_prefill_steps
         self.graph_ready = graph_ready
@@ -125,6 +128,8 @@ class Scheduler:
         if decode is None:
             return self._schedule_prefill(self._idle_budget())
         room = min(self.mixed_rows, self.token_budget) - len(decode.seqs)
+        if self.mixed_prompt_tokens is not None:
+            room = min(room, self.mixed_prompt_tokens)
         if decode.preempted or room <= 0:
             return decode
         prefill = self._schedule_prefill(room)

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import argparse
+import re
+import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -40,8 +42,10 @@ CONFIG_HELP = (
     "sync-scheduling: + --no-async-scheduling; head-after-replay: + --graph-sample-max-batch-size 0; defer-captures: + --graph-defer-captures; microbatch-overlap: "
     "+ --enable-microbatch-overlap (with --server-arg=--tensor-parallel-size=2); vllm: vLLM 0.26 at its defaults "
     "with graphpool's model, max-model-len, max-num-seqs, seed and dtype; vllm-eager: the same, --enforce-eager; "
-    "full-pool: the defaults with the whole pool (16 graphs) captured at start-up, its graph memory beside vLLM's"
+    "full-pool: the defaults with the whole pool (16 graphs) captured at start-up, its graph memory beside vLLM's; "
+    "or NAME='FLAGS': the defaults plus those server flags, e.g. p128='--mixed-prompt-tokens 128'"
 )
+_CUSTOM_NAME = re.compile(r"[a-z0-9][a-z0-9.-]*")
 # every prefill step eager, and decodes wait for it (LightLLM's prefill)
 _EAGER_PREFILL = ("--graph-prefill-max-tokens", "0", "--no-enable-mixed-steps")
 
@@ -56,6 +60,28 @@ class ServeConfig:
     @property
     def foreign(self) -> bool:
         return self.server != "graphpool"
+
+
+def custom_config(spec: str) -> ServeConfig:
+    """``NAME=FLAGS``: graphpool's defaults plus the engine flags FLAGS (shell words), under a name of its own,
+    so one run compares any setting side by side, e.g. ``p128=--mixed-prompt-tokens 128``."""
+    name, sep, text = spec.partition("=")
+    if not sep or not _CUSTOM_NAME.fullmatch(name) or name in CONFIG_LABELS:
+        raise ValueError(f"serve bench: --configs are names of {', '.join(CONFIG_LABELS)}, or NAME=FLAGS with a "
+                         f"new lower-case NAME, got {spec!r}")
+    flags = tuple(shlex.split(text))
+    from graphpool.engine.args import add_engine_args
+
+    parser = argparse.ArgumentParser(add_help=False, exit_on_error=False)
+    add_engine_args(parser)
+    try:
+        _, unknown = parser.parse_known_args(list(flags))
+    except argparse.ArgumentError as e:
+        raise ValueError(f"serve bench: configuration {name!r}: {e}") from None
+    if not flags or unknown:
+        raise ValueError(f"serve bench: configuration {name!r} needs engine flags (graphpool serve --help), got "
+                         f"{' '.join(unknown) or 'none'}")
+    return ServeConfig(name, "graphpool " + " ".join(flags), flags)
 
 
 def _engine_config(server_args: Sequence[str]) -> EngineConfig:
@@ -107,6 +133,11 @@ def serve_configs(ladder_n: int, budget: str, full_pool: Sequence[int] = ()) -> 
     labels = CONFIG_LABELS | {"capture-all": f"capture all {ladder_n} at start-up",
                               "budget": f"graphpool + budget {budget}"}
     return {k: ServeConfig(k, labels[k], v, "vllm" if k in VLLM_CONFIGS else "graphpool") for k, v in flags.items()}
+
+
+def pick_config(spec: str, configs: dict[str, ServeConfig]) -> ServeConfig:
+    """``spec``'s configuration: a name of ``configs``, or NAME=FLAGS (`custom_config`)."""
+    return configs[spec] if spec in configs else custom_config(spec)
 
 
 def config_order(key: str) -> tuple[int, str]:

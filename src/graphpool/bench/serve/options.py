@@ -9,7 +9,13 @@ from pathlib import Path
 
 from graphpool.bench.serve.attribution import THRESHOLD_MS
 from graphpool.bench.serve.clients import default_processes
-from graphpool.bench.serve.configs import CONFIG_HELP, CONFIG_LABELS, DEFAULT_CONFIGS, VLLM_CONFIGS
+from graphpool.bench.serve.configs import (
+    CONFIG_HELP,
+    CONFIG_LABELS,
+    DEFAULT_CONFIGS,
+    VLLM_CONFIGS,
+    custom_config,
+)
 from graphpool.bench.serve.foreign import VLLM_SITE, VllmLaunch, graphpool_env, vllm_env
 from graphpool.bench.workload import TraceConfig
 
@@ -71,10 +77,11 @@ class ServeBenchConfig:
     def __post_init__(self) -> None:
         if not self.seeds:
             raise ValueError("serve bench: --seeds must be >= 1")
-        unknown = [c for c in self.configs if c not in CONFIG_LABELS]
-        if unknown or not self.configs:
-            raise ValueError(f"serve bench: --configs are names of {', '.join(CONFIG_LABELS)}, "
-                             f"got {' '.join(self.configs)!r}")
+        if not self.configs:
+            raise ValueError(f"serve bench: --configs are names of {', '.join(CONFIG_LABELS)} or NAME=FLAGS")
+        keys = [c if c in CONFIG_LABELS else custom_config(c).key for c in self.configs]
+        if len(set(keys)) != len(keys):
+            raise ValueError(f"serve bench: --configs names are distinct, got {' '.join(keys)}")
         if self.url and len(self.configs) != 1:
             raise ValueError("serve bench: with --url (an existing server) give exactly one --configs name, "
                              "the one that server runs")
@@ -129,8 +136,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--duration", type=float, default=30.0, help="seconds of arrivals per run")
     p.add_argument("--seeds", type=int, default=3, help="seeds per configuration (trace seeds first-seed..)")
     p.add_argument("--first-seed", type=int, default=0, help="first trace seed (split seeds over calls)")
-    p.add_argument("--configs", nargs="+", default=list(DEFAULT_CONFIGS), choices=list(CONFIG_LABELS),
-                   metavar="NAME", help=f"server configurations, of: {CONFIG_HELP} (default: %(default)s)")
+    p.add_argument("--configs", nargs="+", default=list(DEFAULT_CONFIGS), metavar="NAME", help=f"server configurations, of: {CONFIG_HELP} (default: %(default)s)")
     p.add_argument("--temperatures", nargs="+", type=float, default=[0.0], metavar="T",
                    help="one workload per temperature, each against the same server after one untimed request at "
                         "that temperature, e.g. 0 0.8 (default: 0, greedy)")

@@ -24,7 +24,13 @@ from graphpool.bench.serve import compare
 from graphpool.bench.serve.attribution import attribute, attribute_ttft
 from graphpool.bench.serve.client import ClientRun, run_trace
 from graphpool.bench.serve.clients import run_trace_processes
-from graphpool.bench.serve.configs import ServeConfig, full_pool_sizes, ladder_size, serve_configs
+from graphpool.bench.serve.configs import (
+    ServeConfig,
+    full_pool_sizes,
+    ladder_size,
+    pick_config,
+    serve_configs,
+)
 from graphpool.bench.serve.foreign import VllmLogInfo, parse_vllm_log, vllm_command
 from graphpool.bench.serve.options import Load, ServeBenchConfig, add_args, config_from_args
 from graphpool.bench.serve.report import write_serve_report
@@ -206,7 +212,7 @@ def run_serve_bench(cfg: ServeBenchConfig, out_dir: Path, argv: Sequence[str] | 
     print(env.header_markdown(), flush=True)
     configs = serve_configs(ladder_size(cfg.server_args), cfg.budget, full_pool_sizes(cfg.server_args))
     n = len(cfg.configs)
-    todo = [(configs[k], s) for s in cfg.seeds
+    todo = [(pick_config(k, configs), s) for s in cfg.seeds
             # NOTE: the order rotates by one config per seed (its value: the same when seeds are split over
             # calls), so no configuration always runs first
             for k in (cfg.configs[s % n:] + cfg.configs[:s % n])]
