@@ -7,7 +7,8 @@
 # Each server gets its own PYTHONPATH: graphpool's children this shell's (gp-site + src), the vLLM child only
 # $VK_SITE; bench serve keeps them apart (--vllm-pythonpath). The whole bench is cut at LIMIT_S (SIGINT, then
 # KILL 15 s later); every run is saved as it finishes and the report is rebuilt from what was saved.
-# Settings (environment): CONFIGS (default "default full-pool vllm"), SEEDS (servers started per configuration, in
+# Settings (environment): CONFIGS (default "default full-pool vllm"; a NAME=FLAGS one without spaces, e.g.
+# p128=--mixed-prompt-tokens=128), SEEDS (servers started per configuration, in
 # turn: 2 gives a first start and a restart), DURATION (s of arrivals per workload), RATE
 # (req/s), CONCURRENCY (most requests in flight; 1: single stream), LOADS (several loads against each server
 # start, replacing RATE and CONCURRENCY: e.g. "16 2:1", 16 req/s and then a single stream at 2 req/s),

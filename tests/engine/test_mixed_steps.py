@@ -4,6 +4,7 @@ token those of strict interleaving (real default model, CPU, eager and through t
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Callable
 from typing import Any
 
@@ -11,6 +12,7 @@ import pytest
 from test_chunked_prefill import MAX_MODEL_LEN
 from test_graph_prefill import loaded, prompts  # noqa: F401 (fixtures)
 
+from graphpool.engine.args import add_engine_args, engine_config_from_args
 from graphpool.engine.config import EngineConfig
 from graphpool.engine.engine import LLMEngine
 from graphpool.engine.kv_cache import BlockManager
@@ -62,7 +64,10 @@ def test_mixed_prompt_tokens_bound_a_mixed_steps_chunks() -> None:
         spans += [(c.start, c.end) for c in step.chunks]
         step.seqs[0].token_ids.append(token)
     assert spans == [(0, 4), (4, 7)]  # 4 + 3 of b's 7 tokens, where 9 rows were free
-    assert EngineConfig(enable_mixed_steps=True, mixed_prompt_tokens=64).mixed_prompt_tokens == 64
+    parser = argparse.ArgumentParser()
+    add_engine_args(parser)
+    args = parser.parse_args(["--mixed-prompt-tokens", "64"])
+    assert engine_config_from_args(args, device="cpu").mixed_prompt_tokens == 64
     with pytest.raises(ValueError, match="mixed_prompt_tokens"):
         EngineConfig(mixed_prompt_tokens=0)
 

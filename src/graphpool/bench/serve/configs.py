@@ -43,7 +43,7 @@ CONFIG_HELP = (
     "+ --enable-microbatch-overlap (with --server-arg=--tensor-parallel-size=2); vllm: vLLM 0.26 at its defaults "
     "with graphpool's model, max-model-len, max-num-seqs, seed and dtype; vllm-eager: the same, --enforce-eager; "
     "full-pool: the defaults with the whole pool (16 graphs) captured at start-up, its graph memory beside vLLM's; "
-    "or NAME='FLAGS': the defaults plus those server flags, e.g. p128='--mixed-prompt-tokens 128'"
+    "or NAME=FLAGS: the defaults plus those engine flags, e.g. p128=--mixed-prompt-tokens=128 (quote FLAGS with spaces)"
 )
 _CUSTOM_NAME = re.compile(r"[a-z0-9][a-z0-9.-]*")
 # every prefill step eager, and decodes wait for it (LightLLM's prefill)

@@ -136,7 +136,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--duration", type=float, default=30.0, help="seconds of arrivals per run")
     p.add_argument("--seeds", type=int, default=3, help="seeds per configuration (trace seeds first-seed..)")
     p.add_argument("--first-seed", type=int, default=0, help="first trace seed (split seeds over calls)")
-    p.add_argument("--configs", nargs="+", default=list(DEFAULT_CONFIGS), metavar="NAME", help=f"server configurations, of: {CONFIG_HELP} (default: %(default)s)")
+    p.add_argument("--configs", nargs="+", default=list(DEFAULT_CONFIGS), metavar="NAME",
+                   help=f"server configurations, of: {CONFIG_HELP} (default: %(default)s)")
     p.add_argument("--temperatures", nargs="+", type=float, default=[0.0], metavar="T",
                    help="one workload per temperature, each against the same server after one untimed request at "
                         "that temperature, e.g. 0 0.8 (default: 0, greedy)")
