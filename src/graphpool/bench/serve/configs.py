@@ -70,12 +70,8 @@ def custom_config(spec: str) -> ServeConfig:
         raise ValueError(f"serve bench: --configs are names of {', '.join(CONFIG_LABELS)}, or NAME=FLAGS with a "
                          f"new lower-case NAME, got {spec!r}")
     flags = tuple(shlex.split(text))
-    from graphpool.engine.args import add_engine_args
-
-    parser = argparse.ArgumentParser(add_help=False, exit_on_error=False)
-    add_engine_args(parser)
     try:
-        _, unknown = parser.parse_known_args(list(flags))
+        _, unknown = _engine_parser(exit_on_error=False).parse_known_args(list(flags))
     except argparse.ArgumentError as e:
         raise ValueError(f"serve bench: configuration {name!r}: {e}") from None
     if not flags or unknown:
@@ -84,12 +80,19 @@ def custom_config(spec: str) -> ServeConfig:
     return ServeConfig(name, "graphpool " + " ".join(flags), flags)
 
 
-def _engine_config(server_args: Sequence[str]) -> EngineConfig:
-    from graphpool.engine.args import add_engine_args, engine_config_from_args
+def _engine_parser(exit_on_error: bool = True) -> argparse.ArgumentParser:
+    """A parser of the engine's flags alone (`graphpool serve` has more)."""
+    from graphpool.engine.args import add_engine_args
 
-    parser = argparse.ArgumentParser(add_help=False)
+    parser = argparse.ArgumentParser(add_help=False, exit_on_error=exit_on_error)
     add_engine_args(parser)
-    known, _ = parser.parse_known_args(list(server_args))
+    return parser
+
+
+def _engine_config(server_args: Sequence[str]) -> EngineConfig:
+    from graphpool.engine.args import engine_config_from_args
+
+    known, _ = _engine_parser().parse_known_args(list(server_args))
     return engine_config_from_args(known, device="cpu")
 
 
