@@ -9,6 +9,7 @@ import torch
 
 from graphpool.engine.kv_cache import DUMMY_BLOCK
 from graphpool.engine.warmup import WARMUP_MAX_TOKENS, prefill_warmup_lengths, warm_eager_prefill
+from graphpool.kernels.gemv import MAX_ROWS
 from graphpool.model.llama import LlamaModel
 from graphpool.model.presets import PRESETS
 from graphpool.model.weights import init_random_weights
@@ -62,3 +63,20 @@ def test_the_warmup_runs_the_samplers_kernels_in_the_models_dtype_and_float32() 
     assert seen == [("argmax", torch.bfloat16, (1, 301)), ("draw", torch.bfloat16, (1, 301), 2),
                     ("draw", torch.bfloat16, (1, 301), 5), ("argmax", torch.float32, (1, 301)),
                     ("draw", torch.float32, (1, 301), 2), ("draw", torch.float32, (1, 301), 5)]
+
+
+def test_the_warmup_runs_the_few_row_gemv_in_the_layers_and_the_lm_head() -> None:
+    """A two-row step takes the few-row GEMV (its own compiled variants, one per projection width): the warm-up
+    prefills MAX_ROWS tokens and takes the LM head over each of them, besides its given lengths."""
+    config = dataclasses.replace(PRESETS["qwen2.5-0.5b"], num_layers=1, hidden_size=64, intermediate_size=128,
+                                 vocab_size=301, bos_token_id=1, eos_token_ids=(2,))
+    model = LlamaModel(config, max_positions=32)
+    init_random_weights(model, seed=1)
+    prefills: list[int] = []
+    heads: list[int] = []
+    model.register_forward_pre_hook(lambda _m, args: prefills.append(args[0].shape[0]))
+    head = model.compute_logits
+    model.compute_logits = lambda h, **kw: heads.append(h.shape[0]) or head(h, **kw)  # type: ignore[method-assign]
+    warm_eager_prefill(model, model.allocate_kv_caches(4, 4), (5, 9))
+    assert prefills == [MAX_ROWS, 5, 9]
+    assert heads == [MAX_ROWS, 1, 1]
