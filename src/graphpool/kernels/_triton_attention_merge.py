@@ -32,8 +32,7 @@ def _merge_one_head(po_ptr, plse_ptr, out_ptr, b, h, first_valid, n_valid,
     tl.store(out_ptr + b * stride_ob + h * stride_oh + offs_d, res.to(out_ptr.dtype.element_ty), mask=d_mask)
 
 
-# NOTE: metadata pointers are views at offsets that vary with the step: no variant per alignment (a JIT compile
-# mid-serving), and their few scalar loads gain nothing from it
+# NOTE: no variant per alignment of the step's metadata views (docs/kernels.md, "One compile per variant")
 @triton.jit(do_not_specialize_on_alignment=["lens_ptr"])
 def _decode_merge_kernel(
     po_ptr, plse_ptr, lens_ptr, out_ptr,

@@ -105,8 +105,7 @@ def _store_partial(po_ptr, plse_ptr, acc, m_i, l_i, b, heads, split, stride_pob,
     tl.store(plse_ptr + b * stride_lb + heads * stride_lh + split, m_i + tl.log2(l_i), mask=g_mask)
 
 
-# NOTE: metadata pointers are views at offsets that vary with the step: no variant per alignment (a JIT compile
-# mid-serving), and their few scalar loads gain nothing from it
+# NOTE: no variant per alignment of the step's metadata views (docs/kernels.md, "One compile per variant")
 @triton.jit(do_not_specialize_on_alignment=["bt_ptr", "lens_ptr"])
 def _decode_split_kernel(
     q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, out_ptr, po_ptr, plse_ptr,

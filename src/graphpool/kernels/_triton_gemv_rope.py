@@ -22,8 +22,7 @@ from graphpool.kernels.gemv import RowNorm, norm_args
 from graphpool.kernels.pdl import pdl_on
 
 
-# NOTE: metadata pointers are views at offsets that vary with the step: no variant per alignment (a JIT compile
-# mid-serving), and their few scalar loads gain nothing from it
+# NOTE: no variant per alignment of the step's metadata views (docs/kernels.md, "One compile per variant")
 @triton.jit(do_not_specialize_on_alignment=["pos_ptr", "slot_ptr"])
 def _gemv_rope_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, pos_ptr, cos_ptr, sin_ptr, slot_ptr, kc_ptr, vc_ptr, r_ptr, s_ptr, nw_ptr, eps,

@@ -108,8 +108,7 @@ def _rotate_heads(
     return o1, o2, heads, offs, mask
 
 
-# NOTE: metadata pointers are views at offsets that vary with the step: no variant per alignment (a JIT compile
-# mid-serving), and their few scalar loads gain nothing from it
+# NOTE: no variant per alignment of the step's metadata views (docs/kernels.md, "One compile per variant")
 @triton.jit(do_not_specialize_on_alignment=["pos_ptr", "slot_ptr"])
 def _rotary_kernel(
     pos_ptr, q_ptr, k_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr,

@@ -46,8 +46,8 @@ def _cut_of(params_ptr, row, n_rows, n_cols):
     return tl.where(has_k, k, n_cols + 1), tl.where(p < 1, p, float("inf")), min_p, has_k | (p < 1) | (min_p > 0)
 
 
-# NOTE: the row count varies with the batch and the parameters' offset with the step: neither is specialized on,
-# so one compile serves every batch size
+# NOTE: the row count varies with the batch: not specialized on, so one compile serves every batch size; nor the
+# parameters' alignment (docs/kernels.md, "One compile per variant")
 @triton.jit(do_not_specialize=["n_rows"], do_not_specialize_on_alignment=["params_ptr"])
 def _block_sample_kernel(x_ptr, params_ptr, val_ptr, idx_ptr, nan_ptr, max_ptr, sum_ptr, stride_x, n_rows, n_cols,
                          n_blocks, BLOCK: tl.constexpr, CUT: tl.constexpr):

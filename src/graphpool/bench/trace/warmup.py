@@ -4,10 +4,10 @@ With graphs off it runs decode batches shrinking 17 -> 1, then two passes of one
 context length in every 64-token interval up to the longest context the trace can reach. One-time costs are
 Triton JIT compiles (one per kernel variant: the launch constants and the integer arguments Triton
 specialises on; not the metadata pointers' alignment, docs/kernels.md), cuBLAS handles and module loads;
-paid inside a timed run they stall decode while prefill-first scheduling keeps admitting prompts. The decode steps all take the runner's one length bound
-(engine/runner.py), so their attention variant no longer changes with context length; the batches still
-vary the batch size and the sweep the prompt length (prefill), and the second pass shows what is left once
-the compiles are done.
+paid inside a timed run they stall decode while prefill-first scheduling keeps admitting prompts. The
+decode steps all take the runner's one length bound (engine/runner.py), so their attention variant no
+longer changes with context length; the batches still vary the batch size and the sweep the prompt length
+(prefill), and the second pass shows what is left once the compiles are done.
 """
 
 from __future__ import annotations
