@@ -9,14 +9,17 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import anthropic
 import httpx
 import pytest
 from test_reasoning import ThinkScriptEngine, ThinkTokenizer
 
 from graphpool.server.chat_options import ChatOptions
 from graphpool.server.main import serve_in_thread
+
+if TYPE_CHECKING:  # NOTE: imported where used: 2 s at collection, in every xdist worker
+    import anthropic
 
 KEY = "sk-local"
 TOOL = {"name": "get_weather", "description": "The weather in a city",
@@ -33,6 +36,8 @@ class Served:
 
 @pytest.fixture(scope="module")
 def served() -> Iterator[Served]:
+    import anthropic
+
     engine = ThinkScriptEngine(tokenizer=ThinkTokenizer())
     chat = ChatOptions(tool_call_parser="hermes", reasoning_parser="qwen3")
     with serve_in_thread(engine, api_keys=[KEY], chat=chat) as (url, _):
@@ -106,12 +111,16 @@ def test_refusals_in_anthropics_error_shape(served: Served, body: dict, says: st
     assert r.status_code == 400, r.text
     error = r.json()
     assert error["type"] == "error" and error["error"]["type"] == "invalid_request_error" and says in r.text
+    import anthropic
+
     with pytest.raises(anthropic.BadRequestError):  # the SDK reads it as a 400 with its message
         served.client.messages.create(model="scripted", max_tokens=request["max_tokens"], messages=request["messages"],
                                       extra_body={k: v for k, v in body.items() if k not in ("max_tokens", "messages")})
 
 
 def test_the_key_goes_in_x_api_key(served: Served) -> None:
+    import anthropic
+
     with pytest.raises(anthropic.AuthenticationError):
         anthropic.Anthropic(base_url=served.url, api_key="wrong", max_retries=0).messages.create(
             model="scripted", max_tokens=8, messages=_user("SAY:x"))
