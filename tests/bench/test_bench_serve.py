@@ -95,23 +95,6 @@ def test_configs_and_ladder() -> None:
         _bench_config(configs=("z",))
     with pytest.raises(ValueError, match="rate"):
         _bench_config(loads=(Load(0.0),))
-
-
-def test_custom_configs_add_engine_flags_to_the_defaults() -> None:
-    """NAME=FLAGS: an A/B of any engine flag in one run, refused before any server starts when it is not one."""
-    custom = custom_config("p128=--mixed-prompt-tokens 128 --graph-warmup 1,2,4")
-    assert custom.key == "p128" and custom.flags == ("--mixed-prompt-tokens", "128", "--graph-warmup", "1,2,4")
-    assert not custom.foreign and "--mixed-prompt-tokens 128" in custom.label
-    assert pick_config("default", serve_configs(46, "1GiB")).flags == ()
-    assert pick_config("p64=--mixed-prompt-tokens=64", {}).flags == ("--mixed-prompt-tokens=64",)
-    assert _bench_config(configs=("default", "p128=--mixed-prompt-tokens 128")).configs[1].startswith("p128=")
-    for spec, reason in [("default=--seed 1", "names of"), ("P=--seed 1", "names of"), ("p128", "names of"),
-                         ("x=--no-such-flag 1", "--no-such-flag"), ("x=", "needs engine flags"),
-                         ("x=--seed one", "invalid int")]:
-        with pytest.raises(ValueError, match=reason):
-            custom_config(spec)
-    with pytest.raises(ValueError, match="distinct"):
-        _bench_config(configs=("x=--seed 1", "x=--seed 2"))
     args = SimpleNamespace(model="random:llama3.2-1b", dtype=None, rate=1.0, duration=5.0, seeds=2, first_seed=3,
                            configs=["lru16-capture-on-miss", "default"], budget="1GiB", prompt_mean=10.0, prompt_cap=20, max_tokens_mean=5.0,
                            max_tokens_cap=10, sigma=1.0, concurrency=None, url=None, server_arg=["--max-num-seqs=8"],
@@ -131,6 +114,23 @@ def test_custom_configs_add_engine_flags_to_the_defaults() -> None:
     assert cfg.seeds == (3, 4) and cfg.token_ids and cfg.engine_flags()[-1] == "--max-num-seqs=8"
     with pytest.raises(ValueError, match="--seeds"):
         config_from_args(SimpleNamespace(**{**vars(args), "seeds": 0}))  # type: ignore[arg-type]
+
+
+def test_custom_configs_add_engine_flags_to_the_defaults() -> None:
+    """NAME=FLAGS: an A/B of any engine flag in one run, refused before any server starts when it is not one."""
+    custom = custom_config("p128=--mixed-prompt-tokens 128 --graph-warmup 1,2,4")
+    assert custom.key == "p128" and custom.flags == ("--mixed-prompt-tokens", "128", "--graph-warmup", "1,2,4")
+    assert not custom.foreign and "--mixed-prompt-tokens 128" in custom.label
+    assert pick_config("default", serve_configs(46, "1GiB")).flags == ()
+    assert pick_config("p64=--mixed-prompt-tokens=64", {}).flags == ("--mixed-prompt-tokens=64",)
+    assert _bench_config(configs=("default", "p128=--mixed-prompt-tokens 128")).configs[1].startswith("p128=")
+    for spec, reason in [("default=--seed 1", "names of"), ("P=--seed 1", "names of"), ("p128", "names of"),
+                         ("x=--no-such-flag 1", "--no-such-flag"), ("x=", "needs engine flags"),
+                         ("x=--seed one", "invalid int")]:
+        with pytest.raises(ValueError, match=reason):
+            custom_config(spec)
+    with pytest.raises(ValueError, match="distinct"):
+        _bench_config(configs=("x=--seed 1", "x=--seed 2"))
 
 
 def test_loads_parse_name_runs_and_refuse_repeats() -> None:

@@ -47,7 +47,7 @@ def warm_eager_prefill(model: torch.nn.Module, kv_caches: list[KVCache], lengths
             seq_lens=[n],
         )
         hidden = model(torch.zeros(n, dtype=torch.int64, device=device), meta, kv_caches)
-        logits = model.compute_logits(hidden[-(MAX_ROWS if n == MAX_ROWS else 1):], upcast=False)[-1:]
+        logits = model.compute_logits(hidden if n == MAX_ROWS else hidden[-1:], upcast=False)[-1:]
     if logits is not None:
         draws = [to_device(p, torch.int64, device) for p in (sample_params([0], [1.0]),
                                                               sample_params([0], [1.0], [20], [0.9], [0.0]))]
