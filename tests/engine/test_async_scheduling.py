@@ -1,7 +1,7 @@
 """Async scheduling (`async_scheduling`): the next decode step is launched on the device tokens of the one
-before, whose outputs are processed while it runs. On the CPU (real default model; eager and through the
-pool's stand-in capturer) every request's tokens and text equal those of the synchronous engine, whatever
-stops it (max_tokens, a stop token, a stop string, max_model_len, an abort), with requests arriving mid-run,
+before, whose outputs are processed while it runs. On the CPU (six layers of the real default model; eager and
+through the pool's stand-in capturer) every request's tokens and text equal those of the synchronous engine,
+whatever stops it (max_tokens, a stop token, a stop string, max_model_len, an abort), with requests arriving mid-run,
 seeded sampling and penalties, and with too few KV blocks for every chained step; its KV blocks all come
 back. tests/gpu/test_graph_prefill_gpu.py checks it on the GPU, where the overlap is real."""
 

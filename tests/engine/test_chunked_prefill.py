@@ -1,5 +1,5 @@
 """Chunked prefill: the token budget splits long prompts over steps, prefill and decode steps interleave, and
-greedy outputs are token for token those of an unchunked prefill (real default model, CPU)."""
+greedy outputs are token for token those of an unchunked prefill (six layers of the real default model, CPU)."""
 
 from __future__ import annotations
 
@@ -86,7 +86,7 @@ def test_a_long_prompt_is_chunked_and_decodes_keep_going() -> None:
     assert short.num_output_tokens == 1 + 5
 
 
-# the engine on the real default model -----------------------------------------------------------------------
+# the engine on six layers of the real default model ---------------------------------------------------------
 MAX_MODEL_LEN = 192
 TEXTS = [
     "The history of the printing press begins in the fifteenth century, when Johannes Gutenberg combined a "
@@ -102,8 +102,8 @@ TEXTS = [
 
 
 @pytest.fixture(scope="module")
-def loaded(default_model):
-    return default_model  # tests/conftest.py: the embedded model, loaded once per session
+def loaded(short_model):
+    return short_model  # tests/conftest.py: the embedded model, six of its layers
 
 
 @pytest.fixture(scope="module")

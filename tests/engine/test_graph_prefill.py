@@ -17,8 +17,8 @@ LADDER = {"graph_max_batch_size": 64, "graph_split_batch_size": 8, "graph_grow_s
 
 
 @pytest.fixture(scope="module")
-def loaded(default_model):
-    return default_model  # tests/conftest.py: the embedded model, loaded once per session
+def loaded(short_model):
+    return short_model  # tests/conftest.py: the embedded model, six of its layers
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,7 @@
 """Mixed steps (`enable_mixed_steps`): a decode step takes prompt chunks into its leftover rows, run as
 decode-attention rows, so running streams get a token in the steps that prefill. Greedy outputs token for
-token those of strict interleaving (real default model, CPU, eager and through the stand-in capturer)."""
+token those of strict interleaving (six layers of the real default model, CPU, eager and through the stand-in
+capturer)."""
 
 from __future__ import annotations
 

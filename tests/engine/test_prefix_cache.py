@@ -1,5 +1,6 @@
 """Prefix caching: the block pool's ref counts and LRU eviction (randomized invariants against a shadow of
-the KV contents), hit accounting, and greedy outputs equal with and without it on the real default model."""
+the KV contents), hit accounting, and greedy outputs equal with and without it on six layers of the real
+default model."""
 
 from __future__ import annotations
 
@@ -116,7 +117,7 @@ def test_referenced_blocks_are_never_reused(seed: int) -> None:
     assert bm.num_free_blocks == bm.num_usable_blocks
 
 
-# the engine on the real default model -----------------------------------------------------------------------
+# the engine on six layers of the real default model ---------------------------------------------------------
 MAX_MODEL_LEN = 128
 SYSTEM = ("You are a helpful assistant. Answer briefly and precisely. The user asks about the geography and "
           "history of Europe: its rivers, mountains, kings, wars, treaties and the cities along the trade routes.")
@@ -124,8 +125,8 @@ QUESTIONS = ["What is the capital of France?", "Who was Charlemagne?", "Name a l
 
 
 @pytest.fixture(scope="module")
-def loaded(default_model):
-    return default_model  # tests/conftest.py: the embedded model, loaded once per session
+def loaded(short_model):
+    return short_model  # tests/conftest.py: the embedded model, six of its layers
 
 
 @pytest.fixture(scope="module")
