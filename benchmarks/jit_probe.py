@@ -9,7 +9,8 @@ bench in this process (an untimed eager warm-up, then the `no-graphs` and `no-wa
 2 s) and lists the compiles made during the timed runs, each with the warm-up variant it differs least from
 (the constexprs and argument attributes that differ: what Triton specialised on). `serve` puts a
 `sitecustomize` on the bench's PYTHONPATH, so the prime server, the measured servers and the clients all log,
-and lists each process's compiles with wall-clock times to set beside the bench's own log. Needs CUDA.
+lists each process's compiles with wall-clock times, marks those inside a run's timed window (the bench's saved
+runs hold it) and counts them. Needs CUDA.
 """
 
 from __future__ import annotations
@@ -28,16 +29,24 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 SITECUSTOMIZE = f"import sys\nsys.path.insert(0, {str(HERE)!r})\nimport jit_probe\njit_probe.install()\n"
 LOG_ENV = "GRAPHPOOL_JIT_LOG"  # read once, at process start, by the sitecustomize
+BENCH_OUT = Path("results/serve")  # bench serve's --out when the arguments name none
+
+
+def _name(key: Any, names: list[str]) -> str:
+    """An argument's name from Triton's key for it (a 1-tuple of its index)."""
+    return names[key[0]] if isinstance(key, tuple) and len(key) == 1 and key[0] < len(names) else str(key)
 
 
 def record(kw: dict[str, Any], started: float, phase: str) -> dict[str, Any]:
     """One compile from the arguments Triton passes its JIT hooks (`knobs.runtime`)."""
     c = kw["compile"]
     names = list(kw["fn"].jit_function.arg_names)
-    attrs = {names[k[0]]: str(v) for k, v in c["configs"][0].items() if isinstance(k, tuple) and len(k) == 1}
-    frames = [f.strip().splitlines()[0] for f in traceback.format_stack(limit=40) if "graphpool" in f]
+    attrs = {_name(k, names): str(v) for k, v in c["configs"][0].items() if isinstance(k, tuple) and len(k) == 1}
+    # NOTE: graphpool's own frames, the probe's left out: where in the package the launch came from
+    frames = [f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in traceback.extract_stack(limit=40)
+              if f"{os.sep}graphpool{os.sep}" in f.filename]
     return {"pid": os.getpid(), "phase": phase, "t": started, "ms": round((time.time() - started) * 1e3, 1),
-            "kernel": kw["fn"].name, "constexprs": {str(k): str(v) for k, v in c["constants"].items()},
+            "kernel": kw["fn"].name, "constexprs": {_name(k, names): str(v) for k, v in c["constants"].items()},
             "attrs": attrs, "from": frames[-4:]}
 
 
@@ -120,6 +129,16 @@ def trace_mode(out: Path) -> None:
                   f"warm-up variant: {differs(r, near) if near else 'none warmed'}")
 
 
+def timed_windows(out: Path) -> list[tuple[str, float, float]]:
+    """Each run's timed window (Unix s) from bench serve's saved runs under `out`/runs."""
+    windows = []
+    for path in sorted((out / "runs").glob("*.json")):
+        run = json.loads(path.read_text())
+        if run.get("timed_from_unix") is not None and run.get("timed_to_unix") is not None:
+            windows.append((path.stem, run["timed_from_unix"], run["timed_to_unix"]))
+    return windows
+
+
 def serve_mode(out: Path, serve_args: list[str]) -> int:
     site = Path(tempfile.mkdtemp(prefix="jit_probe"))
     (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
@@ -129,24 +148,34 @@ def serve_mode(out: Path, serve_args: list[str]) -> int:
            "PYTHONPATH": os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p)}
     rc = subprocess.call([sys.executable, "-m", "graphpool.bench", "serve", *serve_args], env=env)
     rows = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
-    first = {}
+    bench_out = Path(serve_args[serve_args.index("--out") + 1]) if "--out" in serve_args[:-1] else BENCH_OUT
+    windows = timed_windows(bench_out)
+    first: dict[int, float] = {}
     for r in rows:
         first.setdefault(r["pid"], r["t"])
     for pid in sorted(first, key=first.get):
         mine = [r for r in rows if r["pid"] == pid]
         print(f"process {pid}: {len(mine)} compiles, {sum(r['ms'] for r in mine) / 1e3:.2f} s")
         for r in mine:
-            print(f"  {stamp(r['t'])} {r['ms']:7.1f} ms {r['kernel']} {r['constexprs']} <- {r['from'][-1:]}")
+            inside = [name for name, t0, t1 in windows if t0 <= r["t"] <= t1]
+            where = f" IN TIMED RUN {inside[0]}" if inside else ""
+            print(f"  {stamp(r['t'])} {r['ms']:7.1f} ms {r['kernel']}{where} {r['constexprs']} <- {r['from'][-1:]}")
+    timed = [r for r in rows if any(t0 <= r["t"] <= t1 for _, t0, t1 in windows)]
+    print(f"{len(timed)} of {len(rows)} compiles fell in the {len(windows)} timed runs "
+          f"({sum(r['ms'] for r in timed) / 1e3:.2f} s)")
     return rc
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    # NOTE: split by hand: argparse would take bench serve's own options (--out, --model) for the probe's
+    cut = argv.index("--") if "--" in argv else len(argv)
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                epilog="serve: graphpool bench serve's arguments follow a --")
     p.add_argument("mode", choices=["trace", "serve"])
-    p.add_argument("serve_args", nargs="*", help="after --: graphpool bench serve's arguments")
     p.add_argument("--out", type=Path, default=Path("results/jit_probe"))
     p.add_argument("--keep-cache", action="store_true", help="Triton's own cache, not an empty one")
-    args = p.parse_args()
+    args = p.parse_args(argv[:cut])
     if not args.keep_cache:  # NOTE: before anything imports triton
         os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="triton_cache")
     import torch
@@ -158,7 +187,7 @@ def main() -> int:
     if args.mode == "trace":
         trace_mode(args.out)
         return 0
-    return serve_mode(args.out, args.serve_args)
+    return serve_mode(args.out, argv[cut + 1:])
 
 
 if __name__ == "__main__":

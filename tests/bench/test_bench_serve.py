@@ -210,6 +210,15 @@ def test_summarize_run_first_gap_is_each_requests_step_after_its_prefill() -> No
     client = ClientRun(results=ok, duration_s=21.0, max_in_flight=1, errors_sample=[])
     run, _ = summarize_run("default", "graphpool default", 0, "m", 1.0, 20.0, client, {}, {}, 1.0, (0.1, False))
     assert run.itl_first_ms["p50"] == pytest.approx(5.0) and run.itl_ms["p50"] == pytest.approx(1.0)
+    assert math.isnan(run.timed_from_unix)  # no time 0 on the client's clock: no window
+
+
+def test_a_runs_timed_window_is_on_the_wall_clock_from_its_time_0() -> None:
+    client = ClientRun(results=[_result(0, 0.0, [0.1, 0.2], 2, 2)], duration_s=0.2, max_in_flight=1,
+                       errors_sample=[], t0_monotonic=time.monotonic() - 12.0)
+    run, _ = summarize_run("default", "d", 0, "m", 1.0, 10.0, client, {}, {}, 1.0, (0.1, False))
+    assert run.timed_to_unix - run.timed_from_unix == pytest.approx(12.0, abs=0.5)
+    assert abs(run.timed_to_unix - time.time()) < 5
 
 
 def test_summarize_run_percentiles_and_deltas() -> None:

@@ -3,6 +3,7 @@ process started with it; a compile's record and what two variants differ in (its
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -42,3 +43,18 @@ def test_a_record_names_the_kernel_and_what_two_variants_differ_in() -> None:
     assert a["kernel"] == "_k" and a["phase"] == "warm-up" and a["pid"] == os.getpid() and a["ms"] > 0
     assert jit_probe.differs(b, a) == {"attrs:lens_ptr": ("[]", "[['tt.divisibility', 16]]")}
     assert jit_probe.differs(jit_probe.record(fake(True, 3), 0.0, ""), a) == {"constexprs:(3,)": ("3", "2")}
+
+
+def test_bench_serves_own_options_after_the_double_dash_stay_its_own(tmp_path: Path, capsys) -> None:
+    """`--out` and `--model` after `--` are bench serve's: the probe parses only what comes before."""
+    # NOTE: --keep-cache: no TRITON_CACHE_DIR set in this test process
+    code = jit_probe.main(["serve", "--keep-cache", "--out", str(tmp_path / "probe"), "--", "--model", "m", "--out",
+                           str(tmp_path)])
+    assert code == 2 and "jit_probe needs CUDA" in capsys.readouterr().err  # parsed, then refused on the CPU
+
+
+def test_the_timed_windows_come_from_the_saved_runs(tmp_path: Path) -> None:
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "16rps-default-seed0.json").write_text(json.dumps({"timed_from_unix": 100.0, "timed_to_unix": 110.5}))
+    (tmp_path / "runs" / "old-run.json").write_text(json.dumps({"timed_from_unix": None, "timed_to_unix": None}))
+    assert jit_probe.timed_windows(tmp_path) == [("16rps-default-seed0", 100.0, 110.5)]

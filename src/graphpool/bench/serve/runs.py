@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -69,6 +70,9 @@ class RunSummary:
     ttft_client_stalled: int = 0
     concurrency: int | None = None  # most requests in flight (None: no cap)
     load: str = ""  # the load's tag (options.Load.tag) where the bench ran several, else ""
+    # NOTE: the timed window on the wall clock (Unix s): the trace's time 0 to this summary (benchmarks/jit_probe.py)
+    timed_from_unix: float = math.nan
+    timed_to_unix: float = math.nan
 
 
 def pcts(xs: Sequence[float]) -> dict[str, float]:
@@ -124,6 +128,8 @@ def summarize_run(config: str, label: str, seed: int, model: str, rate: float, t
     unstalled, stalled = split_client_stalled(ok, getattr(client, "late_spans", []),
                                               getattr(client, "t0_monotonic", 0.0))
     tokens = sum(r.completion_tokens for r in client.results)
+    now, now_mono = time.time(), time.monotonic()
+    t0_mono = getattr(client, "t0_monotonic", 0.0)
     summary = RunSummary(
         config=config, label=label, seed=seed, model=model, rate=rate, trace_s=trace_s,
         requests=len(client.results), errors=len(client.results) - len(ok), itl_gaps=len(itls),
@@ -144,6 +150,7 @@ def summarize_run(config: str, label: str, seed: int, model: str, rate: float, t
         engine={k: after[k] - before.get(k, 0.0) for k in ENGINE_KEYS if k in after},
         itl_first_ms=pcts([g[0] * 1e3 for r in ok if (g := r.timeline.itls())]),
         ttft_unstalled_ms=pcts(unstalled), ttft_client_stalled=stalled, concurrency=concurrency, load=load,
+        timed_from_unix=now - (now_mono - t0_mono) if t0_mono else math.nan, timed_to_unix=now,
     )
     return summary, itls
 
