@@ -61,7 +61,8 @@ def short_model(default_model: tuple[Any, Any, Any]) -> tuple[Any, Any, Any]:
     """The embedded model with only the layers in SHORT_MODEL_LAYERS (a copy: `default_model` stays whole), its
     tokenizer, embeddings, final norm and LM head: varied tokens (not sentences) at about twice the speed, for
     the tests that compare two engine paths token for token rather than check the model's answers. Its greedy
-    steps' top-two logit margins are no thinner than the whole model's (fewest at 0.014 against 0.003)."""
+    steps' top-two logit margins, which decide whether two paths' last-bit differences can flip a token, are no
+    thinner than the whole model's."""
     model, config, tokenizer = default_model
     short = copy.deepcopy(model)
     short.layers = torch.nn.ModuleList(short.layers[i] for i in SHORT_MODEL_LAYERS)
