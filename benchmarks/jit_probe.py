@@ -29,7 +29,6 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 SITECUSTOMIZE = f"import sys\nsys.path.insert(0, {str(HERE)!r})\nimport jit_probe\njit_probe.install()\n"
 LOG_ENV = "GRAPHPOOL_JIT_LOG"  # read once, at process start, by the sitecustomize
-BENCH_OUT = Path("results/serve")  # bench serve's --out when the arguments name none
 
 
 def _name(key: Any, names: list[str]) -> str:
@@ -129,6 +128,15 @@ def trace_mode(out: Path) -> None:
                   f"warm-up variant: {differs(r, near) if near else 'none warmed'}")
 
 
+def bench_out(serve_args: list[str]) -> Path:
+    """The --out of a bench serve run with these arguments, read by bench serve's own parser."""
+    from graphpool.bench.serve.options import add_args
+
+    p = argparse.ArgumentParser(add_help=False)
+    add_args(p)
+    return p.parse_known_args(serve_args)[0].out
+
+
 def timed_windows(out: Path) -> list[tuple[str, float, float]]:
     """Each run's timed window (Unix s) from bench serve's saved runs under `out`/runs."""
     windows = []
@@ -148,8 +156,9 @@ def serve_mode(out: Path, serve_args: list[str]) -> int:
            "PYTHONPATH": os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p)}
     rc = subprocess.call([sys.executable, "-m", "graphpool.bench", "serve", *serve_args], env=env)
     rows = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
-    bench_out = Path(serve_args[serve_args.index("--out") + 1]) if "--out" in serve_args[:-1] else BENCH_OUT
-    windows = timed_windows(bench_out)
+    windows = timed_windows(bench_out(serve_args))
+    for r in rows:
+        r["run"] = next((name for name, t0, t1 in windows if t0 <= r["t"] <= t1), None)
     first: dict[int, float] = {}
     for r in rows:
         first.setdefault(r["pid"], r["t"])
@@ -157,10 +166,9 @@ def serve_mode(out: Path, serve_args: list[str]) -> int:
         mine = [r for r in rows if r["pid"] == pid]
         print(f"process {pid}: {len(mine)} compiles, {sum(r['ms'] for r in mine) / 1e3:.2f} s")
         for r in mine:
-            inside = [name for name, t0, t1 in windows if t0 <= r["t"] <= t1]
-            where = f" IN TIMED RUN {inside[0]}" if inside else ""
+            where = f" IN TIMED RUN {r['run']}" if r["run"] else ""
             print(f"  {stamp(r['t'])} {r['ms']:7.1f} ms {r['kernel']}{where} {r['constexprs']} <- {r['from'][-1:]}")
-    timed = [r for r in rows if any(t0 <= r["t"] <= t1 for _, t0, t1 in windows)]
+    timed = [r for r in rows if r["run"]]
     print(f"{len(timed)} of {len(rows)} compiles fell in the {len(windows)} timed runs "
           f"({sum(r['ms'] for r in timed) / 1e3:.2f} s)")
     return rc

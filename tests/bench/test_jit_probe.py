@@ -58,3 +58,9 @@ def test_the_timed_windows_come_from_the_saved_runs(tmp_path: Path) -> None:
     (tmp_path / "runs" / "16rps-default-seed0.json").write_text(json.dumps({"timed_from_unix": 100.0, "timed_to_unix": 110.5}))
     (tmp_path / "runs" / "old-run.json").write_text(json.dumps({"timed_from_unix": None, "timed_to_unix": None}))
     assert jit_probe.timed_windows(tmp_path) == [("16rps-default-seed0", 100.0, 110.5)]
+
+
+def test_the_bench_out_is_read_as_bench_serve_reads_it() -> None:
+    assert jit_probe.bench_out(["--model", "m", "--out=/tmp/x"]) == Path("/tmp/x")
+    assert jit_probe.bench_out(["--out", "/tmp/y", "--duration", "3"]) == Path("/tmp/y")
+    assert jit_probe.bench_out(["--model", "m"]) == Path("results/serve")  # bench serve's default

@@ -125,11 +125,10 @@ def summarize_run(config: str, label: str, seed: int, model: str, rate: float, t
     ok = [r for r in client.results if r.error is None]
     itls = all_itls_ms([r.timeline for r in ok])
     ttfts = [t * 1e3 for r in ok if (t := r.timeline.ttft()) is not None]
-    unstalled, stalled = split_client_stalled(ok, getattr(client, "late_spans", []),
-                                              getattr(client, "t0_monotonic", 0.0))
+    t0_mono = getattr(client, "t0_monotonic", 0.0)
+    unstalled, stalled = split_client_stalled(ok, getattr(client, "late_spans", []), t0_mono)
     tokens = sum(r.completion_tokens for r in client.results)
     now, now_mono = time.time(), time.monotonic()
-    t0_mono = getattr(client, "t0_monotonic", 0.0)
     summary = RunSummary(
         config=config, label=label, seed=seed, model=model, rate=rate, trace_s=trace_s,
         requests=len(client.results), errors=len(client.results) - len(ok), itl_gaps=len(itls),
